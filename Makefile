@@ -29,9 +29,9 @@ setup: $(STAMP) ## Create or refresh .venv with everything the CPU profile needs
 demo: $(STAMP) ## Run the pipeline on the embedded CPU models
 	$(OFFLINE) $(BIN)/emoji-rl chat --model embedded:smollm2-135m-instruct --compare \
 		--message "I'm so excited for our beach trip this weekend" \
-		--message "My cat knocked the birthday cake off the table" \
-		--message "Let's grab pizza and watch a movie tonight" \
-		--message "I failed my driving test again and I feel terrible"
+		          "My cat knocked the birthday cake off the table" \
+		          "Let's grab pizza and watch a movie tonight" \
+		          "I failed my driving test again and I feel terrible"
 
 test: $(STAMP) ## Run the whole test suite (offline, CPU)
 	$(OFFLINE) $(BIN)/python -m pytest -q

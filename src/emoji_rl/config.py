@@ -57,13 +57,22 @@ def _add_field(parser: argparse.ArgumentParser, field: dataclasses.Field, tp: An
     if optional and origin not in (list, tuple):
         base = kwargs["type"]
         kwargs["type"] = lambda s, _b=base: None if s.lower() in {"none", "null"} else _b(s)
+    if field.default is not dataclasses.MISSING:
+        kwargs["default"] = field.default
+    elif field.default_factory is not dataclasses.MISSING:
+        kwargs["default"] = field.default_factory()
+    else:
+        kwargs["required"] = True
     parser.add_argument(f"--{field.name}", **kwargs)
 
 
 def build_parser(cls: type, prog: str, description: str | None) -> argparse.ArgumentParser:
     """An argparse parser with one `--field` per dataclass field, plus `--config FILE.yaml`."""
     parser = argparse.ArgumentParser(
-        prog=prog, description=description, formatter_class=argparse.RawDescriptionHelpFormatter
+        prog=prog,
+        description=description,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        allow_abbrev=False,
     )
     parser.add_argument("--config", metavar="FILE.yaml", help="YAML file of field values (CLI flags win)")
     hints = typing.get_type_hints(cls)

