@@ -1,0 +1,126 @@
+"""GRPO math as plain functions from tensors to tensors: no model, no I/O, no config.
+
+Shape suffixes (tinker's notation): `_P` prompts (groups), `_G` rollouts of one prompt, `_D` flattened
+rows (one episode each), `_T` token positions, `_V` vocabulary. `mask_D_T` is 1 on tokens the sender
+produced (the loss runs over these only) and 0 on prompts, observations and padding.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+import torch
+
+StdScaling = Literal["group", "batch", "none"]
+Aggregation = Literal["token_mean", "seq_mean", "constant"]
+
+
+def group_advantages(
+    rewards_P_G: torch.Tensor, std_scaling: StdScaling = "group", eps: float = 1e-6
+) -> torch.Tensor:
+    """Reward minus its group's mean, optionally divided by a standard deviation.
+
+    `group` divides by each group's std (GRPO), `batch` by the std of the whole batch (more stable
+    when groups are small), `none` not at all (Dr. GRPO: std scaling favours easy and hard prompts).
+    The std is the sample std (n-1), as TRL computes it.
+    """
+    if rewards_P_G.ndim != 2 or rewards_P_G.shape[1] < 2:
+        raise ValueError(
+            f"rewards must be [prompts, group] with group >= 2, got shape {tuple(rewards_P_G.shape)}: "
+            "the advantage is reward minus the group mean"
+        )
+    centered_P_G = rewards_P_G - rewards_P_G.mean(dim=1, keepdim=True)
+    if std_scaling == "group":
+        return centered_P_G / (rewards_P_G.std(dim=1, keepdim=True) + eps)
+    if std_scaling == "batch":
+        return centered_P_G / (rewards_P_G.std() + eps)
+    return centered_P_G
+
+
+def zero_spread_groups(rewards_P_G: torch.Tensor, tol: float = 1e-8) -> torch.Tensor:
+    """True for groups whose rewards are all equal: their advantages are 0, they carry no signal."""
+    return (rewards_P_G.max(dim=1).values - rewards_P_G.min(dim=1).values) <= tol
+
+
+def masked_token_logprobs(
+    logits_D_T_V: torch.Tensor,
+    allowed_D_T_V: torch.Tensor | None,
+    targets_D_T: torch.Tensor,
+    temperature: float = 1.0,
+) -> torch.Tensor:
+    """Log-probs of `targets` under the distribution the sampler drew from.
+
+    Disallowed tokens go to -inf before the log-softmax, so the probabilities are renormalized over
+    what the grammar allowed: otherwise the ratio and the KL compare two different distributions.
+    `logits_D_T_V[:, t]` must be the logits that predicted `targets_D_T[:, t]`.
+    """
+    scaled = logits_D_T_V.float() / temperature
+    if allowed_D_T_V is not None:
+        scaled = scaled.masked_fill(~allowed_D_T_V, float("-inf"))
+    logp_D_T_V = scaled.log_softmax(dim=-1)
+    return logp_D_T_V.gather(-1, targets_D_T.unsqueeze(-1)).squeeze(-1)
+
+
+def k3_kl(logp_D_T: torch.Tensor, ref_logp_D_T: torch.Tensor) -> torch.Tensor:
+    """Per-token k3 estimator of KL(policy || reference): exp(r) - r - 1 with r = ref - policy.
+
+    Unbiased and always >= 0 (Schulman, "Approximating KL divergence").
+    """
+    log_ratio = ref_logp_D_T - logp_D_T
+    return torch.exp(log_ratio) - log_ratio - 1.0
+
+
+def ppo_clip_loss(
+    logp_D_T: torch.Tensor,
+    old_logp_D_T: torch.Tensor,
+    advantages_D: torch.Tensor,
+    eps_low: float = 0.2,
+    eps_high: float = 0.2,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per-token clipped surrogate loss and a 0/1 tensor of where the clip was active.
+
+    loss = -min(ratio * A, clip(ratio, 1 - eps_low, 1 + eps_high) * A). `eps_high > eps_low` is
+    DAPO's clip-higher, which keeps low-probability tokens from being stuck.
+    """
+    ratio_D_T = torch.exp(logp_D_T - old_logp_D_T)
+    adv_D_1 = advantages_D.unsqueeze(-1)
+    unclipped = ratio_D_T * adv_D_1
+    clipped = torch.clamp(ratio_D_T, 1.0 - eps_low, 1.0 + eps_high) * adv_D_1
+    loss_D_T = -torch.minimum(unclipped, clipped)
+    return loss_D_T, (clipped < unclipped).float()
+
+
+def aggregate(
+    values_D_T: torch.Tensor, mask_D_T: torch.Tensor, mode: Aggregation, max_tokens: int | None = None
+) -> torch.Tensor:
+    """Reduce per-token values to one scalar over the masked tokens.
+
+    `token_mean` (DAPO): every token of the batch weighs the same. `seq_mean` (GRPO): mean per
+    episode, then over episodes, so long episodes weigh as much as short ones. `constant` (Dr. GRPO):
+    sum divided by rows x `max_tokens`, a fixed normalizer with no length bias.
+    """
+    mask = mask_D_T.to(values_D_T.dtype)
+    if mask.sum() == 0:
+        raise ValueError("the loss mask selects no token: no episode has a sender token to train on")
+    if mode == "token_mean":
+        return (values_D_T * mask).sum() / mask.sum()
+    if mode == "seq_mean":
+        per_row = (values_D_T * mask).sum(dim=1) / mask.sum(dim=1).clamp(min=1)
+        return per_row[mask.sum(dim=1) > 0].mean()
+    if max_tokens is None or max_tokens <= 0:
+        raise ValueError(f"aggregation 'constant' needs max_tokens > 0, got {max_tokens}")
+    return (values_D_T * mask).sum() / (values_D_T.shape[0] * max_tokens)
+
+
+def truncated_importance_weights(
+    trainer_logp_D_T: torch.Tensor, sampler_logp_D_T: torch.Tensor, cap: float = 2.0
+) -> torch.Tensor:
+    """min(p_trainer / p_sampler, cap), per token, without gradient: corrects for a sampler (vLLM)
+    whose numerics differ slightly from the trainer's, and caps the variance (truncated IS)."""
+    return torch.exp(trainer_logp_D_T - sampler_logp_D_T).clamp(max=cap).detach()
+
+
+def masked_mean(values_D_T: torch.Tensor, mask_D_T: torch.Tensor) -> torch.Tensor:
+    """Mean over the masked tokens, 0 when the mask is empty (for metrics)."""
+    mask = mask_D_T.to(values_D_T.dtype)
+    return (values_D_T * mask).sum() / mask.sum().clamp(min=1)

@@ -1,0 +1,87 @@
+"""The game protocol every environment implements, and the records a rollout produces.
+
+A game is played once: `start()` gives the first observation, each `step(action_ids)` takes the
+sender's sampled token ids and returns the next observation. Observations are token ids that extend
+the previous prompt + action, so a whole episode is one token sequence, trained as one example with a
+loss mask over the sender's tokens. Anything shared (judge, embedder, tokenizer) is built once by the
+caller and passed into the game's constructor.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from dataclasses import dataclass, field
+
+
+@dataclass(frozen=True)
+class StepResult:
+    """What a game answers to one action."""
+
+    done: bool
+    """True when the episode is over; `next_observation_ids` is then empty."""
+    reward: float
+    """Terminal reward when `done`, else 0.0 (rewards are terminal only: DESIGN §3)."""
+    next_observation_ids: tuple[int, ...] = ()
+    """Tokens to append after the action before the sender's next turn (game feedback + generation prompt)."""
+    metrics: dict[str, float] = field(default_factory=dict)
+    """Numbers for logging (similarity, turns, reward terms), keyed by stable names."""
+    log: dict[str, str] = field(default_factory=dict)
+    """Text for the rollout log (the judge's guess, the parsed emoji), never aggregated."""
+
+
+class Game(ABC):
+    """One episode of a turn-based game against a fixed environment."""
+
+    @abstractmethod
+    async def start(self) -> tuple[int, ...]:
+        """The first prompt, as token ids ending with the generation prompt."""
+
+    @abstractmethod
+    async def step(self, action_ids: tuple[int, ...]) -> StepResult:
+        """Score one sampled action (its token ids, stop token included when sampled)."""
+
+
+@dataclass(frozen=True)
+class Turn:
+    """One sender turn inside an episode's token sequence."""
+
+    observation_ids: tuple[int, ...]
+    action_ids: tuple[int, ...]
+    action_logprobs: tuple[float, ...]
+    """The sampler's log-probs of `action_ids`, under the constraint it sampled with."""
+    result: StepResult
+
+
+@dataclass(frozen=True)
+class Episode:
+    """A finished game: turns in order and the terminal reward."""
+
+    turns: tuple[Turn, ...]
+
+    @property
+    def reward(self) -> float:
+        return self.turns[-1].result.reward
+
+    def token_ids(self) -> tuple[int, ...]:
+        """The whole episode as one sequence: obs_1 act_1 obs_2 act_2 ... act_T."""
+        return tuple(t for turn in self.turns for t in (*turn.observation_ids, *turn.action_ids))
+
+    def loss_mask(self) -> tuple[int, ...]:
+        """1 on the sender's tokens, 0 on everything the game wrote."""
+        return tuple(
+            m
+            for turn in self.turns
+            for m in (*(0,) * len(turn.observation_ids), *(1,) * len(turn.action_ids))
+        )
+
+
+@dataclass(frozen=True)
+class EpisodeGroup:
+    """The G episodes played from one prompt: the unit the advantage is computed over."""
+
+    prompt_id: str
+    episodes: tuple[Episode, ...]
+
+    @property
+    def rewards(self) -> tuple[float, ...]:
+        return tuple(e.reward for e in self.episodes)
