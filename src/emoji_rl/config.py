@@ -114,7 +114,7 @@ def parse_config(cls: type[C], argv: list[str], prog: str) -> C:
     try:
         return cls(**namespace)
     except (ValueError, TypeError) as err:
-        raise UserError(f"{prog}: {err}") from err
+        raise UserError(str(err)) from err
 
 
 def _find_config(argv: list[str]) -> str | None:

@@ -7,6 +7,7 @@ trainer later scores; the grammar mask is the only change to the logits.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Literal
@@ -29,6 +30,9 @@ class Reply:
     text: str
     token_ids: tuple[int, ...]
     stopped: bool
+    logprobs: tuple[float, ...] = ()
+    """Log-probs of `token_ids` under the distribution sampled from (temperature and mask applied);
+    empty unless asked for."""
 
 
 def stop_token_id(tokenizer: PreTrainedTokenizerBase) -> int:
@@ -50,11 +54,12 @@ def make_processor(
     if constraint == "none":
         return None
     from emoji_rl.emoji import constraint as emoji_constraint
+    from emoji_rl.emoji import logits as emoji_logits
 
     if constraint == "static":
-        return emoji_constraint.StaticMaskLogitsProcessor(tokenizer)
+        return emoji_logits.StaticMaskLogitsProcessor(tokenizer)
     compiled = emoji_constraint.compile_emoji_grammar(tokenizer, min_emoji, max_emoji, vocab_size=vocab_size)
-    return emoji_constraint.EmojiLogitsProcessor(compiled)
+    return emoji_logits.EmojiLogitsProcessor(compiled)
 
 
 def _left_pad(prompts: Sequence[Sequence[int]], pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -81,6 +86,7 @@ def generate_from_ids(
     min_emoji: int = 2,
     max_emoji: int = 8,
     progress: bool = False,
+    return_logprobs: bool = False,
 ) -> list[Reply]:
     """Sample one reply per prompt (token ids), `batch_size` prompts per `generate` call."""
     import torch
@@ -98,6 +104,8 @@ def generate_from_ids(
         top_p=1.0 if temperature > 0 else None,
         eos_token_id=stop_id,
         pad_token_id=pad_id,
+        output_scores=return_logprobs,
+        return_dict_in_generate=True,
     )
     if seed is not None:
         torch.manual_seed(seed)
@@ -115,8 +123,17 @@ def generate_from_ids(
                 generation_config=generation_config,
                 logits_processor=[processor] if processor is not None else None,
             )
-        for row in out[:, ids.shape[1] :].tolist():
-            replies.append(_reply(tokenizer, row, stop_id, pad_id))
+        new_ids = out.sequences[:, ids.shape[1] :]
+        if return_logprobs:
+            # `scores` are the logits after every processor (temperature, grammar mask): exactly the
+            # distribution each token was drawn from.
+            steps = torch.stack(out.scores, dim=1).float().log_softmax(dim=-1)
+            chosen = steps.gather(-1, new_ids.unsqueeze(-1)).squeeze(-1).tolist()
+        for i, row in enumerate(new_ids.tolist()):
+            reply = _reply(tokenizer, row, stop_id, pad_id)
+            if return_logprobs:
+                reply = dataclasses.replace(reply, logprobs=tuple(chosen[i][: len(reply.token_ids)]))
+            replies.append(reply)
     return replies
 
 

@@ -220,3 +220,31 @@ def chat_ids(
     return tokenizer(chat_text(tokenizer, messages, add_generation_prompt), add_special_tokens=False)[
         "input_ids"
     ]
+
+
+_SENTINEL = "\u2063EMOJI_RL_TURN\u2063"
+
+
+def continuation_ids(
+    tokenizer: PreTrainedTokenizerBase, history: list[dict[str, str]], user_message: dict[str, str]
+) -> list[int]:
+    """Tokens that follow a sampled end-of-turn token to add `user_message` and open the next
+    assistant turn, exactly as the chat template renders them.
+
+    Multi-turn episodes grow as token ids (prompt, action, observation, action, ...) and are never
+    re-tokenized: the grammar admits non-canonical tokenizations. `history` is the chat up to and
+    including the last user turn, rendered with a placeholder answer.
+    """
+    from emoji_rl.generate import stop_token_id
+
+    stop_text = tokenizer.decode([stop_token_id(tokenizer)])
+    rendered = chat_text(
+        tokenizer, [*history, {"role": "assistant", "content": _SENTINEL}, user_message], add_generation_prompt=True
+    )
+    marker = _SENTINEL + stop_text
+    if marker not in rendered:
+        raise UserError(
+            "the chat template does not end an assistant turn with its stop token "
+            f"{stop_text!r}; multi-turn episodes cannot be extended as token ids with it"
+        )
+    return tokenizer(rendered[rendered.rindex(marker) + len(marker) :], add_special_tokens=False)["input_ids"]

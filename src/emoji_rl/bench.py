@@ -1,0 +1,148 @@
+"""`make bench`: speed figures measured side by side in one run, printed as ratios against goals.
+
+Each benchmark is a function returning `Row`s; later stages add theirs to `BENCHMARKS`. Numbers
+are wall-clock on this machine and vary with load: compare the ratio, measured in the same run.
+
+    python -m emoji_rl.bench [--only NAME ...]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import tempfile
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from emoji_rl import models
+
+
+@dataclass(frozen=True)
+class Row:
+    name: str
+    measured: str
+    baseline: str
+    ratio: float
+    goal: str
+    met: bool
+
+
+def _timed(fn: Callable[[], object]) -> tuple[float, object]:
+    start = time.perf_counter()
+    result = fn()
+    return time.perf_counter() - start, result
+
+
+def bench_model_load() -> list[Row]:
+    """First load of the embedded model (GGUF dequantized into a fresh cache) vs a cached load."""
+    previous = os.environ.get(models.CACHE_ENV)
+    with tempfile.TemporaryDirectory() as tmp:
+        os.environ[models.CACHE_ENV] = tmp
+        try:
+            first, _ = _timed(lambda: models.load_causal_lm(models.SMOLLM2, models.pick_runtime("cpu")))
+            cached, _ = _timed(lambda: models.load_causal_lm(models.SMOLLM2, models.pick_runtime("cpu")))
+        finally:
+            if previous is None:
+                os.environ.pop(models.CACHE_ENV)
+            else:
+                os.environ[models.CACHE_ENV] = previous
+    ratio = first / cached
+    return [
+        Row(
+            "embedded model load: first / cached",
+            f"{cached:.2f} s",
+            f"{first:.1f} s",
+            ratio,
+            ">= 5x",
+            ratio >= 5,
+        )
+    ]
+
+
+def bench_constrained_generation() -> list[Row]:
+    """Tokens/s of grammar-constrained vs unconstrained sampling, same prompts, batch 1 and 16."""
+    from emoji_rl.generate import generate_replies
+    from emoji_rl.prompts import sender_messages
+
+    tokenizer = models.load_tokenizer(models.SMOLLM2)
+    model = models.load_causal_lm(models.SMOLLM2, models.pick_runtime("cpu"))
+    targets = [f"message number {i}: let's meet at the beach for a picnic" for i in range(16)]
+    rows = []
+    for batch in (1, 16):
+        conversations = [sender_messages(t) for t in targets[: max(batch, 4)]]
+        rates = {}
+        for mode in ("none", "grammar"):
+            # Warm up once (grammar compile, kernels), then time a fixed-length run: min_new_tokens is
+            # not used, so both modes produce what they produce and are compared per token.
+            generate_replies(
+                model, tokenizer, conversations[:batch], constraint=mode, max_new_tokens=4, seed=0
+            )
+            start = time.perf_counter()
+            replies = generate_replies(
+                model, tokenizer, conversations, constraint=mode, batch_size=batch, max_new_tokens=24, seed=0
+            )
+            seconds = time.perf_counter() - start
+            rates[mode] = sum(len(r.token_ids) for r in replies) / seconds
+        ratio = rates["grammar"] / rates["none"]
+        rows.append(
+            Row(
+                f"generation tok/s, batch {batch}: grammar / none",
+                f"{rates['grammar']:.1f} tok/s",
+                f"{rates['none']:.1f} tok/s",
+                ratio,
+                ">= 0.85x",
+                ratio >= 0.85,
+            )
+        )
+    return rows
+
+
+def bench_grammar_compile() -> list[Row]:
+    """Compiling the emoji grammar against the real Qwen3.5 vocabulary (248K tokens)."""
+    from emoji_rl.emoji import constraint
+
+    seconds, _ = _timed(lambda: constraint.compile_qwen_grammar("qwen3_6"))
+    return [
+        Row(
+            "grammar compile, Qwen3.5 vocab",
+            f"{seconds:.2f} s",
+            "1 s goal",
+            1.0 / seconds,
+            "<= 1 s",
+            seconds <= 1.0,
+        )
+    ]
+
+
+BENCHMARKS: dict[str, Callable[[], list[Row]]] = {
+    "model_load": bench_model_load,
+    "grammar_compile": bench_grammar_compile,
+    "constrained_generation": bench_constrained_generation,
+}
+
+
+def print_rows(rows: list[Row]) -> None:
+    width = max(len(r.name) for r in rows)
+    print(f"{'benchmark':<{width}}  {'measured':>14}  {'baseline':>14}  {'ratio':>7}  {'goal':>8}  met")
+    for r in rows:
+        print(
+            f"{r.name:<{width}}  {r.measured:>14}  {r.baseline:>14}  {r.ratio:>6.2f}x  {r.goal:>8}  "
+            f"{'yes' if r.met else 'NO'}"
+        )
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(prog="python -m emoji_rl.bench", description=__doc__.splitlines()[0])
+    parser.add_argument("--only", nargs="+", choices=list(BENCHMARKS), help="run only these benchmarks")
+    args = parser.parse_args(argv)
+    rows: list[Row] = []
+    for name in args.only or BENCHMARKS:
+        print(f"running {name} ...", flush=True)
+        rows.extend(BENCHMARKS[name]())
+    print()
+    print_rows(rows)
+
+
+if __name__ == "__main__":
+    main()

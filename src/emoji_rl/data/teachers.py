@@ -1,0 +1,162 @@
+"""Teachers for the `teacher` stage: whatever turns a target message into an emoji answer.
+
+A teacher takes `Request`s and yields `Answer`s as they arrive, in any order. It may also yield
+answers to requests of an earlier, interrupted run (the Claude batch teacher resumes its batch); the
+stage keeps the first answer to each (id, attempt) and drops repeats. Validation is the stage's job:
+a teacher returns the raw text, or an error when it got none.
+
+- `offline`: `OfflineTeacher` (retrieval over emoji names by MiniLM similarity), no network.
+- `openai`: any OpenAI-compatible chat server, e.g. a local vLLM, with the emoji grammar sent as the
+  top-level `structured_outputs` field, so every answer parses.
+- `claude-batch`: the Message Batches API (`claude_batch.py`).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor, as_completed
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Protocol
+
+from emoji_rl.errors import UserError
+from emoji_rl.prompts import SENDER_FIRST_TURN, SENDER_SYSTEM
+
+if TYPE_CHECKING:
+    import openai
+    from sentence_transformers import SentenceTransformer
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class Request:
+    id: str
+    attempt: int
+    """1 for the first request of a prompt; a rejected answer is asked again with attempt + 1."""
+    target: str
+
+
+@dataclass(frozen=True)
+class Answer:
+    id: str
+    attempt: int
+    text: str | None
+    """The teacher's raw answer, not yet validated; None when `error` says why there is none."""
+    error: str | None = None
+
+
+class Teacher(Protocol):
+    name: str
+
+    def run(self, requests: list[Request]) -> Iterator[Answer]: ...
+
+
+# Few-shot examples for the LLM teachers: specific emoji, in the message's order. A test checks that
+# each answer parses.
+TEACHER_GUIDANCE = (
+    "Pick emoji that carry this message's own content (who, what, where, when, and the feeling) in the "
+    "order the message gives them, so that a reader could reconstruct it. Prefer specific emoji to "
+    "generic ones, and do not repeat an emoji."
+)
+FEW_SHOT: tuple[tuple[str, str], ...] = (
+    ("I'm so excited for our beach trip this weekend", "🤩 🏖️ 🌊 ☀️ 📅"),
+    ("My cat knocked the birthday cake off the table", "🐈 🎂 💥 😱"),
+    ("Can you pick up milk and eggs on the way home?", "🙏 🥛 🥚 🛒 🏠"),
+    ("I failed my driving test again and I feel terrible", "🚗 📝 ❌ 😞"),
+)
+
+
+def teacher_system() -> str:
+    return f"{SENDER_SYSTEM}\n\n{TEACHER_GUIDANCE}"
+
+
+def teacher_turns(target: str) -> list[dict[str, str]]:
+    """The user and assistant turns an LLM teacher sees after the system prompt: few-shot, then the target.
+    The user turns are the sender's own, so the teacher answers the question the student will get."""
+    turns = []
+    for message, emoji in FEW_SHOT:
+        turns += [
+            {"role": "user", "content": SENDER_FIRST_TURN.format(target=message)},
+            {"role": "assistant", "content": emoji},
+        ]
+    return [*turns, {"role": "user", "content": SENDER_FIRST_TURN.format(target=target)}]
+
+
+class OfflineTeacherAdapter:
+    """`data/offline_teacher.py` behind the `Teacher` protocol, in chunks so progress shows."""
+
+    name = "offline"
+    _CHUNK = 64
+
+    def __init__(self, embedder: SentenceTransformer, min_emoji: int, max_emoji: int) -> None:
+        from emoji_rl.data.offline_teacher import OfflineTeacher
+
+        self.teacher = OfflineTeacher(embedder, min_emoji=min_emoji, max_emoji=max_emoji)
+
+    def run(self, requests: list[Request]) -> Iterator[Answer]:
+        for start in range(0, len(requests), self._CHUNK):
+            chunk = requests[start : start + self._CHUNK]
+            texts = self.teacher.answer([r.target for r in chunk])
+            for request, text in zip(chunk, texts, strict=True):
+                yield Answer(request.id, request.attempt, text)
+
+
+class OpenAITeacher:
+    """Chat completions from an OpenAI-compatible server, `concurrency` at a time."""
+
+    name = "openai"
+
+    def __init__(
+        self,
+        client: openai.OpenAI,
+        model: str,
+        min_emoji: int,
+        max_emoji: int,
+        max_tokens: int,
+        temperature: float,
+        concurrency: int,
+    ) -> None:
+        from emoji_rl.emoji.constraint import vllm_structured_outputs
+
+        self.client, self.model = client, model
+        self.max_tokens, self.temperature, self.concurrency = max_tokens, temperature, concurrency
+        self.extra_body = {
+            "structured_outputs": vllm_structured_outputs(min_emoji, max_emoji),
+            # Qwen3-family templates would otherwise open a <think> block the grammar cannot hold;
+            # templates without the variable drop it (VLLM_CONTRACT.md).
+            "chat_template_kwargs": {"enable_thinking": False},
+        }
+
+    def _ask(self, request: Request) -> Answer:
+        import openai
+
+        try:
+            reply = self.client.chat.completions.create(
+                model=self.model,
+                messages=[{"role": "system", "content": teacher_system()}, *teacher_turns(request.target)],  # type: ignore[list-item]
+                max_completion_tokens=self.max_tokens,
+                temperature=self.temperature,
+                extra_body=self.extra_body,
+            )
+        except openai.APIStatusError as err:
+            if err.status_code in (408, 409, 429) or err.status_code >= 500:
+                return Answer(request.id, request.attempt, None, f"api error: HTTP {err.status_code}")
+            raise UserError(
+                f"the OpenAI-compatible server refused a request: HTTP {err.status_code} {err.message}; "
+                "check --model and --base_url"
+            ) from err
+        except openai.APIConnectionError as err:
+            return Answer(request.id, request.attempt, None, f"api error: {type(err).__name__}")
+        return Answer(request.id, request.attempt, reply.choices[0].message.content or "")
+
+    def run(self, requests: list[Request]) -> Iterator[Answer]:
+        with ThreadPoolExecutor(self.concurrency) as pool:
+            futures = [pool.submit(self._ask, r) for r in requests]
+            try:
+                for future in as_completed(futures):
+                    yield future.result()
+            finally:
+                # A fatal error (or the consumer stopping) must not wait for the queued requests.
+                for future in futures:
+                    future.cancel()

@@ -1,0 +1,130 @@
+"""HF `generate` logits processors: the exact grammar mask, and the seed's static mask as a baseline.
+
+Both go in `logits_processor=[...]`; generate runs custom processors before temperature, top-k and
+top-p, so those warpers only ever see allowed tokens.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import torch
+import xgrammar as xgr
+from transformers import LogitsProcessor
+
+from emoji_rl.emoji.alphabet import ALPHABET, SEPARATOR
+from emoji_rl.emoji.constraint import EmojiConstraint, end_of_turn_ids, unpack_bitmask
+from emoji_rl.errors import UserError
+
+if TYPE_CHECKING:
+    from collections.abc import Sequence
+
+    from transformers import PreTrainedTokenizerBase
+
+
+def _check_width(scores: torch.Tensor, width: int) -> None:
+    if scores.shape[-1] != width:
+        raise UserError(
+            f"the mask is {width} tokens wide but the model's logits are {scores.shape[-1]}: compile "
+            "with vocab_size=<the lm_head's output width> (e.g. model.get_output_embeddings().out_features)"
+        )
+
+
+class EmojiLogitsProcessor(LogitsProcessor):
+    """Masks to -inf every token the emoji grammar does not allow next, one matcher per batch row.
+
+    For sampling or greedy `generate` with any batch size and left padding (not beam search, which
+    reorders rows). Use one instance per `generate` call: it learns the prompt length on its first
+    call. A row that has sampled end of turn is allowed only end-of-turn ids from then on (generate
+    pads it anyway), so no row is ever all -inf. With `record_masks`, `applied_masks(row)` returns
+    the masks applied to a row, to check against `replay_masks`.
+    """
+
+    def __init__(self, constraint: EmojiConstraint, record_masks: bool = False) -> None:
+        self.constraint = constraint
+        self.record_masks = record_masks
+        self._matchers: list[xgr.GrammarMatcher] = []
+        self._length = 0
+        self._bitmask = xgr.allocate_token_bitmask(1, constraint.vocab_size)
+        self._ended_row = self._stop_only_row()
+        # One (bitmask [B, W], row still in its message [B]) pair per step.
+        self._recorded: list[tuple[torch.Tensor, list[bool]]] = []
+
+    def _stop_only_row(self) -> torch.Tensor:
+        row = torch.zeros(self._bitmask.shape[1], dtype=torch.int32)
+        one = torch.ones((), dtype=torch.int32)
+        for token_id in self.constraint.stop_token_ids:
+            row[token_id // 32] |= one << (
+                token_id % 32
+            )  # bit 31 wraps to the int32 sign bit, as in xgrammar
+        return row
+
+    def __call__(self, input_ids: torch.LongTensor, scores: torch.FloatTensor) -> torch.FloatTensor:
+        batch, length = input_ids.shape
+        if not self._matchers:
+            _check_width(scores, self.constraint.vocab_size)
+            self._matchers = [self.constraint.matcher() for _ in range(batch)]
+            self._bitmask = xgr.allocate_token_bitmask(batch, self.constraint.vocab_size)
+        elif length != self._length + 1 or batch != len(self._matchers):
+            raise RuntimeError(
+                f"EmojiLogitsProcessor saw {len(self._matchers)} rows of length {self._length}, now "
+                f"{batch} rows of length {length}: create a new processor for each generate call"
+            )
+        else:
+            self._accept(input_ids[:, -1].tolist())
+        self._length = length
+        active = [not m.is_terminated() for m in self._matchers]
+        for row, matcher in enumerate(self._matchers):
+            if active[row]:
+                matcher.fill_next_token_bitmask(self._bitmask, row)
+            else:
+                self._bitmask[row] = self._ended_row
+        if self.record_masks:
+            self._recorded.append((self._bitmask.clone(), active))
+        xgr.apply_token_bitmask_inplace(scores, self._bitmask.to(scores.device))
+        return scores
+
+    def _accept(self, sampled: list[int]) -> None:
+        for row, (matcher, token_id) in enumerate(zip(self._matchers, sampled, strict=True)):
+            if not matcher.is_terminated() and not matcher.accept_token(token_id):
+                raise RuntimeError(
+                    f"row {row} sampled token {token_id}, which the emoji grammar had masked: something "
+                    "after this processor changed the choice (beam search, or a processor passed after it)"
+                )
+
+    def applied_masks(self, row: int) -> torch.Tensor:
+        """Bool [T, V]: the masks applied to `row` at each step until it sampled end of turn."""
+        if not self.record_masks:
+            raise RuntimeError("construct EmojiLogitsProcessor(..., record_masks=True) to keep its masks")
+        words = [bitmask[row] for bitmask, active in self._recorded if active[row]]
+        return unpack_bitmask(torch.stack(words), self.constraint.vocab_size)
+
+
+def static_allowed_ids(
+    tokenizer: PreTrainedTokenizerBase, stop_token_ids: Sequence[int] | None = None
+) -> frozenset[int]:
+    """The seed's bag of ids: every id in any alphabet emoji's tokenization, the space, end of turn.
+
+    Any order of these ids is allowed, so byte fragments can combine into non-emoji characters and a
+    message can end after zero emoji: the baseline the grammar is measured against.
+    """
+    encoded = tokenizer([*ALPHABET, SEPARATOR], add_special_tokens=False)["input_ids"]
+    stops = end_of_turn_ids(tokenizer) if stop_token_ids is None else tuple(stop_token_ids)
+    return frozenset(i for ids in encoded for i in ids) | frozenset(stops)
+
+
+class StaticMaskLogitsProcessor(LogitsProcessor):
+    """The seed's baseline: masks to -inf every id outside `static_allowed_ids`, whatever came before."""
+
+    def __init__(
+        self,
+        tokenizer: PreTrainedTokenizerBase,
+        vocab_size: int | None = None,
+        stop_token_ids: Sequence[int] | None = None,
+    ) -> None:
+        self.allowed = torch.zeros(vocab_size or len(tokenizer), dtype=torch.bool)
+        self.allowed[sorted(static_allowed_ids(tokenizer, stop_token_ids))] = True
+
+    def __call__(self, input_ids: torch.LongTensor, scores: torch.FloatTensor) -> torch.FloatTensor:
+        _check_width(scores, self.allowed.shape[0])
+        return scores.masked_fill(~self.allowed.to(scores.device), float("-inf"))

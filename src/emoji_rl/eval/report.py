@@ -1,0 +1,69 @@
+"""Evaluation output shared by the eval stages: a plain-text table and a grouped bar figure.
+
+Rows are flat dicts of one model x setting (`{"system": "sft", "decoding": "none", "compliance": 0.9}`),
+the same dicts that go into the stage's JSON file, so the table, the JSON and the figure never disagree.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+
+Row = Mapping[str, str | int | float | None]
+
+
+def _cell(value: str | int | float | None) -> str:
+    if value is None:
+        return "-"
+    if isinstance(value, float):
+        return f"{value:.3f}"
+    return str(value)
+
+
+def format_table(rows: Sequence[Row], columns: Sequence[str]) -> str:
+    """Fixed-width text table; text columns left-aligned, numbers right-aligned, a missing value is `-`."""
+    cells = [[_cell(row.get(c)) for c in columns] for row in rows]
+    widths = [max(len(c), *(len(r[i]) for r in cells)) for i, c in enumerate(columns)]
+    numeric = [all(isinstance(row.get(c), int | float | None) for row in rows) for c in columns]
+
+    def line(values: Sequence[str]) -> str:
+        return "  ".join(
+            v.rjust(w) if num else v.ljust(w) for v, w, num in zip(values, widths, numeric, strict=True)
+        )
+
+    return "\n".join([line(columns), line(["-" * w for w in widths]), *(line(r) for r in cells)]).rstrip()
+
+
+def bar_figure(
+    rows: Sequence[Row], metrics: Sequence[str], group: str, series: str, title: str, path: str | Path
+) -> Path:
+    """One panel per metric; bars grouped by `group` (e.g. decoding), one colour per `series` (e.g. model).
+    Rows with no value for a metric leave a gap."""
+    import matplotlib
+
+    matplotlib.use("Agg")  # files only: no display on training machines
+    import matplotlib.pyplot as plt
+    from matplotlib.patches import Patch
+
+    groups = list(dict.fromkeys(str(r[group]) for r in rows))
+    names = list(dict.fromkeys(str(r[series]) for r in rows))
+    values = {(str(r[group]), str(r[series])): r for r in rows}
+    width = 0.8 / len(names)
+    fig, axes = plt.subplots(1, len(metrics), figsize=(3.2 * len(metrics), 3.6), squeeze=False)
+    for ax, metric in zip(axes[0], metrics, strict=True):
+        for k, name in enumerate(names):
+            for g, label in enumerate(groups):
+                value = values.get((label, name), {}).get(metric)
+                if isinstance(value, int | float):
+                    ax.bar(g + (k - (len(names) - 1) / 2) * width, value, width, color=f"C{k}")
+        ax.set_xticks(range(len(groups)), groups)
+        ax.set_title(metric, fontsize=10)
+    handles = [Patch(color=f"C{k}", label=name) for k, name in enumerate(names)]
+    fig.legend(handles=handles, loc="lower center", ncol=len(names), fontsize=9, frameon=False)
+    fig.suptitle(title, fontsize=11)
+    fig.tight_layout(rect=(0, 0.08, 1, 1))
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return path

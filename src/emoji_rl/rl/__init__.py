@@ -1,0 +1,1 @@
+"""Reinforcement learning: the retrieval game, judges, reward, rollouts and the GRPO trainer."""

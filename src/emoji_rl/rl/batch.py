@@ -1,0 +1,105 @@
+"""From played episodes to the tensors of one update, and log-probs under the emoji constraint.
+
+Every per-token tensor here is aligned with the *targets*: position t holds the token `ids[:, t+1]`,
+predicted by the logits at t. The loss mask is 1 where that token was sampled by the sender.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+import torch
+
+from emoji_rl.emoji.constraint import EmojiConstraint, replay_masks
+from emoji_rl.rl import grpo
+from emoji_rl.rl.types import Episode
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedModel
+
+
+@dataclass(frozen=True)
+class Batch:
+    """D episodes, right-padded to T+1 tokens."""
+
+    input_ids_D_T: torch.Tensor
+    """[D, T+1] token ids (the model reads all but the last)."""
+    attention_D_T: torch.Tensor
+    mask_D_T: torch.Tensor
+    """[D, T] bool: the target token was sampled by the sender."""
+    sampler_logp_D_T: torch.Tensor
+    """[D, T] the sampler's log-probs of the target tokens (0 off the mask)."""
+    advantages_D: torch.Tensor
+    allowed_N_V: list[torch.Tensor]
+    """Per row, [n_d, V] bool: what the grammar allowed before each of its sender tokens, in order."""
+
+    def rows(self, start: int, stop: int) -> Batch:
+        return Batch(
+            self.input_ids_D_T[start:stop],
+            self.attention_D_T[start:stop],
+            self.mask_D_T[start:stop],
+            self.sampler_logp_D_T[start:stop],
+            self.advantages_D[start:stop],
+            self.allowed_N_V[start:stop],
+        )
+
+    def to(self, device: torch.device | str) -> Batch:
+        return Batch(
+            self.input_ids_D_T.to(device),
+            self.attention_D_T.to(device),
+            self.mask_D_T.to(device),
+            self.sampler_logp_D_T.to(device),
+            self.advantages_D.to(device),
+            self.allowed_N_V,
+        )
+
+    @property
+    def size(self) -> int:
+        return self.input_ids_D_T.shape[0]
+
+
+def collate(
+    episodes: Sequence[Episode], advantages_D: torch.Tensor, pad_id: int, constraint: EmojiConstraint | None
+) -> Batch:
+    """Stack episodes into padded tensors; replay the grammar over each sender turn (if constrained)."""
+    sequences = [episode.token_ids() for episode in episodes]
+    width = max(map(len, sequences))
+    ids = torch.full((len(episodes), width), pad_id, dtype=torch.long)
+    attention = torch.zeros((len(episodes), width), dtype=torch.long)
+    mask = torch.zeros((len(episodes), width - 1), dtype=torch.bool)
+    sampler_logp = torch.zeros((len(episodes), width - 1))
+    allowed: list[torch.Tensor] = []
+    for d, (episode, sequence) in enumerate(zip(episodes, sequences, strict=True)):
+        ids[d, : len(sequence)] = torch.tensor(sequence)
+        attention[d, : len(sequence)] = 1
+        target_mask = torch.tensor(episode.loss_mask()[1:], dtype=torch.bool)
+        mask[d, : len(sequence) - 1] = target_mask
+        sampler_logp[d, : len(sequence) - 1][target_mask] = torch.tensor(
+            [lp for turn in episode.turns for lp in turn.action_logprobs]
+        )
+        if constraint is not None:
+            allowed.append(torch.cat([replay_masks(constraint, turn.action_ids) for turn in episode.turns]))
+    return Batch(ids, attention, mask, sampler_logp, advantages_D.float(), allowed)
+
+
+def token_logprobs(model: PreTrainedModel, batch: Batch, temperature: float) -> torch.Tensor:
+    """[D, T] log-probs of the target tokens under the grammar mask (0 off the loss mask).
+
+    The logits are gathered at the sender's positions only, then masked and normalized: the same
+    distribution the sampler drew from (DESIGN §5).
+    """
+    logits = model(input_ids=batch.input_ids_D_T[:, :-1], attention_mask=batch.attention_D_T[:, :-1]).logits
+    picked_N_V = logits[batch.mask_D_T]
+    targets_N = batch.input_ids_D_T[:, 1:][batch.mask_D_T]
+    allowed = torch.cat(batch.allowed_N_V).to(logits.device) if batch.allowed_N_V else None
+    logp_N = grpo.masked_token_logprobs(
+        picked_N_V.unsqueeze(0),
+        allowed.unsqueeze(0) if allowed is not None else None,
+        targets_N.unsqueeze(0),
+        temperature,
+    ).squeeze(0)
+    out = torch.zeros(batch.mask_D_T.shape, dtype=logp_N.dtype, device=logp_N.device)
+    out[batch.mask_D_T] = logp_N
+    return out

@@ -1,0 +1,67 @@
+"""`emoji-rl debug-rollout`: logged GRPO episodes, pretty-printed: per turn the emoji, the judge's
+guess and the similarity; per episode the reward and its advantage in the group.
+
+    emoji-rl debug-rollout --run runs/grpo --step 5
+    emoji-rl debug-rollout --run runs/grpo --step -1 --sort worst --limit 4
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from itertools import groupby
+from pathlib import Path
+from typing import Literal
+
+from emoji_rl.data.jsonl import read_jsonl
+from emoji_rl.errors import UserError
+
+
+@dataclass
+class Config:
+    """Pretty-print logged GRPO episodes."""
+
+    run: str = field(default="runs/grpo", metadata={"help": "GRPO run directory (holds rollouts.jsonl)"})
+    step: int = field(default=-1, metadata={"help": "step to show; -1 = the last logged step"})
+    prompt_id: str | None = field(default=None, metadata={"help": "show only this prompt's group"})
+    sort: Literal["group", "best", "worst"] = field(
+        default="group", metadata={"help": "order: by group, or by reward (best or worst first)"}
+    )
+    limit: int = field(default=0, metadata={"help": "show at most this many episodes (0 = all)"})
+
+
+def format_episode(record: dict) -> str:
+    lines = [
+        f"prompt {record['prompt_id']} rollout {record['rollout']}: "
+        f"reward {record['reward']:+.3f}  advantage {record['advantage']:+.3f}"
+    ]
+    for t, turn in enumerate(record["turns"], start=1):
+        guess = turn.get("guess", "-")
+        similarity = f"{turn['similarity']:.3f}" if "similarity" in turn else "  -  "
+        lines.append(f"  turn {t}: {turn.get('emoji', ''):<24} sim {similarity}  judge: {guess}")
+        if "violation" in turn:
+            lines.append(f"          format violation: {turn['violation']}")
+    return "\n".join(lines)
+
+
+def select(records: list[dict], cfg: Config) -> list[dict]:
+    steps = sorted({r["step"] for r in records})
+    step = steps[-1] if cfg.step == -1 else cfg.step
+    if step not in steps:
+        raise UserError(f"step {cfg.step} is not in the log; logged steps: {steps[0]}..{steps[-1]}")
+    chosen = [r for r in records if r["step"] == step and cfg.prompt_id in (None, r["prompt_id"])]
+    if cfg.sort != "group":
+        chosen.sort(key=lambda r: r["reward"], reverse=cfg.sort == "best")
+    return chosen[: cfg.limit] if cfg.limit else chosen
+
+
+def main(cfg: Config) -> None:
+    path = Path(cfg.run) / "rollouts.jsonl"
+    records = read_jsonl(path, hint="it is written by `emoji-rl grpo` in its output_dir")
+    chosen = select(records, cfg)
+    print(f"{path}: step {chosen[0]['step'] if chosen else '-'}, {len(chosen)} episodes\n")
+    for prompt_id, episodes in groupby(chosen, key=lambda r: r["prompt_id"]):
+        if cfg.sort == "group":
+            print(f"=== group {prompt_id}")
+        for record in episodes:
+            print(format_episode(record))
+        print()

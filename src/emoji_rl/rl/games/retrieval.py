@@ -1,0 +1,148 @@
+"""The retrieval game (DESIGN §3): the sender sees a message and answers in emoji; a frozen judge,
+which never sees the message, guesses it from the emoji; the guess is scored by MiniLM similarity.
+The game ends at similarity >= tau or after `max_turns`; on later turns the sender sees the judge's
+guess and the original, and sends emoji to correct it. The reward is terminal only.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+from emoji_rl.emoji.alphabet import MAX_EMOJI, MIN_EMOJI, parse_message
+from emoji_rl.generate import stop_token_id
+from emoji_rl.models import chat_ids, continuation_ids
+from emoji_rl.prompts import correction_message, sender_messages
+from emoji_rl.rl.batching import MicroBatcher
+from emoji_rl.rl.judge import Guess, Judge, JudgeInput
+from emoji_rl.rl.reward import RewardWeights, Similarity, terminal_reward
+from emoji_rl.rl.types import Game, StepResult
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedTokenizerBase
+
+MAX_TURNS = 5
+TAU = 0.85
+SUCCESS_THRESHOLDS = (0.65, 0.7, 0.85)
+
+AskJudge = Callable[[JudgeInput], Awaitable[Guess]]
+Score = Callable[[tuple[str, str]], Awaitable[float]]
+
+
+@dataclass(frozen=True)
+class RetrievalRules:
+    """The game's settings, the same for every episode of a run."""
+
+    max_turns: int = MAX_TURNS
+    tau: float = TAU
+    min_emoji: int = MIN_EMOJI
+    max_emoji: int = MAX_EMOJI
+    weights: RewardWeights = field(default_factory=RewardWeights)
+
+
+class RetrievalGame(Game):
+    """One episode for one target message. `ask_judge` and `score` are shared, batched services."""
+
+    def __init__(
+        self,
+        target: str,
+        tokenizer: PreTrainedTokenizerBase,
+        ask_judge: AskJudge,
+        score: Score,
+        rules: RetrievalRules,
+    ) -> None:
+        self.target = target
+        self.tokenizer = tokenizer
+        self.ask_judge = ask_judge
+        self.score = score
+        self.rules = rules
+        self.history = sender_messages(target)
+        self.turns: list[tuple[str, ...]] = []
+        self.guesses: list[Guess] = []
+        self.similarities: list[float] = []
+        self._stop_id = stop_token_id(tokenizer)
+
+    async def start(self) -> tuple[int, ...]:
+        return tuple(chat_ids(self.tokenizer, self.history))
+
+    async def step(self, action_ids: tuple[int, ...]) -> StepResult:
+        # 1. parse: what the sender wrote, up to its end-of-turn token
+        ended = bool(action_ids) and action_ids[-1] == self._stop_id
+        text = self.tokenizer.decode(action_ids[:-1] if ended else action_ids, skip_special_tokens=True)
+        parsed = parse_message(text, self.rules.min_emoji, self.rules.max_emoji)
+        self.turns.append(parsed.emoji)
+        if not (ended and parsed.ok):
+            reason = parsed.reason or "the turn did not end within the token budget"
+            return self._finish(violation=True, log={"emoji": text, "violation": reason})
+        # 2. ask the judge, which sees every emoji turn and its own earlier guesses
+        guess = await self.ask_judge(JudgeInput(tuple(self.turns), tuple(g.text for g in self.guesses)))
+        # 3. score the guess against the target
+        similarity = await self.score((self.target, guess.text))
+        # 4. append history; the game ends at tau or at the last turn
+        self.guesses.append(guess)
+        self.similarities.append(similarity)
+        log = {"emoji": text, "guess": guess.text, "judge_raw": guess.raw}
+        if similarity >= self.rules.tau or len(self.turns) == self.rules.max_turns:
+            return self._finish(violation=False, log=log)
+        correction = correction_message(guess.text, self.target)
+        observation = continuation_ids(self.tokenizer, self.history, correction)
+        self.history = [*self.history, {"role": "assistant", "content": text}, correction]
+        metrics = {"similarity": similarity}
+        return StepResult(
+            done=False, reward=0.0, next_observation_ids=tuple(observation), metrics=metrics, log=log
+        )
+
+    def _finish(self, violation: bool, log: dict[str, str]) -> StepResult:
+        final = self.similarities[-1] if self.similarities else 0.0
+        sent = [e for turn in self.turns for e in turn]
+        terms = terminal_reward(
+            similarity=final,
+            turns=len(self.turns),
+            violation=violation,
+            unique_emoji=len(set(sent)),
+            total_emoji=len(sent),
+            tau=self.rules.tau,
+            weights=self.rules.weights,
+        )
+        metrics = {
+            "similarity": final,
+            "turns": float(len(self.turns)),
+            "format_violation": float(violation),
+            "judge_emoji_stripped": float(any(g.stripped_emoji for g in self.guesses)),
+            **{f"success@{t}": float(final >= t) for t in SUCCESS_THRESHOLDS},
+            **{f"reward/{name}": value for name, value in terms.items()},
+        }
+        return StepResult(done=True, reward=terms["total"], metrics=metrics, log=log)
+
+
+class RetrievalBuilder:
+    """Builds one game per target, all sharing one judge and one embedder through micro-batchers, so
+    the B x G games of a step make one judge call and one embedding call per turn."""
+
+    def __init__(
+        self, tokenizer: PreTrainedTokenizerBase, judge: Judge, similarity: Similarity, rules: RetrievalRules
+    ) -> None:
+        self.tokenizer = tokenizer
+        self.judge = judge
+        self.similarity = similarity
+        self.rules = rules
+        self.seconds = {"judge": 0.0, "similarity": 0.0}
+        self._ask_judge: MicroBatcher[JudgeInput, Guess] = MicroBatcher(self._judge_batch)
+        self._score: MicroBatcher[tuple[str, str], float] = MicroBatcher(self._score_batch)
+
+    async def _judge_batch(self, inputs: Sequence[JudgeInput]) -> list[Guess]:
+        start = time.perf_counter()
+        guesses = await self.judge.guess(inputs)
+        self.seconds["judge"] += time.perf_counter() - start
+        return guesses
+
+    async def _score_batch(self, pairs: Sequence[tuple[str, str]]) -> list[float]:
+        start = time.perf_counter()
+        scores = self.similarity.similarity([t for t, _ in pairs], [g for _, g in pairs])
+        self.seconds["similarity"] += time.perf_counter() - start
+        return scores
+
+    def __call__(self, record: dict[str, str]) -> RetrievalGame:
+        return RetrievalGame(record["target"], self.tokenizer, self._ask_judge, self._score, self.rules)

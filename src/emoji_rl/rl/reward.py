@@ -1,0 +1,111 @@
+"""What the retrieval game scores: MiniLM cosine similarity between the target message and the judge's
+guess (DESIGN §3), and retrieval@1, which asks whether a guess is closer to its own target than to
+any other.
+
+The embedder is built once by the caller (`models.load_embedder`) and passed in; these functions do
+no I/O and read no config.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+import torch
+
+if TYPE_CHECKING:
+    from sentence_transformers import SentenceTransformer
+
+
+class Similarity:
+    """Batched cosine similarity of sentence embeddings; each distinct text is embedded once per call."""
+
+    def __init__(self, embedder: SentenceTransformer, batch_size: int = 64) -> None:
+        self.embedder = embedder
+        self.batch_size = batch_size
+
+    def embed(self, texts: Sequence[str]) -> torch.Tensor:
+        """Unit-norm embeddings, one row per text (shape `[len(texts), dim]`)."""
+        if not texts:
+            return torch.zeros(0, self.embedder.get_embedding_dimension())
+        # GRPO scores G rollouts of one target, turn after turn: embed each distinct text once.
+        unique = list(dict.fromkeys(texts))
+        vectors = self.embedder.encode(
+            unique,
+            batch_size=self.batch_size,
+            convert_to_tensor=True,
+            normalize_embeddings=True,
+            show_progress_bar=False,
+        ).cpu()
+        row = {text: i for i, text in enumerate(unique)}
+        return vectors[[row[t] for t in texts]]
+
+    def similarity(self, targets: Sequence[str], guesses: Sequence[str]) -> list[float]:
+        """Cosine similarity of each target with the guess at the same index."""
+        assert len(targets) == len(guesses), (len(targets), len(guesses))
+        if not targets:
+            return []
+        vectors = self.embed([*targets, *guesses])
+        target_vecs, guess_vecs = vectors[: len(targets)], vectors[len(targets) :]
+        return (target_vecs * guess_vecs).sum(dim=1).tolist()
+
+    def retrieval_at_1(self, targets: Sequence[str], guesses: Sequence[str]) -> float:
+        """The fraction of guesses whose own target is the nearest of all `targets` (guess i <-> target i)."""
+        assert len(targets) == len(guesses), (len(targets), len(guesses))
+        vectors = self.embed([*targets, *guesses])
+        return retrieval_at_1(vectors[: len(targets)], vectors[len(targets) :])
+
+
+def retrieval_at_1(target_vecs: torch.Tensor, guess_vecs: torch.Tensor) -> float:
+    """The fraction of rows i where target i is the most similar target to guess i.
+
+    Unit-norm rows in. A tie with another target (a duplicate message) counts as a miss: the guess
+    did not single out its own target.
+    """
+    assert target_vecs.shape == guess_vecs.shape, (target_vecs.shape, guess_vecs.shape)
+    if len(target_vecs) == 0:
+        return 0.0
+    scores = guess_vecs @ target_vecs.T
+    own = scores.diagonal()
+    others = scores.clone()
+    others.fill_diagonal_(float("-inf"))
+    return (own > others.max(dim=1).values).float().mean().item()
+
+
+@dataclass(frozen=True)
+class RewardWeights:
+    """Weights of the retrieval game's terminal reward (DESIGN §3)."""
+
+    success_bonus: float = 0.5
+    turn_cost: float = 0.1
+    format_penalty: float = 0.5
+    repetition_penalty: float = 0.3
+
+
+def terminal_reward(
+    similarity: float,
+    turns: int,
+    violation: bool,
+    unique_emoji: int,
+    total_emoji: int,
+    tau: float,
+    weights: RewardWeights,
+) -> dict[str, float]:
+    """The reward of a finished episode and its terms:
+
+    sim_T + success_bonus*[sim_T >= tau] - turn_cost*T - format_penalty*[violation]
+          - repetition_penalty*(1 - unique/total)
+
+    Terminal only: per-turn similarity deltas summed into a return reward a weak first turn (the
+    original's defect), since a bad first guess leaves more room to improve.
+    """
+    repetition = 1.0 - unique_emoji / total_emoji if total_emoji else 0.0
+    terms = {
+        "similarity": similarity,
+        "success": weights.success_bonus * float(similarity >= tau),
+        "turns": -weights.turn_cost * turns,
+        "format": -weights.format_penalty * float(violation),
+        "repetition": -weights.repetition_penalty * repetition,
+    }
+    return {**terms, "total": sum(terms.values())}

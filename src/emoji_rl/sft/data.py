@@ -1,0 +1,180 @@
+"""SFT records: read and validate the chat JSONL, and turn each record into the exact token ids the
+chat template gives, with a mask over the answer.
+
+A record is `{"messages": [system, user, assistant], ...}` (optional `id` and `target` keys), as the
+data stage writes it from `prompts.sender_messages(target)`. The prompt is rendered by
+`models.chat_ids(..., add_generation_prompt=True)`, the ids every later stage feeds the model, and the
+completion is what the template adds for the answer (content, end of turn and anything the template
+writes after it). `encode_record` checks that prompt + completion is token for token the rendering of
+the whole chat, so the SFT model learns on exactly the context RL samples from.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Literal
+
+from emoji_rl.data.jsonl import read_jsonl
+from emoji_rl.errors import UserError
+from emoji_rl.generate import stop_token_id
+from emoji_rl.models import chat_ids
+from emoji_rl.prompts import SENDER_FIRST_TURN
+
+if TYPE_CHECKING:
+    from datasets import Dataset
+    from transformers import PreTrainedTokenizerBase
+
+logger = logging.getLogger(__name__)
+
+ROLES = frozenset({"system", "user", "assistant"})
+Overlong = Literal["drop", "truncate"]
+
+
+@dataclass(frozen=True)
+class ChatRecord:
+    """One conversation whose last turn is the assistant answer to learn."""
+
+    messages: tuple[dict[str, str], ...]
+    target: str | None
+    """The message the emoji encode: the `target` key, else read back from the sender prompt; None if neither."""
+
+    @property
+    def prompt(self) -> list[dict[str, str]]:
+        return list(self.messages[:-1])
+
+    @property
+    def answer(self) -> str:
+        return self.messages[-1]["content"]
+
+    @classmethod
+    def from_record(cls, record: dict) -> ChatRecord:
+        """Validate one JSONL object; a ValueError here becomes a DataError naming the file and line."""
+        messages = record["messages"]
+        if not isinstance(messages, list) or not messages:
+            raise ValueError("`messages` must be a non-empty list of {role, content} objects")
+        for i, m in enumerate(messages):
+            if not (isinstance(m, dict) and m.get("role") in ROLES and isinstance(m.get("content"), str)):
+                raise ValueError(f"messages[{i}] must be {{role: system|user|assistant, content: str}}")
+        if messages[-1]["role"] != "assistant":
+            raise ValueError(
+                f"the last turn is {messages[-1]['role']!r}, not 'assistant': "
+                "an SFT record ends with the answer to learn"
+            )
+        if len(messages) < 2:
+            raise ValueError("the record is only an assistant turn: it needs a prompt before the answer")
+        target = record.get("target")
+        if target is not None and not isinstance(target, str):
+            raise ValueError(f"`target` must be a string, got {type(target).__name__}")
+        return cls(tuple(messages), target if target is not None else _target_from_prompt(messages))
+
+
+def _target_from_prompt(messages: list[dict[str, str]]) -> str | None:
+    head, _, tail = SENDER_FIRST_TURN.partition("{target}")
+    user = next((m["content"] for m in messages if m["role"] == "user"), "")
+    if user.startswith(head) and user.endswith(tail):
+        return user[len(head) : len(user) - len(tail)]
+    return None
+
+
+def load_chat_records(path: str | Path) -> list[ChatRecord]:
+    """Every record of an SFT JSONL file, validated up front; a bad line is a DataError naming it."""
+    return read_jsonl(path, ChatRecord.from_record, hint="the data stage writes it")
+
+
+@dataclass(frozen=True)
+class Encoded:
+    """Token ids of a whole chat; the loss covers `input_ids[completion_start:]`."""
+
+    input_ids: tuple[int, ...]
+    completion_start: int
+
+
+def encode_record(tokenizer: PreTrainedTokenizerBase, record: ChatRecord) -> Encoded:
+    """Prompt ids as every stage renders them, then the answer as the template continues them."""
+    prompt_ids = chat_ids(tokenizer, record.prompt, add_generation_prompt=True)
+    full_ids = chat_ids(tokenizer, list(record.messages), add_generation_prompt=False)
+    if full_ids[: len(prompt_ids)] != prompt_ids:
+        raise UserError(
+            f"{tokenizer.name_or_path}: the chat template renders the prompt differently on its own "
+            f"(…{tokenizer.decode(prompt_ids[-8:])!r}) than inside the full chat "
+            f"(…{tokenizer.decode(full_ids[len(prompt_ids) - 8 : len(prompt_ids)])!r}): training on it would "
+            "not match the context RL samples from; fix the model's chat template"
+        )
+    # The end-of-turn token must be in the loss, or the model never learns to stop.
+    if stop_token_id(tokenizer) not in full_ids[len(prompt_ids) :]:
+        raise UserError(
+            f"{tokenizer.name_or_path}: the chat template does not end the assistant turn with the stop token "
+            f"{tokenizer.convert_ids_to_tokens(stop_token_id(tokenizer))!r}; the model would not learn to stop"
+        )
+    return Encoded(tuple(full_ids), len(prompt_ids))
+
+
+@dataclass(frozen=True)
+class LengthReport:
+    total: int
+    overlong: int
+    truncated: int
+    dropped: int
+    longest: int
+
+
+def fit_to_length(
+    examples: Sequence[Encoded], max_length: int, overlong: Overlong
+) -> tuple[list[Encoded], LengthReport]:
+    """Drop or truncate examples longer than `max_length` tokens. A truncated example keeps its prompt
+    and the start of its answer; one left with no answer tokens is dropped either way."""
+    kept: list[Encoded] = []
+    truncated = dropped = 0
+    for ex in examples:
+        if len(ex.input_ids) <= max_length:
+            kept.append(ex)
+        elif overlong == "truncate" and ex.completion_start < max_length:
+            kept.append(Encoded(ex.input_ids[:max_length], ex.completion_start))
+            truncated += 1
+        else:
+            dropped += 1
+    longest = max((len(ex.input_ids) for ex in examples), default=0)
+    return kept, LengthReport(len(examples), truncated + dropped, truncated, dropped, longest)
+
+
+def encode_file(
+    tokenizer: PreTrainedTokenizerBase, path: str | Path, max_length: int, overlong: Overlong
+) -> list[Encoded]:
+    """Load, validate, encode and fit one file; over-long examples are counted in a warning."""
+    encoded = [encode_record(tokenizer, r) for r in load_chat_records(path)]
+    kept, report = fit_to_length(encoded, max_length, overlong)
+    if report.overlong:
+        logger.warning(
+            "%s: %d of %d examples are longer than max_length=%d tokens (longest %d): %d truncated, %d dropped "
+            "(overlong=%s; raise max_length to keep them whole)",
+            path,
+            report.overlong,
+            report.total,
+            max_length,
+            report.longest,
+            report.truncated,
+            report.dropped,
+            overlong,
+        )
+    if not kept:
+        raise UserError(
+            f"{path}: every example is longer than max_length={max_length} tokens; raise max_length"
+        )
+    return kept
+
+
+def to_dataset(examples: Sequence[Encoded]) -> Dataset:
+    """Pre-tokenized rows for TRL: it builds labels from `completion_mask` when completion_only_loss is on."""
+    from datasets import Dataset
+
+    return Dataset.from_dict(
+        {
+            "input_ids": [list(ex.input_ids) for ex in examples],
+            "completion_mask": [
+                [0] * ex.completion_start + [1] * (len(ex.input_ids) - ex.completion_start) for ex in examples
+            ],
+        }
+    )

@@ -1,0 +1,227 @@
+"""`emoji-rl eval-sft`: the base model and the SFT adapter side by side on the SFT test split.
+
+For each decoding (unconstrained, emoji grammar, static mask) it samples one reply per test prompt
+from the base model (the adapter disabled) and from the SFT model, and reports format compliance
+(`parse_message(reply).ok`), then over the compliant replies: emoji per message, distinct emoji,
+entropy and the share of the 10 most used emoji (seed 001: SFT emoji were "generic"), and, with
+`--judge`, the similarity of a single-turn judge guess to the target. The test answers themselves
+are a third row, `reference`. Output: a printed table, eval_sft.json and eval_sft.png.
+
+    emoji-rl eval-sft --adapter runs/sft/adapter                        # cpu: embedded SmolLM2
+    emoji-rl eval-sft --adapter runs/sft/adapter --judge lexicon --limit 200
+    emoji-rl eval-sft --adapter runs/sft-gpu/adapter --judge hf --judge_model Qwen/Qwen3-4B
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import dataclasses
+import json
+import logging
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Literal, cast
+
+from emoji_rl import models
+from emoji_rl.config import to_dict
+from emoji_rl.data.jsonl import write_json
+from emoji_rl.emoji.alphabet import MAX_EMOJI, MIN_EMOJI, parse_message
+from emoji_rl.errors import UserError
+from emoji_rl.eval.report import bar_figure, format_table
+from emoji_rl.eval.stats import reply_stats
+from emoji_rl.generate import Constraint, generate_replies
+from emoji_rl.sft.data import ChatRecord, load_chat_records
+
+if TYPE_CHECKING:
+    from emoji_rl.rl.judge import Judge
+    from emoji_rl.rl.reward import Similarity
+
+logger = logging.getLogger(__name__)
+
+DECODINGS: tuple[Constraint, ...] = ("none", "grammar", "static")
+COLUMNS = [
+    "system",
+    "decoding",
+    "replies",
+    "compliance",
+    "emoji_per_message",
+    "distinct_emoji",
+    "entropy_bits",
+    "top10_share",
+    "judge_similarity",
+]
+FIGURE_METRICS = ["compliance", "distinct_emoji", "entropy_bits", "top10_share", "judge_similarity"]
+SAMPLES_KEPT = 20
+
+
+@dataclass
+class Config:
+    """Base vs SFT on the SFT test split: compliance and emoji statistics, table + JSON + PNG."""
+
+    # --- core ---
+    adapter: str | None = field(default=None, metadata={"help": "the SFT adapter directory (required)"})
+    model: str | None = field(
+        default=None,
+        metadata={"help": "base model spec; none: the adapter's base_model_name_or_path"},
+    )
+    data: str = field(default="data/sft_test.jsonl", metadata={"help": "held-out SFT chats, JSONL"})
+    limit: int | None = field(default=None, metadata={"help": "evaluate the first N chats only; none: all"})
+    decodings: list[str] = field(
+        default_factory=lambda: ["none", "grammar"],
+        metadata={"help": f"decodings to compare, from {', '.join(DECODINGS)} (none = unconstrained)"},
+    )
+    judge: Literal["lexicon", "hf"] | None = field(
+        default=None, metadata={"help": "single-turn judge for guess similarity; none: skip it"}
+    )
+    output_dir: str | None = field(
+        default=None, metadata={"help": "where eval_sft.json and .png go; none: <adapter>/../eval-sft"}
+    )
+
+    # --- advanced ---
+    judge_view: Literal["raw", "gloss"] = field(
+        default="gloss", metadata={"help": "what an hf judge is shown: raw emoji, or each with its name"}
+    )
+    judge_model: str = field(default=models.SMOLLM2, metadata={"help": "model spec of an hf judge"})
+    temperature: float = field(
+        default=1.0,
+        metadata={"help": "sampling temperature; 1.0 is what RL rollouts sample at, 0 is greedy"},
+    )
+    max_new_tokens: int = field(default=48, metadata={"help": "token budget per reply"})
+    batch_size: int = field(default=16, metadata={"help": "prompts per generate call"})
+    seed: int = field(default=0, metadata={"help": "sampling seed; every system and decoding uses it"})
+
+    def __post_init__(self) -> None:
+        if not self.adapter:
+            raise ValueError("--adapter is required: the SFT adapter directory (e.g. runs/sft/adapter)")
+        unknown = sorted(set(self.decodings) - set(DECODINGS))
+        if unknown or not self.decodings:
+            raise ValueError(f"decodings {unknown or '[]'} invalid: choose from {', '.join(DECODINGS)}")
+        if self.limit is not None and self.limit < 1:
+            raise ValueError(f"limit={self.limit} must be >= 1 (or none for all chats)")
+
+
+def base_model_of(adapter: Path) -> str:
+    """The base model an adapter was trained on, from its adapter_config.json."""
+    config = adapter / "adapter_config.json"
+    if not config.is_file():
+        raise UserError(f"{adapter} has no adapter_config.json: pass the adapter/ directory of an SFT run")
+    base = json.loads(config.read_text()).get("base_model_name_or_path")
+    if not base:
+        raise UserError(f"{config} names no base_model_name_or_path: pass --model")
+    return base
+
+
+def judge_similarity(
+    judge: Judge, similarity: Similarity, targets: list[str], replies: list[str]
+) -> float | None:
+    """Mean similarity of the judge's first guess to the target, over compliant replies (None if none)."""
+    from emoji_rl.rl.judge import JudgeInput
+
+    pairs = [
+        (t, parse_message(r).emoji) for t, r in zip(targets, replies, strict=True) if parse_message(r).ok
+    ]
+    if not pairs:
+        return None
+    guesses = asyncio.run(judge.guess([JudgeInput(turns=(emoji,)) for _, emoji in pairs]))
+    scores = similarity.similarity([t for t, _ in pairs], [g.text for g in guesses])
+    return sum(scores) / len(scores)
+
+
+def targets_of(records: list[ChatRecord], path: str) -> list[str]:
+    missing = sum(r.target is None for r in records)
+    if missing:
+        raise UserError(
+            f"{path}: {missing} record(s) have no `target` key and no sender prompt to read it from; "
+            "judge similarity needs the target message"
+        )
+    return [r.target for r in records if r.target is not None]
+
+
+def main(cfg: Config) -> None:
+    assert cfg.adapter is not None  # __post_init__ requires it
+    adapter = Path(cfg.adapter)
+    output_dir = Path(cfg.output_dir) if cfg.output_dir else adapter.parent / "eval-sft"
+    model_spec = cfg.model or base_model_of(adapter)
+
+    # --- data and models
+    records = load_chat_records(cfg.data)[: cfg.limit]
+    runtime = models.pick_runtime()
+    tokenizer = models.load_tokenizer(model_spec)
+    model = models.load_causal_lm(model_spec, runtime, adapter=adapter)
+    logger.info("eval-sft: %d chats from %s; %s; %s", len(records), cfg.data, model_spec, runtime.describe())
+    judged: tuple[Judge, Similarity, list[str]] | None = None
+    if cfg.judge is not None:
+        from emoji_rl.rl.judge import make_judge
+        from emoji_rl.rl.reward import Similarity
+
+        targets = targets_of(records, cfg.data)
+        judge = make_judge(
+            cfg.judge, cfg.judge_view, cfg.judge_model, runtime=runtime, batch_size=cfg.batch_size
+        )
+        judged = (judge, Similarity(models.load_embedder(device=runtime.device)), targets)
+
+    # --- sample: the same prompts, seed and decoding for both systems; base = the adapter disabled
+    prompts = [r.prompt for r in records]
+    replies: dict[str, list[str]] = {}
+    for decoding in cfg.decodings:
+        for system in ("base", "sft"):
+            with model.disable_adapter() if system == "base" else contextlib.nullcontext():
+                out = generate_replies(
+                    model,
+                    tokenizer,
+                    prompts,
+                    constraint=cast(Constraint, decoding),  # checked against DECODINGS in Config
+                    temperature=cfg.temperature,
+                    max_new_tokens=cfg.max_new_tokens,
+                    batch_size=cfg.batch_size,
+                    seed=cfg.seed,
+                )
+            replies[f"{system}/{decoding}"] = [r.text for r in out]
+    replies["reference"] = [r.answer for r in records]
+
+    # --- score and report
+    rows = []
+    for key, texts in replies.items():
+        system, _, decoding = key.partition("/")
+        stats = reply_stats(texts, MIN_EMOJI, MAX_EMOJI)
+        rows.append(
+            {
+                "system": system,
+                "decoding": decoding or "data",
+                **dataclasses.asdict(stats),
+                "judge_similarity": judge_similarity(*judged, texts) if judged else None,
+            }
+        )
+    samples = [
+        {"target": r.target, **{key: texts[i] for key, texts in replies.items()}}
+        for i, r in enumerate(records[:SAMPLES_KEPT])
+    ]
+    print(format_table(rows, COLUMNS))
+    write_json(
+        output_dir / "eval_sft.json",
+        {
+            "config": to_dict(cfg),
+            "model": model_spec,
+            "chats": len(records),
+            "results": rows,
+            "samples": samples,
+        },
+    )
+    metrics = [m for m in FIGURE_METRICS if any(row[m] is not None for row in rows)]
+    figure = bar_figure(
+        rows,
+        metrics,
+        group="decoding",
+        series="system",
+        title=f"eval-sft: {adapter}",
+        path=output_dir / "eval_sft.png",
+    )
+    sft_none = next((r for r in rows if r["system"] == "sft" and r["decoding"] == "none"), None)
+    base_none = next((r for r in rows if r["system"] == "base" and r["decoding"] == "none"), None)
+    summary = (
+        f"unconstrained compliance base {base_none['compliance']:.0%} -> sft {sft_none['compliance']:.0%}; "
+        if sft_none and base_none
+        else ""
+    )
+    logger.info("eval-sft: %s%s and %s written", summary, output_dir / "eval_sft.json", figure)

@@ -1,0 +1,399 @@
+"""`emoji-rl sft`: LoRA SFT of the sender on (message, emoji) chats with TRL's SFTTrainer and PEFT.
+
+Loss on the answer only: each record is rendered with the shared chat template (`models.chat_ids`),
+and the tokens after the generation prompt (the emoji, end of turn) carry the loss
+(`completion_only_loss`). The defaults are seed 001's: LoRA r=32, lr 5e-4 with linear decay, Adam betas
+(0.9, 0.95), effective batch 128, 1 epoch. bf16 and flash-attn 2 are used when the GPU has them
+(`models.pick_runtime`, logged); a CPU trains in fp32.
+
+    emoji-rl sft --config configs/cpu/sft.yaml                       # embedded SmolLM2, a few minutes
+    emoji-rl sft --config configs/gpu/sft.yaml                       # Qwen3.5-4B, one GPU
+    NGPUS=8 launch/train_sft.sh                                      # accelerate launch, DDP (or STRATEGY=fsdp)
+    emoji-rl sft --config configs/gpu/sft.yaml --resume true         # go on from the last checkpoint
+
+The run directory (`output_dir`) holds config.yaml, metrics.jsonl, TensorBoard logs under runs/,
+checkpoint-N/ and, at the end, adapter/: a PEFT LoRA adapter (adapter_config.json +
+adapter_model.safetensors) that `PeftModel.from_pretrained` and vLLM's `--lora-modules` load.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import json
+import logging
+import os
+import time
+from collections.abc import Collection, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Literal
+
+import yaml
+
+from emoji_rl import models
+from emoji_rl.config import save_config
+from emoji_rl.errors import UserError
+from emoji_rl.sft.data import Overlong, encode_file, to_dataset
+
+if TYPE_CHECKING:
+    from peft import LoraConfig
+    from transformers import PreTrainedModel, TrainerCallback
+    from trl import SFTConfig
+
+logger = logging.getLogger(__name__)
+
+# q/k/v/o and the MLP projections of Llama- and Qwen-style blocks: the modules vLLM serves LoRA on.
+# Never the embeddings or lm_head, which vLLM's --lora-modules does not take.
+DEFAULT_LORA_TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
+ADAPTER_DIR = "adapter"
+METRICS_FILE = "metrics.jsonl"
+
+
+@dataclass
+class Config:
+    """LoRA SFT of the sender with TRL's SFTTrainer; field names follow TRL's SFTConfig."""
+
+    # --- core ---
+    model: str = field(
+        default=models.SMOLLM2, metadata={"help": "model spec: hub id, local dir or embedded:NAME"}
+    )
+    train_data: str = field(default="data/sft_train.jsonl", metadata={"help": "SFT chats, JSONL"})
+    eval_data: str | None = field(
+        default="data/sft_test.jsonl",
+        metadata={"help": "held-out chats for the eval loss, JSONL; none to skip evaluation"},
+    )
+    output_dir: str = field(
+        default="runs/sft", metadata={"help": "run directory: config, metrics, checkpoints, adapter/"}
+    )
+    learning_rate: float = field(
+        default=5e-4, metadata={"help": "peak learning rate (seed 001: 5e-4 for LoRA)"}
+    )
+    lr_scheduler_type: Literal["linear", "cosine", "constant"] = field(
+        default="linear", metadata={"help": "decay from the peak to 0 over training (seed 001: linear)"}
+    )
+    num_train_epochs: float = field(default=1.0, metadata={"help": "passes over train_data (seed 001: 1)"})
+    max_steps: int = field(default=-1, metadata={"help": "optimizer steps; > 0 overrides num_train_epochs"})
+    per_device_train_batch_size: int = field(
+        default=16,
+        metadata={"help": "sequences per device per forward pass (a memory knob, not a recipe knob)"},
+    )
+    effective_batch_size: int | None = field(
+        default=128,
+        metadata={
+            "help": "sequences per optimizer step over all devices (seed 001: 128); sets gradient accumulation "
+            "from per_device_train_batch_size and the number of processes; none to set "
+            "gradient_accumulation_steps yourself"
+        },
+    )
+    gradient_accumulation_steps: int | None = field(
+        default=None,
+        metadata={"help": "forward passes per optimizer step; only with effective_batch_size none"},
+    )
+    lora_r: int = field(default=32, metadata={"help": "LoRA rank (seed 001: 32)"})
+    lora_alpha: int = field(
+        default=32, metadata={"help": "LoRA scale numerator; the update is scaled by alpha/r"}
+    )
+    max_length: int = field(
+        default=512, metadata={"help": "tokens per example, prompt included; see overlong for longer ones"}
+    )
+    seed: int = field(default=0, metadata={"help": "seed for LoRA init, data order and dropout"})
+    resume: bool = field(
+        default=False,
+        metadata={"help": "go on from the last checkpoint-N in output_dir (optimizer, LR, RNG)"},
+    )
+
+    # --- advanced ---
+    adam_beta1: float = field(default=0.9, metadata={"help": "Adam beta1 (seed 001: 0.9)"})
+    adam_beta2: float = field(
+        default=0.95, metadata={"help": "Adam beta2 (seed 001: 0.95; shorter memory than the usual 0.999)"}
+    )
+    weight_decay: float = field(default=0.0, metadata={"help": "AdamW weight decay on the LoRA weights"})
+    warmup_steps: float = field(
+        default=0.0, metadata={"help": "linear warmup: steps if >= 1, else a fraction of all steps"}
+    )
+    max_grad_norm: float = field(default=1.0, metadata={"help": "gradient clipping norm; 0 disables"})
+    lora_dropout: float = field(default=0.0, metadata={"help": "dropout on the LoRA input, in [0, 1)"})
+    lora_target_modules: list[str] = field(
+        default_factory=lambda: list(DEFAULT_LORA_TARGETS),
+        metadata={
+            "help": "module names (last path component) that get LoRA; no embeddings or lm_head (vLLM)"
+        },
+    )
+    overlong: Overlong = field(
+        default="drop",
+        metadata={
+            "help": "examples longer than max_length: drop them, or truncate them (the answer loses its end, "
+            "end of turn included); counted in a warning either way"
+        },
+    )
+    dtype: Literal["auto", "float32", "bfloat16"] = field(
+        default="auto",
+        metadata={"help": "auto: bf16 on a GPU that has it, else fp32 (a bf16 CPU step is ~15x slower)"},
+    )
+    gradient_checkpointing: bool = field(
+        default=False, metadata={"help": "recompute activations in backward: less memory, ~30% slower"}
+    )
+    per_device_eval_batch_size: int = field(
+        default=32, metadata={"help": "sequences per device when evaluating"}
+    )
+    logging_steps: int = field(default=10, metadata={"help": "optimizer steps between metric lines"})
+    eval_steps: int | None = field(
+        default=None, metadata={"help": "optimizer steps between eval-loss runs; none: at start and end only"}
+    )
+    save_steps: int = field(default=200, metadata={"help": "optimizer steps between checkpoints"})
+    save_total_limit: int | None = field(
+        default=2, metadata={"help": "checkpoints kept (oldest deleted first); none keeps all"}
+    )
+    sft_overrides: list[str] | None = field(
+        default=None,
+        metadata={
+            "help": "other TRL SFTConfig fields as KEY=VALUE (VALUE read as YAML), e.g. optim=adamw_torch_fused; "
+            "a key SFTConfig does not know is an error"
+        },
+    )
+
+    def __post_init__(self) -> None:
+        for name in ("learning_rate", "lora_r", "lora_alpha", "max_length", "per_device_train_batch_size"):
+            if getattr(self, name) <= 0:
+                raise ValueError(f"{name}={getattr(self, name)} must be > 0")
+        if self.effective_batch_size is not None and self.gradient_accumulation_steps is not None:
+            raise ValueError(
+                f"effective_batch_size={self.effective_batch_size} and gradient_accumulation_steps="
+                f"{self.gradient_accumulation_steps} both set the batch: set one, the other to none"
+            )
+        if not 0.0 <= self.lora_dropout < 1.0:
+            raise ValueError(f"lora_dropout={self.lora_dropout} must be in [0, 1)")
+        if self.max_steps <= 0 and self.num_train_epochs <= 0:
+            raise ValueError("set max_steps > 0 or num_train_epochs > 0: there is nothing to train otherwise")
+        if not self.lora_target_modules:
+            raise ValueError("lora_target_modules is empty: LoRA needs at least one module to adapt")
+
+
+# --- TRL config -------------------------------------------------------------------------------------
+
+
+def accumulation_steps(cfg: Config, world_size: int) -> int:
+    """Forward passes per optimizer step, so that every step sees effective_batch_size sequences."""
+    if cfg.effective_batch_size is None:
+        return cfg.gradient_accumulation_steps or 1
+    per_pass = cfg.per_device_train_batch_size * world_size
+    if cfg.effective_batch_size % per_pass:
+        raise UserError(
+            f"effective_batch_size={cfg.effective_batch_size} is not a multiple of per_device_train_batch_size="
+            f"{cfg.per_device_train_batch_size} x {world_size} process(es) = {per_pass}; change one of them"
+        )
+    return cfg.effective_batch_size // per_pass
+
+
+def parse_sft_overrides(items: Sequence[str], managed: Collection[str]) -> dict[str, object]:
+    """KEY=VALUE items for SFTConfig fields that this stage does not set itself."""
+    from trl import SFTConfig
+
+    known = {f.name for f in dataclasses.fields(SFTConfig) if f.init}
+    parsed: dict[str, object] = {}
+    for item in items:
+        key, sep, value = item.partition("=")
+        if not sep or not key:
+            raise UserError(f"sft_overrides item {item!r} is not KEY=VALUE (e.g. optim=adamw_torch_fused)")
+        if key not in known:
+            close = difflib.get_close_matches(key, known | {f.name for f in dataclasses.fields(Config)}, n=3)
+            hint = f"; did you mean {', '.join(close)}?" if close else ""
+            raise UserError(f"sft_overrides: {key!r} is not a field of TRL's SFTConfig{hint}")
+        if key in managed:
+            raise UserError(
+                f"sft_overrides: {key!r} is set by this stage; use its own field (`emoji-rl sft --help`) instead"
+            )
+        try:
+            parsed[key] = yaml.safe_load(value)
+        except yaml.YAMLError as err:
+            raise UserError(f"sft_overrides: the value of {key!r} is not valid YAML: {value!r}") from err
+    return parsed
+
+
+def build_sft_config(cfg: Config, runtime: models.Runtime, world_size: int) -> SFTConfig:
+    import torch
+    from trl import SFTConfig
+
+    has_eval = cfg.eval_data is not None
+    managed: dict[str, object] = {
+        "output_dir": cfg.output_dir,
+        "learning_rate": cfg.learning_rate,
+        "lr_scheduler_type": cfg.lr_scheduler_type,
+        "warmup_steps": cfg.warmup_steps,
+        "num_train_epochs": cfg.num_train_epochs,
+        "max_steps": cfg.max_steps,
+        "per_device_train_batch_size": cfg.per_device_train_batch_size,
+        "per_device_eval_batch_size": cfg.per_device_eval_batch_size,
+        "gradient_accumulation_steps": accumulation_steps(cfg, world_size),
+        "adam_beta1": cfg.adam_beta1,
+        "adam_beta2": cfg.adam_beta2,
+        "weight_decay": cfg.weight_decay,
+        "max_grad_norm": cfg.max_grad_norm,
+        # Always explicit: SFTConfig defaults to bf16=True even on a CPU, where a step took 155 s
+        # against 10 s in fp32 (DESIGN §8).
+        "bf16": runtime.dtype == torch.bfloat16,
+        "use_cpu": runtime.device == "cpu",
+        # transformers 5 renamed gradient_checkpointing to activation_checkpointing (the old name warns).
+        "activation_checkpointing": cfg.gradient_checkpointing,
+        # Non-reentrant checkpointing works with frozen base weights (LoRA) without extra hooks.
+        "activation_checkpointing_kwargs": {"use_reentrant": False} if cfg.gradient_checkpointing else None,
+        "max_length": cfg.max_length,
+        "completion_only_loss": True,
+        "logging_steps": cfg.logging_steps,
+        "eval_strategy": "steps" if has_eval and cfg.eval_steps else "no",
+        "eval_steps": cfg.eval_steps,
+        "eval_on_start": has_eval,
+        "save_strategy": "steps",
+        "save_steps": cfg.save_steps,
+        "save_total_limit": cfg.save_total_limit,
+        "report_to": ["tensorboard"],
+        "seed": cfg.seed,
+        "data_seed": cfg.seed,
+    }
+    aliases = {"gradient_checkpointing", "gradient_checkpointing_kwargs"}
+    overrides = parse_sft_overrides(cfg.sft_overrides or [], managed.keys() | aliases)
+    try:
+        return SFTConfig(**managed, **overrides)
+    except (ValueError, TypeError) as err:
+        raise UserError(f"TRL's SFTConfig rejected the settings: {err}") from err
+
+
+def lora_config(cfg: Config, model: PreTrainedModel) -> LoraConfig:
+    from peft import LoraConfig
+
+    present = {name.rsplit(".", 1)[-1] for name, _ in model.named_modules()}
+    missing = sorted(set(cfg.lora_target_modules) - present)
+    if missing:
+        linear = sorted(
+            {n.rsplit(".", 1)[-1] for n, m in model.named_modules() if type(m).__name__ == "Linear"}
+        )
+        raise UserError(
+            f"lora_target_modules {missing} are not modules of {cfg.model}; its linear modules are: {linear}"
+        )
+    return LoraConfig(
+        r=cfg.lora_r,
+        lora_alpha=cfg.lora_alpha,
+        lora_dropout=cfg.lora_dropout,
+        target_modules=list(cfg.lora_target_modules),
+        bias="none",
+        task_type="CAUSAL_LM",
+    )
+
+
+# --- metrics ----------------------------------------------------------------------------------------
+
+
+def metric_key(key: str) -> str:
+    """Trainer log keys as slash namespaces, the same rule TensorBoard's callback applies, so the JSONL
+    and TensorBoard agree: `eval_loss` -> `eval/loss`, `loss` -> `train/loss`."""
+    if key == "epoch":
+        return key
+    if key.startswith("eval_"):
+        return "eval/" + key.removeprefix("eval_")
+    return "train/" + key
+
+
+def jsonl_metrics_callback(path: Path) -> TrainerCallback:
+    """A callback that appends each Trainer log (train and eval) as one JSON line, on the main process."""
+    from transformers import TrainerCallback
+
+    class JsonlMetrics(TrainerCallback):
+        def on_log(self, args, state, control, logs=None, **kwargs):
+            if not state.is_world_process_zero or not logs:
+                return
+            row = {"step": state.global_step, **{metric_key(k): v for k, v in logs.items()}}
+            with path.open("a", encoding="utf-8") as out:
+                out.write(json.dumps(row) + "\n")
+
+    return JsonlMetrics()
+
+
+# --- stage ------------------------------------------------------------------------------------------
+
+
+def checkpoint_to_resume(output_dir: Path, resume: bool) -> str | None:
+    """The checkpoint to go on from; a fresh run must not silently mix with an earlier one's checkpoints."""
+    from transformers.trainer_utils import get_last_checkpoint
+
+    last = get_last_checkpoint(str(output_dir)) if output_dir.is_dir() else None
+    if resume and last is None:
+        raise UserError(f"--resume: {output_dir} holds no checkpoint-N directory to resume from")
+    if not resume and last is not None:
+        raise UserError(
+            f"{output_dir} already holds {Path(last).name}: pass --resume true to go on from it, "
+            "or choose another --output_dir"
+        )
+    return last
+
+
+def main(cfg: Config) -> None:
+    import torch
+    from transformers import AutoModelForCausalLM
+    from trl import SFTTrainer
+
+    # --- run dir, runtime, TRL config (all checks before any model loads)
+    output_dir = Path(cfg.output_dir)
+    world_size = int(os.environ.get("WORLD_SIZE", "1"))
+    is_main = int(os.environ.get("RANK", "0")) == 0
+    checkpoint = checkpoint_to_resume(output_dir, cfg.resume)
+    runtime = models.pick_runtime(dtype=cfg.dtype)
+    args = build_sft_config(cfg, runtime, world_size)
+    if runtime.device.startswith("cuda") and runtime.attn_implementation != "flash_attention_2":
+        logger.info("flash-attn 2 is not installed or dtype is fp32: attention falls back to sdpa")
+    logger.info(
+        "runtime: %s; %d process(es) x %d per device x %d accumulation = %d sequences per step",
+        runtime.describe(),
+        world_size,
+        args.per_device_train_batch_size,
+        args.gradient_accumulation_steps,
+        world_size * args.per_device_train_batch_size * args.gradient_accumulation_steps,
+    )
+    if is_main:
+        save_config(cfg, output_dir)
+
+    # --- data: validated and tokenized up front, so a bad line fails before the model loads
+    tokenizer = models.load_tokenizer(cfg.model)
+    train_set = to_dataset(encode_file(tokenizer, cfg.train_data, cfg.max_length, cfg.overlong))
+    eval_set = (
+        to_dataset(encode_file(tokenizer, cfg.eval_data, cfg.max_length, cfg.overlong))
+        if cfg.eval_data
+        else None
+    )
+    logger.info("data: %d train, %d eval examples", len(train_set), len(eval_set) if eval_set else 0)
+
+    # --- model: left on the CPU; the Trainer places it on this process's device (DDP, FSDP)
+    model = AutoModelForCausalLM.from_pretrained(
+        models.resolve(cfg.model), dtype=runtime.dtype, attn_implementation=runtime.attn_implementation
+    )
+    trainer = SFTTrainer(
+        model=model,
+        args=args,
+        train_dataset=train_set,
+        eval_dataset=eval_set,
+        processing_class=tokenizer,
+        peft_config=lora_config(cfg, model),
+        callbacks=[jsonl_metrics_callback(output_dir / METRICS_FILE)],
+    )
+    trainable = sum(p.numel() for p in trainer.model.parameters() if p.requires_grad)
+    logger.info(
+        "LoRA r=%d on %s: %.2fM trainable parameters", cfg.lora_r, cfg.lora_target_modules, trainable / 1e6
+    )
+
+    # --- train, evaluate, save
+    start = time.monotonic()
+    result = trainer.train(resume_from_checkpoint=checkpoint)
+    seconds = time.monotonic() - start
+    eval_loss = trainer.evaluate()["eval_loss"] if eval_set is not None else float("nan")
+    adapter_dir = output_dir / ADAPTER_DIR
+    trainer.save_model(str(adapter_dir))
+    if torch.distributed.is_initialized():
+        torch.distributed.barrier()
+    logger.info(
+        "sft: %d steps in %.0f s, train loss %.4f, eval loss %.4f; adapter at %s",
+        result.global_step,
+        seconds,
+        result.training_loss,
+        eval_loss,
+        adapter_dir,
+    )

@@ -1,0 +1,114 @@
+import json
+import os
+
+import pytest
+
+from emoji_rl.data.jsonl import AppendLog, read_jsonl, write_json, write_jsonl
+from emoji_rl.errors import DataError, UserError
+
+
+def test_round_trip_keeps_unicode(tmp_path):
+    path = tmp_path / "a.jsonl"
+    assert write_jsonl(path, [{"text": "pizza", "emoji": "🍕 🎬"}, {"n": 2}]) == 2
+    assert read_jsonl(path) == [{"text": "pizza", "emoji": "🍕 🎬"}, {"n": 2}]
+    assert "🍕" in path.read_text(encoding="utf-8")
+
+
+def test_malformed_line_names_file_and_line(tmp_path):
+    path = tmp_path / "bad.jsonl"
+    path.write_text('{"a": 1}\n\n{"a": 2\n{"a": 3}\n')
+    with pytest.raises(DataError) as err:
+        read_jsonl(path)
+    assert (err.value.path, err.value.line) == (str(path), 3)
+    assert f"{path}:3: not valid JSON" in str(err.value)
+
+
+def test_a_line_that_is_not_an_object_is_an_error(tmp_path):
+    path = tmp_path / "list.jsonl"
+    path.write_text('{"a": 1}\n[1, 2]\n')
+    with pytest.raises(DataError, match=r":2: expected a JSON object, got list"):
+        read_jsonl(path)
+
+
+def test_parse_errors_name_the_line(tmp_path):
+    path = tmp_path / "p.jsonl"
+    path.write_text('{"n": 1}\n{"m": 2}\n')
+    with pytest.raises(DataError, match=r":2: missing field 'n'"):
+        read_jsonl(path, lambda r: int(r["n"]))
+
+
+def test_empty_and_missing_files_are_clear_errors(tmp_path):
+    empty = tmp_path / "empty.jsonl"
+    empty.write_text("\n\n")
+    with pytest.raises(UserError, match=r"empty.jsonl holds no records: run `emoji-rl prompts` first"):
+        read_jsonl(empty, hint="run `emoji-rl prompts` first")
+    assert read_jsonl(empty, allow_empty=True) == []
+    with pytest.raises(UserError, match="does not exist"):
+        read_jsonl(tmp_path / "missing.jsonl")
+
+
+def test_cut_off_last_line_says_what_to_do(tmp_path):
+    path = tmp_path / "cut.jsonl"
+    path.write_text('{"a": 1}\n{"a": 2, "b')
+    with pytest.raises(DataError, match=r":2: .*no newline, so a write was probably cut short: rerun"):
+        read_jsonl(path)
+
+
+def test_a_complete_last_line_without_newline_is_read(tmp_path):
+    path = tmp_path / "hand.jsonl"
+    path.write_text('{"a": 1}\n{"a": 2}')
+    assert read_jsonl(path) == [{"a": 1}, {"a": 2}]
+
+
+def test_atomic_write_leaves_the_old_file_when_interrupted(tmp_path):
+    path = tmp_path / "out.jsonl"
+    write_jsonl(path, [{"v": 1}])
+
+    def records():
+        yield {"v": 2}
+        raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        write_jsonl(path, records())
+    assert read_jsonl(path) == [{"v": 1}]
+    assert os.listdir(tmp_path) == ["out.jsonl"]  # no temp file left behind
+
+
+def test_atomic_write_failing_mid_write_leaves_no_temp_file(tmp_path, monkeypatch):
+    path = tmp_path / "state.json"
+    write_json(path, {"v": 1})
+    monkeypatch.setattr(os, "fsync", lambda fd: (_ for _ in ()).throw(OSError("disk full")))
+    with pytest.raises(OSError, match="disk full"):
+        write_json(path, {"v": 2})
+    assert json.loads(path.read_text()) == {"v": 1}
+    assert os.listdir(tmp_path) == ["state.json"]
+
+
+def test_append_log_resumes_and_recovers_from_an_interrupted_append(tmp_path, caplog):
+    path = tmp_path / "log.jsonl"
+    with AppendLog(path) as log:
+        assert log.records == []
+        log.append({"i": 1})
+        log.append({"i": 2})
+    # A run killed mid-append leaves half a line; the next run cuts it off and goes on.
+    with path.open("a") as f:
+        f.write('{"i": 3, "tex')
+    with AppendLog(path) as log:
+        assert log.records == [{"i": 1}, {"i": 2}]
+        log.append({"i": 3})
+    assert "interrupted append" in caplog.text
+    assert read_jsonl(path) == [{"i": 1}, {"i": 2}, {"i": 3}]
+
+
+def test_append_log_recovers_from_a_cut_multibyte_character(tmp_path):
+    path = tmp_path / "log.jsonl"
+    path.write_bytes('{"e": "🍕"}\n{"e": "'.encode() + "🍕".encode()[:2])
+    with AppendLog(path) as log:
+        assert log.records == [{"e": "🍕"}]
+
+
+def test_append_log_still_rejects_a_bad_complete_line(tmp_path):
+    path = tmp_path / "log.jsonl"
+    path.write_text('{"i": 1}\nnot json\n{"i": 3}\n')
+    with pytest.raises(DataError, match=r"log.jsonl:2: not valid JSON"):
+        AppendLog(path)

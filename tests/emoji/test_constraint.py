@@ -1,0 +1,142 @@
+"""The emoji grammar, its compilation per vocabulary, and mask replay (no model: tiny vocabularies)."""
+
+from __future__ import annotations
+
+import copy
+import json
+
+import pytest
+import torch
+
+from emoji_rl.emoji.alphabet import ALPHABET
+from emoji_rl.emoji.constraint import (
+    MAX_EMOJI_BYTES,
+    RawVocab,
+    byte_vocab,
+    compile_emoji_grammar,
+    compile_emoji_grammar_raw,
+    end_of_turn_ids,
+    grammar_ebnf,
+    replay_masks,
+    safe_max_new_tokens,
+    unpack_bitmask,
+    vllm_structured_outputs,
+)
+from emoji_rl.errors import UserError
+
+END = 256  # end of turn in byte_vocab()
+
+
+def test_grammar_is_built_from_the_alphabet() -> None:
+    ebnf = grammar_ebnf()
+    assert ebnf.startswith('root ::= emoji (" "? emoji){1,7}\n')
+    assert ebnf.count('"') == 2 * len(ALPHABET) + 2
+    assert all(f'"{e}"' in ebnf for e in ALPHABET)
+    assert grammar_ebnf(1, 1).startswith("root ::= emoji\n")
+    assert grammar_ebnf(3, 5).startswith('root ::= emoji (" "? emoji){2,4}\n')
+
+
+@pytest.mark.parametrize(("low", "high"), [(0, 8), (3, 2), (-1, -1)])
+def test_bad_bounds_are_a_user_error(low: int, high: int) -> None:
+    with pytest.raises(UserError, match="need 1 <= min_emoji <= max_emoji"):
+        grammar_ebnf(low, high)
+
+
+def test_vllm_field_is_the_grammar_and_survives_json() -> None:
+    field = vllm_structured_outputs()
+    assert field == {"grammar": grammar_ebnf()}
+    # vLLM reads a grammar holding "::=" as EBNF (VLLM_CONTRACT.md §8); ASCII JSON escapes the emoji.
+    assert "::=" in field["grammar"]
+    assert json.loads(json.dumps({"structured_outputs": field}))["structured_outputs"] == field
+
+
+def test_safe_budget_covers_the_longest_message_byte_by_byte() -> None:
+    assert MAX_EMOJI_BYTES == 35
+    assert safe_max_new_tokens(8) == 8 * 35 + 7 + 1 == 288
+    longest = max(ALPHABET, key=lambda e: len(e.encode()))
+    constraint = compile_emoji_grammar_raw(byte_vocab())
+    ids = [*" ".join([longest] * 8).encode(), END]
+    assert len(ids) == constraint.max_new_tokens
+    assert replay_masks(constraint, ids).shape == (288, 257)
+
+
+def test_replayed_masks_follow_the_message() -> None:
+    constraint = compile_emoji_grammar_raw(byte_vocab())
+    pizza = "🍕".encode()
+    masks = replay_masks(constraint, [*pizza, *pizza, END])
+    first_bytes = {e.encode()[0] for e in ALPHABET}
+    assert set(masks[0].nonzero().flatten().tolist()) == first_bytes
+    assert masks[1].nonzero().flatten().tolist() == [0x9F]  # every 4-byte emoji starts F0 9F
+    assert not masks[4, END]  # one emoji: end of turn not yet allowed
+    assert masks[8, END] and masks[8, ord(" ")]  # two emoji: end, space or a third emoji
+
+
+def test_after_eight_emoji_only_end_of_turn_is_allowed() -> None:
+    masks = replay_masks(compile_emoji_grammar_raw(byte_vocab()), [*("🍕" * 8).encode(), END])
+    assert masks[-1].nonzero().flatten().tolist() == [END]
+
+
+def test_unpacked_masks_match_the_matcher_token_by_token() -> None:
+    constraint = compile_emoji_grammar_raw(byte_vocab())
+    ids = [*"👍🏻 🏳️‍🌈".encode(), END]
+    masks = replay_masks(constraint, ids)
+    matcher = constraint.matcher()
+    for t, token_id in enumerate(ids):
+        accepted = [matcher.fork().accept_token(i) for i in range(257)]
+        assert masks[t].tolist() == accepted
+        assert matcher.accept_token(token_id)
+
+
+def test_unpack_bitmask_bit_order() -> None:
+    words = torch.tensor([[1 | (1 << 5), -(2**31), 1 << 2]], dtype=torch.int32)
+    assert unpack_bitmask(words, 70).nonzero()[:, 1].tolist() == [0, 5, 63, 66]
+
+
+def test_replay_rejects_ids_the_grammar_does_not_allow() -> None:
+    constraint = compile_emoji_grammar_raw(byte_vocab())
+    with pytest.raises(ValueError, match="position 4 is not allowed"):
+        replay_masks(constraint, [*"🍕".encode(), ord("a")])
+    with pytest.raises(ValueError, match="follows end of turn"):
+        replay_masks(constraint, [*"🍕🍕".encode(), END, END])
+
+
+def test_hf_byte_level_tokenizer_compiles_and_accepts_its_own_tokenization(byte_level_tokenizer) -> None:
+    tokenizer = byte_level_tokenizer
+    constraint = compile_emoji_grammar(tokenizer)
+    assert constraint.vocab_size == len(tokenizer) == 257
+    assert constraint.stop_token_ids == end_of_turn_ids(tokenizer) == (tokenizer.eos_token_id,)
+    ids = tokenizer("🍕 👨‍👩‍👧 🎉", add_special_tokens=False)["input_ids"]
+    assert replay_masks(constraint, [*ids, tokenizer.eos_token_id]).shape == (len(ids) + 1, 257)
+
+
+def test_compiled_grammar_is_cached_per_vocabulary_and_bounds(byte_level_tokenizer) -> None:
+    tokenizer = byte_level_tokenizer
+    first = compile_emoji_grammar(tokenizer)
+    assert compile_emoji_grammar(copy.deepcopy(tokenizer)) is first
+    assert compile_emoji_grammar(tokenizer, 2, 4) is not first
+    assert compile_emoji_grammar(tokenizer, vocab_size=320).vocab_size == 320
+    assert compile_emoji_grammar(tokenizer, use_cache=False) is not first
+
+
+def test_tokenizer_without_emoji_bytes_fails_at_compile_time(word_level_tokenizer) -> None:
+    with pytest.raises(
+        UserError, match=r"cannot express the emoji grammar: it has no single-byte token for 69"
+    ):
+        compile_emoji_grammar(word_level_tokenizer)
+
+
+def test_tokenizer_without_end_of_turn_fails_at_compile_time(tokenizer_without_eos) -> None:
+    with pytest.raises(UserError, match="no end-of-turn token"):
+        compile_emoji_grammar(tokenizer_without_eos)
+
+
+def test_raw_vocab_missing_a_byte_fails_and_names_it() -> None:
+    tokens = [bytes([b]) for b in range(256) if b != 0x9F] + [b"<|end|>"]
+    vocab = RawVocab("no-0x9F", tuple(tokens), (255,), 256)
+    with pytest.raises(UserError, match=r"no single-byte token for 1 of the 69 bytes .*0x9F"):
+        compile_emoji_grammar_raw(vocab)
+
+
+def test_stop_token_outside_the_logits_is_a_user_error(byte_level_tokenizer) -> None:
+    with pytest.raises(UserError, match="not all below vocab_size=257"):
+        compile_emoji_grammar(byte_level_tokenizer, stop_token_ids=[300])

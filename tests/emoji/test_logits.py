@@ -1,0 +1,189 @@
+"""The logits processors inside batched `generate`: a tiny random Llama over a one-token-per-byte
+vocabulary (fast: it wanders through byte-level paths no trained model takes), then the embedded
+SmolLM2 for the acceptance figures of issue 2, item 4 (slow)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from transformers import (
+    LlamaConfig,
+    LlamaForCausalLM,
+    LogitsProcessor,
+    PreTrainedModel,
+    PreTrainedTokenizerBase,
+)
+
+from emoji_rl import models
+from emoji_rl.emoji.alphabet import ALPHABET, parse_message
+from emoji_rl.emoji.constraint import compile_emoji_grammar, replay_masks
+from emoji_rl.emoji.logits import EmojiLogitsProcessor, StaticMaskLogitsProcessor, static_allowed_ids
+from emoji_rl.errors import UserError
+from emoji_rl.prompts import sender_messages
+
+TARGETS = [
+    "I'm so excited for our beach trip this weekend",
+    "My cat knocked the birthday cake off the table",
+    "Let's grab pizza and watch a movie tonight",
+    "I failed my driving test again and I feel terrible",
+    "The meeting moved to Thursday at noon",
+    "We adopted a puppy and named him Biscuit",
+    "It rained all day so we stayed in and baked bread",
+    "Congratulations on your new job in Tokyo",
+]
+
+
+def sample(
+    model: PreTrainedModel,
+    prompts: list[list[int]],
+    per_prompt: int,
+    processor: LogitsProcessor,
+    max_new_tokens: int,
+    pad_id: int,
+    stop_id: int,
+) -> list[list[int]]:
+    """Sampled ids at temperature 1 (no top-k/top-p), `per_prompt` rows per left-padded prompt, each
+    cut after its first end of turn. The prompts are prefilled once and their cache repeated: the same
+    distribution as repeating the prompts, for 1/per_prompt of the prefill, which dominates on 2 cores."""
+    width = max(map(len, prompts))
+    ids = torch.tensor([[pad_id] * (width - len(p)) + p for p in prompts])
+    mask = (torch.arange(width) >= torch.tensor([width - len(p) for p in prompts])[:, None]).long()
+    positions = (mask.cumsum(-1) - 1).clamp(min=0)  # what generate derives from the mask
+    with torch.no_grad():
+        prefill = model(input_ids=ids[:, :-1], attention_mask=mask[:, :-1], position_ids=positions[:, :-1])
+        cache = prefill.past_key_values
+        cache.batch_repeat_interleave(per_prompt)
+        out = model.generate(
+            input_ids=ids.repeat_interleave(per_prompt, 0),
+            attention_mask=mask.repeat_interleave(per_prompt, 0),
+            past_key_values=cache,
+            do_sample=True,
+            temperature=1.0,
+            top_k=0,
+            top_p=1.0,
+            max_new_tokens=max_new_tokens,
+            logits_processor=[processor],
+            pad_token_id=pad_id,
+            eos_token_id=stop_id,
+        )
+    return [row[: row.index(stop_id) + 1] if stop_id in row else row for row in out[:, width:].tolist()]
+
+
+def check_rows(
+    rows: list[list[int]], tokenizer: PreTrainedTokenizerBase, processor: EmojiLogitsProcessor
+) -> list[str]:
+    """Every row ends with end of turn, parses, and was masked exactly as a replay masks it."""
+    texts = []
+    for row_index, row in enumerate(rows):
+        text = tokenizer.decode(row, skip_special_tokens=True)
+        assert row[-1] in processor.constraint.stop_token_ids, (text, row)
+        assert parse_message(text).ok, (text, parse_message(text).reason)
+        assert torch.equal(replay_masks(processor.constraint, row), processor.applied_masks(row_index))
+        texts.append(text)
+    return texts
+
+
+@pytest.fixture(scope="module")
+def tiny_model(byte_level_tokenizer) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
+    tokenizer = byte_level_tokenizer
+    torch.manual_seed(0)
+    config = LlamaConfig(
+        vocab_size=len(tokenizer),
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=1,
+        num_attention_heads=2,
+        num_key_value_heads=1,
+        max_position_embeddings=512,
+        bos_token_id=tokenizer.eos_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+        pad_token_id=tokenizer.eos_token_id,
+    )
+    return LlamaForCausalLM(config).eval(), tokenizer
+
+
+def test_random_model_under_the_grammar_writes_only_valid_messages(tiny_model) -> None:
+    model, tokenizer = tiny_model
+    constraint = compile_emoji_grammar(tokenizer)
+    processor = EmojiLogitsProcessor(constraint, record_masks=True)
+    prompts = [tokenizer(t, add_special_tokens=False)["input_ids"] for t in TARGETS]
+    eos = tokenizer.eos_token_id
+    # The safe budget: a random model spells emoji byte by byte, yet every row must end in time.
+    rows = sample(model, prompts, 4, processor, constraint.max_new_tokens, eos, eos)
+    assert len(check_rows(rows, tokenizer, processor)) == 32
+
+
+def test_static_mask_only_lets_emoji_pieces_through(byte_level_tokenizer) -> None:
+    tokenizer = byte_level_tokenizer
+    allowed = static_allowed_ids(tokenizer)
+    # One token per byte: the 69 bytes emoji are made of, the space and end of turn.
+    assert len(allowed) == len({b for e in ALPHABET for b in e.encode()}) + 2 == 71
+    assert {tokenizer.eos_token_id, *tokenizer(" ", add_special_tokens=False)["input_ids"]} < allowed
+    scores = StaticMaskLogitsProcessor(tokenizer)(torch.zeros(2, 1, dtype=torch.long), torch.zeros(2, 257))
+    assert torch.isfinite(scores).sum(-1).tolist() == [len(allowed)] * 2
+
+
+def test_processor_refuses_a_second_generate_call(byte_level_tokenizer) -> None:
+    constraint = compile_emoji_grammar(byte_level_tokenizer)
+    processor = EmojiLogitsProcessor(constraint)
+    processor(torch.zeros(2, 5, dtype=torch.long), torch.zeros(2, 257))
+    with pytest.raises(RuntimeError, match="create a new processor for each generate call"):
+        processor(torch.zeros(2, 9, dtype=torch.long), torch.zeros(2, 257))
+
+
+def test_processor_refuses_logits_of_another_width(byte_level_tokenizer) -> None:
+    processor = EmojiLogitsProcessor(compile_emoji_grammar(byte_level_tokenizer))
+    with pytest.raises(UserError, match="mask is 257 tokens wide but the model's logits are 300"):
+        processor(torch.zeros(2, 5, dtype=torch.long), torch.zeros(2, 300))
+
+
+def test_ended_rows_may_only_repeat_end_of_turn(byte_level_tokenizer) -> None:
+    processor = EmojiLogitsProcessor(compile_emoji_grammar(byte_level_tokenizer))
+    eos = byte_level_tokenizer.eos_token_id
+    ids = [0, *byte_level_tokenizer("🍕🍕", add_special_tokens=False)["input_ids"], eos]
+    for length in range(1, len(ids) + 1):
+        scores = processor(torch.tensor([ids[:length]]), torch.zeros(1, 257))
+    assert torch.isfinite(scores[0]).nonzero().flatten().tolist() == [eos]
+
+
+@pytest.fixture(scope="module")
+def smollm2_prompts(smollm2_tokenizer) -> list[list[int]]:
+    return [models.chat_ids(smollm2_tokenizer, sender_messages(t)) for t in TARGETS]
+
+
+@pytest.mark.slow
+def test_smollm2_200_constrained_samples_all_parse_and_replay(
+    smollm2_model, smollm2_tokenizer, smollm2_prompts
+):
+    constraint = compile_emoji_grammar(smollm2_tokenizer)
+    processor = EmojiLogitsProcessor(constraint, record_masks=True)
+    eos = smollm2_tokenizer.eos_token_id
+    torch.manual_seed(0)
+    rows = sample(smollm2_model, smollm2_prompts, 25, processor, constraint.max_new_tokens, eos, eos)
+    texts = check_rows(rows, smollm2_tokenizer, processor)
+    lengths = sorted(map(len, rows))
+    print(
+        f"\nSmolLM2 constrained: {len(texts)}/{len(rows)} valid; tokens per message median {lengths[100]}, max {lengths[-1]}"
+    )
+    assert len(texts) == 200
+
+
+@pytest.mark.slow
+def test_smollm2_static_mask_invalid_rate_is_measured(smollm2_model, smollm2_tokenizer, smollm2_prompts):
+    eos = smollm2_tokenizer.eos_token_id
+    torch.manual_seed(0)
+    # Same prompts and sampling as above; 64 rows and a 48-token budget keep it under a minute, and a
+    # row that has not ended by then counts as invalid (the static mask never forces an end).
+    rows = sample(
+        smollm2_model, smollm2_prompts, 8, StaticMaskLogitsProcessor(smollm2_tokenizer), 48, eos, eos
+    )
+    results = [parse_message(smollm2_tokenizer.decode(row, skip_special_tokens=True)) for row in rows]
+    ended = [row[-1] == eos for row in rows]
+    invalid = [not (r.ok and e) for r, e in zip(results, ended, strict=True)]
+    rate = sum(invalid) / len(rows)
+    print(
+        f"\nSmolLM2 static-mask baseline: {rate:.0%} invalid ({sum(invalid)}/{len(rows)}; {ended.count(False)} not ended)"
+    )
+    for result in results[:: len(results) // 8]:
+        print(f"  {''.join(result.emoji)!r}: {result.reason or 'ok'}")
+    assert 0.0 <= rate <= 1.0

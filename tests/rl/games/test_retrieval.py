@@ -1,0 +1,98 @@
+"""The retrieval game with a scripted sender and the lexicon judge: no model runs."""
+
+import asyncio
+
+import pytest
+
+from emoji_rl import models
+from emoji_rl.generate import stop_token_id
+from emoji_rl.prompts import sender_messages
+from emoji_rl.rl.games.retrieval import RetrievalBuilder, RetrievalRules
+from emoji_rl.rl.judge import LexiconJudge
+from emoji_rl.rl.reward import RewardWeights, Similarity, terminal_reward
+from emoji_rl.rl.rollout.play import Sample, play
+
+
+class ScriptedSampler:
+    """Answers turn t of every episode with the t-th scripted text, tokenized, plus end of turn."""
+
+    def __init__(self, tokenizer, script, end_turn=True):
+        self.tokenizer, self.script, self.end_turn = tokenizer, script, end_turn
+        self.prompts = []
+
+    async def sample(self, prompts):
+        self.prompts.append(list(prompts))
+        text = self.script[len(self.prompts) - 1]
+        ids = tuple(self.tokenizer(text, add_special_tokens=False)["input_ids"])
+        if self.end_turn:
+            ids += (stop_token_id(self.tokenizer),)
+        return [Sample(ids, tuple(-1.0 for _ in ids)) for _ in prompts]
+
+
+@pytest.fixture(scope="module")
+def similarity():
+    return Similarity(models.load_embedder())
+
+
+def _builder(tokenizer, similarity, **rules):
+    return RetrievalBuilder(tokenizer, LexiconJudge(), similarity, RetrievalRules(**rules))
+
+
+def test_terminal_reward_hand_worked():
+    terms = terminal_reward(0.9, turns=2, violation=False, unique_emoji=3, total_emoji=4, tau=0.85,
+                            weights=RewardWeights())
+    # 0.9 + 0.5 - 0.1*2 - 0 - 0.3*(1 - 3/4)
+    assert terms["total"] == pytest.approx(0.9 + 0.5 - 0.2 - 0.075)
+    violation = terminal_reward(0.0, 1, True, 0, 0, 0.85, RewardWeights())
+    assert violation["total"] == pytest.approx(-0.1 - 0.5)
+
+
+def test_episode_runs_max_turns_and_grows_as_token_ids(smollm2_tokenizer, similarity):
+    builder = _builder(smollm2_tokenizer, similarity, max_turns=3, tau=0.99)
+    sampler = ScriptedSampler(smollm2_tokenizer, ["🍕 🎬", "🍕 🍿", "🎉 🎉"])
+    [episode] = asyncio.run(play([builder({"target": "Let's get pizza and watch a movie tonight"})], sampler))
+    assert len(episode.turns) == 3
+    # Each turn's prompt is the previous prompt + action + observation, never re-tokenized.
+    first, second, third = (p[0] for p in sampler.prompts)
+    assert first == tuple(models.chat_ids(smollm2_tokenizer, sender_messages("Let's get pizza and watch a movie tonight")))
+    assert second[: len(first)] == first
+    assert second[len(first) : len(first) + len(episode.turns[0].action_ids)] == episode.turns[0].action_ids
+    assert third[: len(second)] == second
+    observation = smollm2_tokenizer.decode(episode.turns[1].observation_ids)
+    assert observation.startswith("\n<|im_start|>user\nThe receiver guessed: \"pizza, clapper board\"")
+    assert observation.endswith("<|im_start|>assistant\n")
+    assert episode.token_ids() == (*third, *episode.turns[2].action_ids)
+    # The lexicon judge's final guess names every emoji sent; the reward is terminal only.
+    final = episode.turns[-1].result
+    assert [t.result.reward for t in episode.turns[:-1]] == [0.0, 0.0]
+    assert final.log["guess"] == "pizza, clapper board, popcorn, party popper"
+    unique, total = 4, 6
+    expected = terminal_reward(final.metrics["similarity"], 3, False, unique, total, 0.99, RewardWeights())
+    assert final.reward == pytest.approx(expected["total"])
+
+
+def test_success_ends_the_game_early(smollm2_tokenizer, similarity):
+    builder = _builder(smollm2_tokenizer, similarity, max_turns=5, tau=0.5)
+    sampler = ScriptedSampler(smollm2_tokenizer, ["🍕 🍕"])
+    [episode] = asyncio.run(play([builder({"target": "pizza"})], sampler))
+    assert len(episode.turns) == 1
+    assert episode.turns[0].result.metrics["success@0.85"] == 1.0
+
+
+@pytest.mark.parametrize(("text", "end_turn"), [("I like pizza", True), ("🍕 🎬", False)])
+def test_invalid_turn_ends_with_format_penalty(smollm2_tokenizer, similarity, text, end_turn):
+    builder = _builder(smollm2_tokenizer, similarity)
+    sampler = ScriptedSampler(smollm2_tokenizer, [text], end_turn=end_turn)
+    [episode] = asyncio.run(play([builder({"target": "pizza night"})], sampler))
+    result = episode.turns[0].result
+    assert result.done and result.metrics["format_violation"] == 1.0
+    assert result.reward == pytest.approx(-0.1 - 0.5)
+
+
+def test_games_of_one_turn_share_one_judge_and_one_embedding_call(smollm2_tokenizer, similarity):
+    builder = _builder(smollm2_tokenizer, similarity, max_turns=2, tau=0.99)
+    sampler = ScriptedSampler(smollm2_tokenizer, ["🍕 🎬", "🎉 🎉"])
+    games = [builder({"target": f"message {i}"}) for i in range(6)]
+    asyncio.run(play(games, sampler))
+    assert builder._ask_judge.batch_sizes == [6, 6]
+    assert builder._score.batch_sizes == [6, 6]

@@ -1,0 +1,107 @@
+"""GRPO checked by learning: a toy verifiable reward goes up; a resumed run repeats the metrics of an
+uninterrupted one; the stage runs end to end on the retrieval game with the lexicon judge."""
+
+import asyncio
+import json
+
+import pytest
+import torch
+
+from emoji_rl import models
+from emoji_rl.emoji.alphabet import parse_message
+from emoji_rl.emoji.constraint import compile_emoji_grammar
+from emoji_rl.generate import stop_token_id
+from emoji_rl.metrics import read_metrics
+from emoji_rl.prompts import sender_messages
+from emoji_rl.rl import train as grpo_train
+from emoji_rl.rl.rollout.hf import HFSampler
+from emoji_rl.rl.rollout.play import play
+from emoji_rl.rl.types import Game, StepResult
+
+pytestmark = pytest.mark.slow
+
+FAVORITE = "🌱"
+PROMPT = "I love the sunny weather today"
+
+
+class FavoriteEmojiGame(Game):
+    """One turn; the reward is the share of the sent emoji that are FAVORITE (0 if invalid)."""
+
+    def __init__(self, tokenizer, max_emoji):
+        self.tokenizer, self.max_emoji = tokenizer, max_emoji
+
+    async def start(self):
+        return tuple(models.chat_ids(self.tokenizer, sender_messages(PROMPT)))
+
+    async def step(self, action_ids):
+        ended = action_ids[-1] == stop_token_id(self.tokenizer)
+        parsed = parse_message(self.tokenizer.decode(action_ids[:-1] if ended else action_ids), 2, self.max_emoji)
+        share = parsed.emoji.count(FAVORITE) / len(parsed.emoji) if ended and parsed.ok else 0.0
+        return StepResult(done=True, reward=share, metrics={"share": share})
+
+
+def _toy_setup(tmp_path, **overrides):
+    settings = dict(
+        output_dir=str(tmp_path / "run"), batch_size=1, group_size=8, max_emoji=4, max_new_tokens=16,
+        learning_rate=2e-3, beta=0.0, lora_r=8, lora_alpha=16, max_steps=4, save_steps=100,
+        per_device_train_batch_size=8, seed=0,
+    )
+    settings.update(overrides)
+    cfg = grpo_train.Config(**settings)
+    torch.manual_seed(cfg.seed)  # the fresh LoRA adapter's initialization draws from it
+    tokenizer = models.load_tokenizer(models.SMOLLM2)
+    policy = grpo_train.build_policy(cfg, models.pick_runtime("cpu"))
+    width = policy.get_output_embeddings().weight.shape[0]
+    constraint = compile_emoji_grammar(tokenizer, 2, cfg.max_emoji, vocab_size=width)
+    sampler = HFSampler(policy, tokenizer, "grammar", 1.0, cfg.max_new_tokens, 32, 2, cfg.max_emoji)
+    return cfg, tokenizer, policy, constraint, sampler
+
+
+def _mean_reward(tokenizer, sampler, n=24, seed=123):
+    torch.manual_seed(seed)
+    episodes = asyncio.run(play([FavoriteEmojiGame(tokenizer, 4) for _ in range(n)], sampler))
+    return sum(e.reward for e in episodes) / n
+
+
+def test_grpo_raises_a_verifiable_reward(tmp_path):
+    cfg, tokenizer, policy, constraint, sampler = _toy_setup(tmp_path)
+    before = _mean_reward(tokenizer, sampler)
+    records = [{"id": "p0", "target": PROMPT}]
+    grpo_train.train(cfg, policy, tokenizer, constraint, sampler, lambda r: FavoriteEmojiGame(tokenizer, 4), records)
+    after = _mean_reward(tokenizer, sampler)
+    print(f"share of {FAVORITE}: before {before:.3f}, after {after:.3f}")
+    assert after > before + 0.15
+    metrics = read_metrics(cfg.output_dir)
+    assert [m["step"] for m in metrics] == list(range(1, 5))
+    assert {"reward/mean", "group/frac_zero_std", "optim/loss", "optim/clip_frac", "sampler/kl_vs_trainer"} <= set(
+        metrics[0]
+    )
+    # The sampler's log-probs and the trainer's masked log-probs describe one distribution.
+    assert all(abs(m["sampler/kl_vs_trainer"]) < 1e-3 for m in metrics if m["optim/skipped"] == 0)
+
+
+def _comparable(metrics):
+    return [{k: v for k, v in m.items() if not k.startswith(("time/", "throughput/"))} for m in metrics]
+
+
+def test_resume_repeats_the_uninterrupted_run(tmp_path):
+    common = dict(max_steps=3, save_steps=2, batch_size=1, group_size=4, beta=0.05, reference="base")
+    cfg, tokenizer, policy, constraint, sampler = _toy_setup(tmp_path / "full", **common)
+    records = [{"id": f"p{i}", "target": PROMPT} for i in range(3)]
+
+    def game(record):
+        return FavoriteEmojiGame(tokenizer, 4)
+
+    grpo_train.train(cfg, policy, tokenizer, constraint, sampler, game, records)
+    full = read_metrics(cfg.output_dir)
+
+    cfg, tokenizer, policy, constraint, sampler = _toy_setup(tmp_path / "split", **{**common, "max_steps": 2})
+    grpo_train.train(cfg, policy, tokenizer, constraint, sampler, game, records)
+    cfg, tokenizer, policy, constraint, sampler = _toy_setup(tmp_path / "split", **{**common, "resume": True})
+    torch.manual_seed(999)  # resuming restores the RNG: this seed must not matter
+    state = grpo_train.train(cfg, policy, tokenizer, constraint, sampler, game, records)
+    resumed = read_metrics(cfg.output_dir)
+    assert state.step == 3 and [m["step"] for m in resumed] == [1, 2, 3]
+    assert _comparable(resumed) == _comparable(full)
+    rollouts = [json.loads(line) for line in (tmp_path / "split" / "run" / "rollouts.jsonl").read_text().splitlines()]
+    assert sorted({r["step"] for r in rollouts}) == [1, 2, 3]

@@ -1,0 +1,84 @@
+"""End to end on the embedded SmolLM2: a short LoRA SFT lowers the held-out loss and raises
+unconstrained format compliance, and the adapter is one that PeftModel and vLLM load."""
+
+import json
+
+import pytest
+from safetensors import safe_open
+
+from emoji_rl.sft import evaluate, train
+
+pytestmark = pytest.mark.slow
+
+
+def test_short_sft_lowers_held_out_loss_and_raises_compliance(chats, tmp_path):
+    train_path, test_path = chats
+    run = tmp_path / "run"
+    train.main(
+        train.Config(
+            train_data=str(train_path),
+            eval_data=str(test_path),
+            output_dir=str(run),
+            max_steps=6,
+            per_device_train_batch_size=8,
+            effective_batch_size=8,
+            learning_rate=2e-3,
+            lora_r=8,
+            lora_alpha=16,
+            max_length=96,
+            logging_steps=1,
+            save_steps=6,
+        )
+    )
+    metrics = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    eval_losses = [m["eval/loss"] for m in metrics if "eval/loss" in m]
+    assert eval_losses[-1] < eval_losses[0] - 0.5, eval_losses
+    assert (run / "config.yaml").is_file() and (run / "checkpoint-6" / "optimizer.pt").is_file()
+
+    # The form vLLM's --lora-modules takes: LoRA A/B matrices only, no embeddings or lm_head.
+    adapter = run / "adapter"
+    config = json.loads((adapter / "adapter_config.json").read_text())
+    assert config["peft_type"] == "LORA" and config["modules_to_save"] is None
+    with safe_open(adapter / "adapter_model.safetensors", "pt") as weights:
+        keys = list(weights.keys())
+    assert keys and all(".lora_A." in k or ".lora_B." in k for k in keys)
+    assert not any("embed" in k or "lm_head" in k for k in keys)
+
+    # eval-sft loads it with PeftModel.from_pretrained and compares greedy replies with the base model's.
+    evaluate.main(
+        evaluate.Config(
+            adapter=str(adapter), data=str(test_path), decodings=["none"], temperature=0.0, max_new_tokens=24
+        )
+    )
+    rows = json.loads((run / "eval-sft" / "eval_sft.json").read_text())["results"]
+    compliance = {r["system"]: r["compliance"] for r in rows}
+    assert compliance["sft"] > compliance["base"], compliance
+    assert (run / "eval-sft" / "eval_sft.png").is_file()
+
+
+def test_resume_goes_on_from_the_last_checkpoint(tmp_path):
+    # Tiny chats (no system prompt) keep each step to about a second: this is about checkpoints only.
+    data = tmp_path / "tiny.jsonl"
+    rows = [
+        {"messages": [{"role": "user", "content": f"say {e}"}, {"role": "assistant", "content": f"{e} {e}"}]}
+        for e in ["🍕", "🎉", "🐱", "🌧️"]
+    ]
+    data.write_text("".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows), encoding="utf-8")
+    run = tmp_path / "run"
+    common = dict(
+        train_data=str(data),
+        eval_data=None,
+        output_dir=str(run),
+        per_device_train_batch_size=2,
+        effective_batch_size=2,
+        lora_r=4,
+        logging_steps=1,
+        save_steps=1,
+    )
+    train.main(train.Config(max_steps=2, **common))
+    train.main(train.Config(max_steps=3, resume=True, **common))
+    state = json.loads((run / "checkpoint-3" / "trainer_state.json").read_text())
+    assert state["global_step"] == 3
+    rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    # the second run starts at step 3: steps 1 and 2 are not trained again
+    assert [r["step"] for r in rows if "train/loss" in r] == [1, 2, 3]
