@@ -12,7 +12,7 @@ RUN_DIR ?= runs/demo
 .PHONY: help setup demo test test-fast bench lint format clean
 
 help: ## List the targets
-	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-12s %s\n", $$1, $$2}'
+	@grep -hE '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-12s %s\n", $$1, $$2}'
 
 $(STAMP): pyproject.toml Makefile
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -52,3 +52,5 @@ format: $(STAMP) ## Apply ruff's fixes and formatting
 
 clean: ## Remove the venv and generated runs (keeps the model cache)
 	rm -rf $(VENV) runs reports
+
+include launch/targets.mk

@@ -23,6 +23,8 @@ STAGES: dict[str, tuple[str, str]] = {
     "rl-prompts": ("emoji_rl.data.rl_prompts", "RL targets kept by a round trip (SFT sender -> judge) -> train/eval"),
     "grpo": ("emoji_rl.rl.train", "multi-turn GRPO of the sender on the retrieval game"),
     "debug-rollout": ("emoji_rl.rl.debug_rollout", "pretty-print logged GRPO episodes"),
+    "play-game": ("emoji_rl.rl.play_game", "play the retrieval game against the model, as sender or judge"),
+    "eval-retrieval": ("emoji_rl.eval.retrieval", "base vs SFT vs RL on held-out targets: table, JSON, PNG"),
     "chat": ("emoji_rl.chat", "talk to a model; emoji-constrained by default"),
 }
 

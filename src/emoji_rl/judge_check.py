@@ -66,7 +66,8 @@ class Config:
     )
     # --- advanced
     judge_model: str = field(
-        default=models.SMOLLM2, metadata={"help": "model spec of the hf judge (hub id, path or embedded:NAME)"}
+        default=models.SMOLLM2,
+        metadata={"help": "model spec of the hf judge (hub id, path or embedded:NAME)"},
     )
     embedder: str = field(
         default=models.MINILM, metadata={"help": "sentence embedder for the teacher and the similarity"}
@@ -92,7 +93,9 @@ def read_messages(path: str | Path) -> list[str]:
     messages = list(dict.fromkeys(line.strip() for line in lines if line.strip()))
     # retrieval@1 ranks each guess among all messages: one message would always be "retrieved".
     if len(messages) < 2:
-        raise UserError(f"messages file {path} holds {len(messages)} message(s); judge-check needs at least 2")
+        raise UserError(
+            f"messages file {path} holds {len(messages)} message(s); judge-check needs at least 2"
+        )
     return messages
 
 
@@ -201,7 +204,14 @@ def main(cfg: Config) -> None:
                 "random_sim": rs,
             }
             for m, te, tg, ts, re_, rg, rs in zip(
-                messages, teacher, teacher_guesses, teacher_sims, randoms, random_guesses, random_sims, strict=True
+                messages,
+                teacher,
+                teacher_guesses,
+                teacher_sims,
+                randoms,
+                random_guesses,
+                random_sims,
+                strict=True,
             )
         ]
         report = {

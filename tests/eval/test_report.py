@@ -1,8 +1,20 @@
 from emoji_rl.eval.report import bar_figure, format_table
 
 ROWS = [
-    {"system": "base", "decoding": "none", "compliance": 0.125, "distinct_emoji": 3, "judge_similarity": None},
-    {"system": "sft", "decoding": "none", "compliance": 0.875, "distinct_emoji": 12, "judge_similarity": 0.41},
+    {
+        "system": "base",
+        "decoding": "none",
+        "compliance": 0.125,
+        "distinct_emoji": 3,
+        "judge_similarity": None,
+    },
+    {
+        "system": "sft",
+        "decoding": "none",
+        "compliance": 0.875,
+        "distinct_emoji": 12,
+        "judge_similarity": 0.41,
+    },
 ]
 
 

@@ -24,27 +24,43 @@ FAVORITE = "🌱"
 PROMPT = "I love the sunny weather today"
 
 
-class FavoriteEmojiGame(Game):
-    """One turn; the reward is the share of the sent emoji that are FAVORITE (0 if invalid)."""
+def favorite_share(emoji):
+    return emoji.count(FAVORITE) / len(emoji)
 
-    def __init__(self, tokenizer, max_emoji):
-        self.tokenizer, self.max_emoji = tokenizer, max_emoji
+
+class FavoriteEmojiGame(Game):
+    """One turn; the reward is `score(emoji)`, by default the share of FAVORITE (0 if invalid)."""
+
+    def __init__(self, tokenizer, max_emoji, score=favorite_share):
+        self.tokenizer, self.max_emoji, self.score = tokenizer, max_emoji, score
 
     async def start(self):
         return tuple(models.chat_ids(self.tokenizer, sender_messages(PROMPT)))
 
     async def step(self, action_ids):
         ended = action_ids[-1] == stop_token_id(self.tokenizer)
-        parsed = parse_message(self.tokenizer.decode(action_ids[:-1] if ended else action_ids), 2, self.max_emoji)
-        share = parsed.emoji.count(FAVORITE) / len(parsed.emoji) if ended and parsed.ok else 0.0
+        parsed = parse_message(
+            self.tokenizer.decode(action_ids[:-1] if ended else action_ids), 2, self.max_emoji
+        )
+        share = self.score(parsed.emoji) if ended and parsed.ok else 0.0
         return StepResult(done=True, reward=share, metrics={"share": share})
 
 
 def _toy_setup(tmp_path, **overrides):
     settings = dict(
-        output_dir=str(tmp_path / "run"), batch_size=1, group_size=8, max_emoji=4, max_new_tokens=16,
-        learning_rate=2e-3, beta=0.0, lora_r=8, lora_alpha=16, max_steps=4, save_steps=100,
-        per_device_train_batch_size=8, seed=0,
+        output_dir=str(tmp_path / "run"),
+        batch_size=1,
+        group_size=8,
+        max_emoji=4,
+        max_new_tokens=16,
+        learning_rate=2e-3,
+        beta=0.0,
+        lora_r=8,
+        lora_alpha=16,
+        max_steps=4,
+        save_steps=100,
+        per_device_train_batch_size=8,
+        seed=0,
     )
     settings.update(overrides)
     cfg = grpo_train.Config(**settings)
@@ -67,15 +83,21 @@ def test_grpo_raises_a_verifiable_reward(tmp_path):
     cfg, tokenizer, policy, constraint, sampler = _toy_setup(tmp_path)
     before = _mean_reward(tokenizer, sampler)
     records = [{"id": "p0", "target": PROMPT}]
-    grpo_train.train(cfg, policy, tokenizer, constraint, sampler, lambda r: FavoriteEmojiGame(tokenizer, 4), records)
+    grpo_train.train(
+        cfg, policy, tokenizer, constraint, sampler, lambda r: FavoriteEmojiGame(tokenizer, 4), records
+    )
     after = _mean_reward(tokenizer, sampler)
     print(f"share of {FAVORITE}: before {before:.3f}, after {after:.3f}")
     assert after > before + 0.15
     metrics = read_metrics(cfg.output_dir)
     assert [m["step"] for m in metrics] == list(range(1, 5))
-    assert {"reward/mean", "group/frac_zero_std", "optim/loss", "optim/clip_frac", "sampler/kl_vs_trainer"} <= set(
-        metrics[0]
-    )
+    assert {
+        "reward/mean",
+        "group/frac_zero_std",
+        "optim/loss",
+        "optim/clip_frac",
+        "sampler/kl_vs_trainer",
+    } <= set(metrics[0])
     # The sampler's log-probs and the trainer's masked log-probs describe one distribution.
     assert all(abs(m["sampler/kl_vs_trainer"]) < 1e-3 for m in metrics if m["optim/skipped"] == 0)
 
@@ -103,5 +125,57 @@ def test_resume_repeats_the_uninterrupted_run(tmp_path):
     resumed = read_metrics(cfg.output_dir)
     assert state.step == 3 and [m["step"] for m in resumed] == [1, 2, 3]
     assert _comparable(resumed) == _comparable(full)
-    rollouts = [json.loads(line) for line in (tmp_path / "split" / "run" / "rollouts.jsonl").read_text().splitlines()]
+    rollouts = [
+        json.loads(line) for line in (tmp_path / "split" / "run" / "rollouts.jsonl").read_text().splitlines()
+    ]
     assert sorted({r["step"] for r in rollouts}) == [1, 2, 3]
+
+
+def test_vllm_engine_trains_through_versioned_adapters(tmp_path, monkeypatch):
+    from tests.fakes.fake_lm import FakeLM
+    from tests.fakes.vllm_server import FakeVLLMServer
+
+    from emoji_rl.rl.endpoint import Endpoint
+    from emoji_rl.rl.rollout.vllm import AdapterSync, VLLMSampler
+
+    cfg, tokenizer, policy, constraint, _ = _toy_setup(tmp_path, max_steps=2, group_size=4, engine="vllm")
+    monkeypatch.setenv("EMOJI_RL_TEST_POLICY_KEY", "test-key")
+    with FakeVLLMServer(FakeLM(tokenizer), logprobs_mode="processed_logprobs") as server:
+        endpoint = Endpoint(server.url + "/v1", api_key_env="EMOJI_RL_TEST_POLICY_KEY", backoff_s=0.01)
+        sampler = VLLMSampler(endpoint, "policy", stop_token_id(tokenizer), max_new_tokens=16, max_emoji=4)
+        sync = AdapterSync(sampler, cfg.output_dir, "policy", keep=2)
+        records = [{"id": "p0", "target": PROMPT}]
+
+        # The fake server's model is not the policy: any reward its samples vary in will do.
+        def parity(emoji):
+            return float(ord(emoji[0][0]) % 2)
+
+        state = grpo_train.train(
+            cfg,
+            policy,
+            tokenizer,
+            constraint,
+            sampler,
+            lambda r: FavoriteEmojiGame(tokenizer, 4, parity),
+            records,
+            weight_sync=sync,
+        )
+        loads = [body["lora_name"] for body in server.bodies("/v1/load_lora_adapter")]
+        completions = server.bodies("/v1/completions")
+    assert state.step == 2
+    updated = [m for m in read_metrics(cfg.output_dir) if m["optim/skipped"] == 0]
+    # The adapter is published before the first rollout and after every update, under a new name.
+    assert updated, "no update happened: the test would not see a new adapter version"
+    assert loads == ["policy-v0", *(f"policy-v{m['step']}" for m in updated)]
+    # Step 2 rolled out with the newest adapter published before it.
+    before_step_2 = ["policy-v0", *(f"policy-v{m['step']}" for m in updated if m["step"] < 2)]
+    assert completions[-1]["model"] == before_step_2[-1]
+    assert completions[0]["model"] == "policy-v0"
+    assert all(body["structured_outputs"] == {"grammar": constraint_ebnf()} for body in completions)
+    assert all(isinstance(p, list) and all(isinstance(t, int) for t in p) for p in completions[0]["prompt"])
+
+
+def constraint_ebnf():
+    from emoji_rl.emoji.constraint import grammar_ebnf
+
+    return grammar_ebnf(2, 4)

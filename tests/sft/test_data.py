@@ -29,7 +29,9 @@ def _record(target="Let's grab pizza tonight", answer="🍕 🌙"):
 
 
 def test_record_without_assistant_turn_names_file_and_line(tmp_path):
-    path = _write_lines(tmp_path / "train.jsonl", [_record(), {"messages": sender_messages("no answer here")}])
+    path = _write_lines(
+        tmp_path / "train.jsonl", [_record(), {"messages": sender_messages("no answer here")}]
+    )
     with pytest.raises(DataError) as err:
         load_chat_records(path)
     assert (err.value.path, err.value.line) == (str(path), 2)
@@ -59,7 +61,9 @@ def test_malformed_records_are_data_errors(tmp_path, obj, reason):
 
 
 def test_target_comes_from_the_key_or_the_sender_prompt(tmp_path):
-    path = _write_lines(tmp_path / "t.jsonl", [{**_record("A", "🍕 🌙"), "target": "B"}, _record("C", "🍕 🌙")])
+    path = _write_lines(
+        tmp_path / "t.jsonl", [{**_record("A", "🍕 🌙"), "target": "B"}, _record("C", "🍕 🌙")]
+    )
     assert [r.target for r in load_chat_records(path)] == ["B", "C"]
 
 

@@ -39,7 +39,9 @@ def test_cpu_sft_config_is_fp32_without_checkpointing_and_completion_only(tmp_pa
 def test_effective_batch_is_kept_across_process_counts():
     cfg = Config(per_device_train_batch_size=16, effective_batch_size=128)
     assert [accumulation_steps(cfg, n) for n in (1, 2, 8)] == [8, 4, 1]
-    with pytest.raises(UserError, match=r"not a multiple of per_device_train_batch_size=16 x 3 process\(es\) = 48"):
+    with pytest.raises(
+        UserError, match=r"not a multiple of per_device_train_batch_size=16 x 3 process\(es\) = 48"
+    ):
         accumulation_steps(cfg, 3)
     assert accumulation_steps(Config(effective_batch_size=None, gradient_accumulation_steps=5), 2) == 5
 

@@ -18,6 +18,7 @@ Every answer passes `alphabet.parse_message`.
 from __future__ import annotations
 
 import hashlib
+import itertools
 import logging
 import re
 import tempfile
@@ -49,7 +50,7 @@ STOPWORDS = frozenset(
     don't didn't won't isn't wasn't aren't you're we're they're that's there's what's get got getting
     go going gonna want wanna like really maybe also still ever even well oh yeah yes ok okay hey
     much many lot lots one thing things something anything way back make made
-    """.split()
+    """.split()  # noqa: SIM905 (a word list reads better as text than as 190 quoted strings)
 )
 _WORD = re.compile(r"[A-Za-z][A-Za-z']*")
 # Skin tones say nothing about a message; the 2,040 toned variants would double the embedding work.
@@ -68,7 +69,7 @@ def content_queries(message: str) -> list[_Query]:
     tokens = [t.lower() for t in _WORD.findall(message)]
     content = [(i, t) for i, t in enumerate(tokens) if t not in STOPWORDS and len(t) > 1]
     queries = [_Query(t, frozenset({i})) for i, t in content]
-    for (i, a), (j, b) in zip(content, content[1:], strict=False):
+    for (i, a), (j, b) in itertools.pairwise(content):
         if j == i + 1:
             queries.append(_Query(f"{a} {b}", frozenset({i, j})))
     return sorted(queries, key=lambda q: min(q.words))

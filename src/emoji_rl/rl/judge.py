@@ -30,7 +30,6 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Literal
 
 import emoji as emoji_pkg
-
 from emoji_rl import models
 from emoji_rl.emoji.alphabet import emoji_name
 from emoji_rl.errors import UserError
@@ -275,7 +274,8 @@ def make_judge(
     if kind == "lexicon":
         if view != "gloss":
             raise UserError(
-                f"view={view!r} does not apply to the lexicon judge: it reads emoji names (gloss)"
+                f"view={view!r} does not apply to the lexicon judge, which reads emoji names: "
+                "use the gloss view with it, or an LLM judge (hf) for raw emoji"
             )
         return LexiconJudge()
     if kind == "hf":

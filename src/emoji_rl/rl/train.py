@@ -43,6 +43,7 @@ if TYPE_CHECKING:
     from peft import PeftModel
 
     from emoji_rl.emoji.constraint import EmojiConstraint
+    from emoji_rl.rl.rollout.vllm import AdapterSync
 
 log = logging.getLogger("emoji_rl.grpo")
 REFERENCE = "reference"
@@ -102,6 +103,33 @@ class Config:
     # --- sampling ---
     temperature: float = field(default=1.0, metadata={"help": "sampling temperature of the sender"})
     max_new_tokens: int = field(default=48, metadata={"help": "token budget of one sender turn"})
+    engine: Literal["hf", "vllm"] = field(
+        default="hf",
+        metadata={
+            "help": "rollouts: hf = in-process generate; vllm = a vLLM server (launch/serve_policy.sh) "
+            "that hot-loads each new adapter"
+        },
+    )
+    vllm_url: str = field(
+        default="http://127.0.0.1:8002",
+        metadata={"help": "base URL of the policy server (POLICY_HOST/POLICY_PORT)"},
+    )
+    vllm_served_name: str = field(
+        default="policy",
+        metadata={"help": "its --served-model-name (POLICY_NAME); adapters load as NAME-v<step>"},
+    )
+    vllm_api_key_env: str | None = field(
+        default="POLICY_API_KEY",
+        metadata={"help": "env var holding the policy server's key; unset sends none"},
+    )
+    vllm_adapter_keep: int = field(
+        default=2, metadata={"help": "adapter versions kept loaded and on disk (>= 1, <= --max-cpu-loras)"}
+    )
+    vllm_timeout_s: float = field(default=300.0, metadata={"help": "seconds per request before a retry"})
+    vllm_wait_s: float = field(
+        default=900.0,
+        metadata={"help": "seconds to wait at start for the server (it refuses connections while loading)"},
+    )
     # --- advanced ---
     std_scaling: Literal["group", "batch", "none"] = field(
         default="group", metadata={"help": "advantage scaling: group std (GRPO), batch std, none (Dr. GRPO)"}
@@ -140,6 +168,10 @@ class Config:
         if self.aggregation == "constant" and self.max_new_tokens <= 0:
             raise ValueError(
                 "aggregation=constant normalizes by max_new_tokens * max_turns: set max_new_tokens > 0"
+            )
+        if self.vllm_adapter_keep < 1:
+            raise ValueError(
+                f"vllm_adapter_keep={self.vllm_adapter_keep} must be >= 1: the sampler needs one adapter"
             )
         if self.reference == "init" and self.init_adapter is None and self.beta > 0:
             self.reference = "base"  # a fresh adapter starts equal to the base model
@@ -231,7 +263,7 @@ def collect(
                 str(record.get("id", p)), tuple(episodes[p * cfg.group_size : (p + 1) * cfg.group_size])
             )
             played.append(group)
-            if not grpo.zero_spread_groups(torch.tensor([group.rewards])).item():
+            if not grpo.zero_spread_groups(torch.tensor([group.rewards], dtype=torch.float)).item():
                 kept.append(group)
         if len(kept) == cfg.batch_size:
             break
@@ -301,7 +333,7 @@ def update(
 
 def rollout_metrics(played: Sequence[EpisodeGroup], kept: int) -> dict[str, float]:
     episodes = [e for g in played for e in g.episodes]
-    rewards = torch.tensor([e.reward for e in episodes])
+    rewards = torch.tensor([e.reward for e in episodes], dtype=torch.float)
     final = [e.turns[-1].result.metrics for e in episodes]
     keys = sorted({k for m in final for k in m})
     metrics = {
@@ -321,7 +353,7 @@ def rollout_metrics(played: Sequence[EpisodeGroup], kept: int) -> dict[str, floa
 
 def log_rollouts(log_file: AppendLog, step: int, groups: Sequence[EpisodeGroup], cfg: Config) -> None:
     for group in groups:
-        rewards = torch.tensor([group.rewards])
+        rewards = torch.tensor([group.rewards], dtype=torch.float)
         advantages = grpo.group_advantages(rewards, cfg.std_scaling)[0].tolist()
         for g, (episode, advantage) in enumerate(zip(group.episodes, advantages, strict=True)):
             log_file.append(
@@ -339,6 +371,20 @@ def log_rollouts(log_file: AppendLog, step: int, groups: Sequence[EpisodeGroup],
 # --- the loop ------------------------------------------------------------------------------------------
 
 
+def _sync_weights(
+    sync: AdapterSync | None, accelerator: Accelerator, model: torch.nn.Module, step: int
+) -> None:
+    """Save the adapter and load it on the vLLM server (main process); the others follow its name."""
+    if sync is None:
+        return
+    if accelerator.is_main_process:
+        policy = accelerator.unwrap_model(model)
+        sync.publish(step, lambda path: policy.save_pretrained(str(path), selected_adapters=[ADAPTER]))
+    accelerator.wait_for_everyone()
+    if not accelerator.is_main_process:
+        sync.follow(step)
+
+
 def train(
     cfg: Config,
     policy: PeftModel,
@@ -348,10 +394,12 @@ def train(
     make_game: Callable[[dict[str, str]], Game],
     records: Sequence[dict[str, str]],
     extra_seconds: Callable[[], dict[str, float]] = dict,
-    use_importance_weights: bool = False,
+    weight_sync: AdapterSync | None = None,
 ) -> TrainState:
     """The GRPO loop, for any game; returns the final state. `extra_seconds` reports time spent in
-    services (judge, similarity) since the start, for the time/ metrics."""
+    services (judge, similarity) since the start, for the time/ metrics. With `weight_sync` (a vLLM
+    sampler), every new adapter is published to the server before the next rollout, and the update
+    uses truncated importance weights for the sampler/trainer mismatch."""
     from accelerate import Accelerator
     from transformers import get_scheduler
 
@@ -367,6 +415,9 @@ def train(
         state = load_checkpoint(checkpoint, policy, optimizer, scheduler)
         log.info("resumed from %s at step %d", checkpoint, state.step)
     model, optimizer = accelerator.prepare(policy, optimizer)
+    if weight_sync is not None and accelerator.is_main_process:
+        weight_sync.clear_stale()
+    _sync_weights(weight_sync, accelerator, model, state.step)
     stream = PromptStream(records, cfg.seed + accelerator.process_index, state)
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
     with (
@@ -385,11 +436,11 @@ def train(
             log_rollouts(rollout_log, step + 1, rollouts.played, cfg)
             start = time.perf_counter()
             if rollouts.kept:
-                rewards_P_G = torch.tensor([g.rewards for g in rollouts.kept])
+                rewards_P_G = torch.tensor([g.rewards for g in rollouts.kept], dtype=torch.float)
                 advantages_D = grpo.group_advantages(rewards_P_G, cfg.std_scaling).flatten()
                 episodes: list[Episode] = [e for g in rollouts.kept for e in g.episodes]
                 batch = collate(episodes, advantages_D, pad_id, constraint)
-                metrics.update(update(cfg, accelerator, model, optimizer, batch, use_importance_weights))
+                metrics.update(update(cfg, accelerator, model, optimizer, batch, weight_sync is not None))
                 finite = math.isfinite(metrics["optim/loss"]) and math.isfinite(metrics["optim/grad_norm"])
             else:
                 # Never a silent no-op: say so, and count it.
@@ -407,7 +458,9 @@ def train(
                     step + 1,
                     state.nan_streak,
                 )
-            scheduler.step()
+            if rollouts.kept and finite:
+                scheduler.step()  # the schedule counts updates, so skipped steps do not shorten it
+                _sync_weights(weight_sync, accelerator, model, step + 1)
             metrics["optim/lr"] = scheduler.get_last_lr()[0]
             metrics["time/update_s"] = time.perf_counter() - start
             state.step = step + 1
@@ -431,12 +484,46 @@ def train(
     return state
 
 
+def build_sampler(cfg: Config, policy: PeftModel, tokenizer) -> tuple[Sampler, AdapterSync | None]:
+    """The in-process sampler, or a vLLM server's with the adapter sync that keeps it current."""
+    from emoji_rl.generate import stop_token_id
+    from emoji_rl.rl.rollout.hf import HFSampler
+
+    if cfg.engine == "hf":
+        sampler = HFSampler(
+            policy,
+            tokenizer,
+            "grammar",
+            cfg.temperature,
+            cfg.max_new_tokens,
+            cfg.batch_size * cfg.group_size,
+            cfg.min_emoji,
+            cfg.max_emoji,
+        )
+        return sampler, None
+    from emoji_rl.rl.endpoint import Endpoint, wait_for_server
+    from emoji_rl.rl.rollout.vllm import AdapterSync, VLLMSampler
+
+    wait_for_server(cfg.vllm_url, cfg.vllm_wait_s)
+    endpoint = Endpoint(cfg.vllm_url, cfg.vllm_api_key_env, cfg.vllm_timeout_s)
+    sampler = VLLMSampler(
+        endpoint,
+        cfg.vllm_served_name,
+        stop_token_id(tokenizer),
+        temperature=cfg.temperature,
+        max_new_tokens=cfg.max_new_tokens,
+        min_emoji=cfg.min_emoji,
+        max_emoji=cfg.max_emoji,
+    )
+    asyncio.run(sampler.verify())
+    return sampler, AdapterSync(sampler, cfg.output_dir, cfg.vllm_served_name, cfg.vllm_adapter_keep)
+
+
 def main(cfg: Config) -> None:
     from emoji_rl.emoji.constraint import compile_emoji_grammar
     from emoji_rl.rl.games.retrieval import RetrievalBuilder, RetrievalRules
     from emoji_rl.rl.judge import make_judge
     from emoji_rl.rl.reward import RewardWeights, Similarity
-    from emoji_rl.rl.rollout.hf import HFSampler
 
     torch.manual_seed(cfg.seed)
     random.seed(cfg.seed)
@@ -461,21 +548,20 @@ def main(cfg: Config) -> None:
     weights = RewardWeights(cfg.success_bonus, cfg.turn_cost, cfg.format_penalty, cfg.repetition_penalty)
     rules = RetrievalRules(cfg.max_turns, cfg.tau, cfg.min_emoji, cfg.max_emoji, weights)
     builder = RetrievalBuilder(tokenizer, judge, similarity, rules)
-    sampler = HFSampler(
-        policy,
-        tokenizer,
-        "grammar",
-        cfg.temperature,
-        cfg.max_new_tokens,
-        cfg.batch_size * cfg.group_size,
-        cfg.min_emoji,
-        cfg.max_emoji,
-    )
+    sampler, weight_sync = build_sampler(cfg, policy, tokenizer)
     log.info(
         "judge: %s; %d prompts; B=%d G=%d", judge.describe(), len(records), cfg.batch_size, cfg.group_size
     )
     state = train(
-        cfg, policy, tokenizer, constraint, sampler, builder, records, lambda: dict(builder.seconds)
+        cfg,
+        policy,
+        tokenizer,
+        constraint,
+        sampler,
+        builder,
+        records,
+        lambda: dict(builder.seconds),
+        weight_sync,
     )
     print(
         f"grpo: {state.step} steps; adapter in {run_dir / 'adapter'}, metrics in {run_dir / 'metrics.jsonl'}"

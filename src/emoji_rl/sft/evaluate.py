@@ -84,8 +84,11 @@ class Config:
     )
     judge_model: str = field(default=models.SMOLLM2, metadata={"help": "model spec of an hf judge"})
     temperature: float = field(
-        default=1.0,
-        metadata={"help": "sampling temperature; 1.0 is what RL rollouts sample at, 0 is greedy"},
+        default=0.0,
+        metadata={
+            "help": "0: greedy, what the model has learned, reproducible; 1.0: what RL samples from, where "
+            "unconstrained byte-level sampling also shows how often fragments make non-emoji characters"
+        },
     )
     max_new_tokens: int = field(default=48, metadata={"help": "token budget per reply"})
     batch_size: int = field(default=16, metadata={"help": "prompts per generate call"})

@@ -39,8 +39,9 @@ def _builder(tokenizer, similarity, **rules):
 
 
 def test_terminal_reward_hand_worked():
-    terms = terminal_reward(0.9, turns=2, violation=False, unique_emoji=3, total_emoji=4, tau=0.85,
-                            weights=RewardWeights())
+    terms = terminal_reward(
+        0.9, turns=2, violation=False, unique_emoji=3, total_emoji=4, tau=0.85, weights=RewardWeights()
+    )
     # 0.9 + 0.5 - 0.1*2 - 0 - 0.3*(1 - 3/4)
     assert terms["total"] == pytest.approx(0.9 + 0.5 - 0.2 - 0.075)
     violation = terminal_reward(0.0, 1, True, 0, 0, 0.85, RewardWeights())
@@ -54,12 +55,14 @@ def test_episode_runs_max_turns_and_grows_as_token_ids(smollm2_tokenizer, simila
     assert len(episode.turns) == 3
     # Each turn's prompt is the previous prompt + action + observation, never re-tokenized.
     first, second, third = (p[0] for p in sampler.prompts)
-    assert first == tuple(models.chat_ids(smollm2_tokenizer, sender_messages("Let's get pizza and watch a movie tonight")))
+    assert first == tuple(
+        models.chat_ids(smollm2_tokenizer, sender_messages("Let's get pizza and watch a movie tonight"))
+    )
     assert second[: len(first)] == first
     assert second[len(first) : len(first) + len(episode.turns[0].action_ids)] == episode.turns[0].action_ids
     assert third[: len(second)] == second
     observation = smollm2_tokenizer.decode(episode.turns[1].observation_ids)
-    assert observation.startswith("\n<|im_start|>user\nThe receiver guessed: \"pizza, clapper board\"")
+    assert observation.startswith('\n<|im_start|>user\nThe receiver guessed: "pizza, clapper board"')
     assert observation.endswith("<|im_start|>assistant\n")
     assert episode.token_ids() == (*third, *episode.turns[2].action_ids)
     # The lexicon judge's final guess names every emoji sent; the reward is terminal only.

@@ -1,0 +1,149 @@
+#!/usr/bin/env bash
+# GPU smoke test, for a box with GPUs (it cannot run on CPU): starts the judge and policy vLLM
+# servers, waits for both, runs two GRPO steps with the vllm engine and the openai judge, then one
+# retrieval evaluation, and reports PASS / FAIL / SKIP per stage (budget: 15 minutes). Servers are
+# stopped on exit; every stage's output is in SMOKE_DIR/<stage>.log.
+#
+#   launch/gpu_smoke.sh                              # 4 GPUs: judge 0,1 (TP 2), policy 2, trainer 3
+#   JUDGE_GPUS=0 POLICY_GPUS=1 TRAIN_GPUS=1 POLICY_GPU_MEMORY=0.45 launch/gpu_smoke.sh   # 2 GPUs
+#   launch/gpu_smoke.sh --dry-run                    # print every command, run nothing
+#
+# Settings (environment, default):
+#   SMOKE_DIR    logs, run directories, summary.txt (emptied first)    (runs/gpu-smoke)
+#   JUDGE_GPUS   GPUs of the judge server                               (0,1)
+#   JUDGE_TP     its tensor-parallel size                               (the number of JUDGE_GPUS)
+#   POLICY_GPUS  GPUs of the policy server                              (2)
+#   TRAIN_GPUS   GPUs of the trainer, one process each                  (3)
+#   WAIT_S       seconds to wait for each server to answer /health      (900)
+#   GRPO_CONFIG  config of the two GRPO steps                           (configs/gpu/grpo.yaml)
+#   EVAL_CONFIG  config of the evaluation                               (configs/gpu/eval_retrieval.yaml)
+#   PYTHON       interpreter with emoji-rl installed                    (.venv/bin/python if present, else python3)
+#   and every setting of serve_judge.sh, serve_policy.sh and train_grpo.sh (JUDGE_MODEL, POLICY_MODEL,
+#   JUDGE_PORT, POLICY_PORT, JUDGE_NAME, POLICY_NAME, *_API_KEY, ...), passed on to them.
+set -uo pipefail  # not -e: a failed stage is recorded and the summary still printed
+cd "$(dirname "$0")/.."
+source launch/common.sh
+parse_args "$@"
+[[ ${#ARGS[@]} -eq 0 ]] || die "unexpected arguments: ${ARGS[*]} (settings come from the environment)"
+
+SMOKE_DIR=${SMOKE_DIR:-runs/gpu-smoke}
+WAIT_S=${WAIT_S:-900}
+GRPO_CONFIG=${GRPO_CONFIG:-configs/gpu/grpo.yaml}
+EVAL_CONFIG=${EVAL_CONFIG:-configs/gpu/eval_retrieval.yaml}
+export JUDGE_GPUS=${JUDGE_GPUS:-0,1}
+IFS=, read -r -a judge_gpus <<< "$JUDGE_GPUS"
+export JUDGE_TP=${JUDGE_TP:-${#judge_gpus[@]}}
+export POLICY_GPUS=${POLICY_GPUS:-2}
+export TRAIN_GPUS=${TRAIN_GPUS:-3}
+export JUDGE_PORT=${JUDGE_PORT:-8001} POLICY_PORT=${POLICY_PORT:-8002}
+export JUDGE_NAME=${JUDGE_NAME:-judge} POLICY_NAME=${POLICY_NAME:-policy}
+pick_python
+require_int WAIT_S "$WAIT_S" 1
+
+judge_url="http://127.0.0.1:$JUDGE_PORT"
+policy_url="http://127.0.0.1:$POLICY_PORT"
+POLL_S=5  # how often a dead server is noticed while waiting
+# The trainer reads the keys from the same variables the servers were started with.
+server_flags=(
+  --judge openai --judge_url "$judge_url" --judge_served_name "$JUDGE_NAME" --judge_api_key_env JUDGE_API_KEY
+)
+grpo_args=(
+  --max_steps 2 --save_steps 2 --output_dir "$SMOKE_DIR/grpo"
+  --engine vllm --vllm_url "$policy_url" --vllm_served_name "$POLICY_NAME" --vllm_api_key_env POLICY_API_KEY
+  "${server_flags[@]}"
+)
+eval_cmd=(
+  env "CUDA_VISIBLE_DEVICES=$TRAIN_GPUS" "$PYTHON" -m emoji_rl.cli eval-retrieval --config "$EVAL_CONFIG"
+  --systems base "rl=$SMOKE_DIR/grpo/adapter" --max_examples 16 --output_dir "$SMOKE_DIR/eval"
+  "${server_flags[@]}"
+)
+wait_cmd() { print_cmd "$PYTHON" -m emoji_rl.rl.endpoint "$1" --timeout "$POLL_S"; }
+
+if [[ "$DRY_RUN" == 1 ]]; then
+  echo "# stage judge-server: in the background, log in $SMOKE_DIR/judge-server.log"
+  launch/serve_judge.sh --dry-run
+  echo "# stage policy-server: in the background, log in $SMOKE_DIR/policy-server.log"
+  launch/serve_policy.sh --dry-run
+  echo "# both stages then repeat this while their server lives, up to WAIT_S=$WAIT_S s:"
+  wait_cmd "$judge_url"
+  wait_cmd "$policy_url"
+  echo "# stage grpo: log in $SMOKE_DIR/grpo.log"
+  CONFIG="$GRPO_CONFIG" launch/train_grpo.sh --dry-run "${grpo_args[@]}"
+  echo "# stage eval: log in $SMOKE_DIR/eval.log"
+  print_cmd "${eval_cmd[@]}"
+  exit 0
+fi
+
+rm -rf "$SMOKE_DIR"
+mkdir -p "$SMOKE_DIR"
+stages=(judge-server policy-server grpo eval)
+declare -A result=() took=()
+pids=()
+
+stop_servers() {
+  local pid
+  for pid in ${pids[@]+"${pids[@]}"}; do
+    # Each server runs in its own process group (setsid): TERM reaches vLLM's engine workers too.
+    kill -TERM -- "-$pid" 2>/dev/null || true
+  done
+  for pid in ${pids[@]+"${pids[@]}"}; do
+    for _ in $(seq 30); do kill -0 "$pid" 2>/dev/null || break; sleep 1; done
+    kill -KILL -- "-$pid" 2>/dev/null || true
+  done
+}
+trap stop_servers EXIT
+
+start_server() {  # NAME SCRIPT
+  setsid "$2" > "$SMOKE_DIR/$1.log" 2>&1 &
+  pids+=($!)
+}
+
+wait_ready() {  # NAME URL PID
+  local start=$SECONDS
+  while (( SECONDS - start < WAIT_S )); do
+    if ! kill -0 "$3" 2>/dev/null; then
+      echo "server exited before answering $2/health" >> "$SMOKE_DIR/$1.log"
+      result[$1]=FAIL; took[$1]=$((SECONDS - start)); return
+    fi
+    if "$PYTHON" -m emoji_rl.rl.endpoint "$2" --timeout "$POLL_S" >> "$SMOKE_DIR/$1.log" 2>&1; then
+      result[$1]=PASS; took[$1]=$((SECONDS - start)); return
+    fi
+  done
+  echo "no answer at $2/health within WAIT_S=$WAIT_S s" >> "$SMOKE_DIR/$1.log"
+  result[$1]=FAIL; took[$1]=$((SECONDS - start))
+}
+
+run_stage() {  # NAME COMMAND...
+  local name=$1 start=$SECONDS
+  shift
+  if "$@" > "$SMOKE_DIR/$name.log" 2>&1; then result[$name]=PASS; else result[$name]=FAIL; fi
+  took[$name]=$((SECONDS - start))
+}
+
+total=$SECONDS
+start_server judge-server launch/serve_judge.sh
+start_server policy-server launch/serve_policy.sh
+wait_ready judge-server "$judge_url" "${pids[0]}"
+wait_ready policy-server "$policy_url" "${pids[1]}"
+if [[ "${result[judge-server]}" == PASS && "${result[policy-server]}" == PASS ]]; then
+  run_stage grpo env CONFIG="$GRPO_CONFIG" launch/train_grpo.sh "${grpo_args[@]}"
+fi
+if [[ "${result[grpo]:-}" == PASS ]]; then
+  run_stage eval "${eval_cmd[@]}"
+fi
+
+failed=0
+elapsed=$((SECONDS - total))
+summary=$(printf '%-14s %-6s %s\n' stage result seconds)
+for stage in "${stages[@]}"; do
+  summary+=$'\n'$(printf '%-14s %-6s %s' "$stage" "${result[$stage]:-SKIP}" "${took[$stage]:--}")
+  [[ "${result[$stage]:-SKIP}" == PASS ]] || failed=1
+done
+(( elapsed <= 900 )) || summary+=$'\n'"slow: $elapsed s, over the 15-minute budget"
+if [[ "$failed" == 0 ]]; then
+  summary+=$'\n'"gpu_smoke: PASS in $elapsed s"
+else
+  summary+=$'\n'"gpu_smoke: FAIL; logs in $SMOKE_DIR"
+fi
+echo "$summary" | tee "$SMOKE_DIR/summary.txt"
+exit "$failed"

@@ -1,0 +1,72 @@
+#!/usr/bin/env bash
+# Serve the sender's base model with vLLM for the `vllm` rollout engine: runtime LoRA loading (the
+# trainer loads each new adapter as POLICY_NAME-v<step>), the emoji grammar through xgrammar
+# structured outputs, and log-probs of the distribution actually sampled from (processed_logprobs:
+# the trainer's importance weights compare them with its own masked, temperature-scaled log-probs).
+# No --reasoning-parser: with one, the grammar would not apply until reasoning ends.
+# Extra arguments go to `vllm serve`.
+#
+#   launch/serve_policy.sh                          # Qwen3.5-4B on 127.0.0.1:8002
+#   POLICY_GPUS=2 POLICY_MAX_LORA_RANK=64 launch/serve_policy.sh
+#   launch/serve_policy.sh --dry-run                # print the command, run nothing
+#
+# Settings (environment, default):
+#   POLICY_MODEL          base model: the grpo config's `model`     (Qwen/Qwen3.5-4B)
+#   POLICY_NAME           served base name; adapters load as NAME-v<step> (policy)
+#   POLICY_HOST           bind address                              (127.0.0.1)
+#   POLICY_PORT           port                                      (8002)
+#   POLICY_TP             tensor-parallel size                      (1)
+#   POLICY_GPUS           CUDA_VISIBLE_DEVICES of the server        (unset: the first POLICY_TP GPUs)
+#   POLICY_MAX_LORA_RANK  >= the adapter's lora_r: 8 16 32 64 128 256 320 512 (32, the gpu lora_r)
+#   POLICY_MAX_LORAS      adapters in one batch                     (2: the new version and the last)
+#   POLICY_MAX_CPU_LORAS  adapters cached in CPU memory, >= the trainer's keep count (4)
+#   POLICY_MAX_MODEL_LEN  context length: a whole episode           (4096; 5 turns stay under 1.5K)
+#   POLICY_GPU_MEMORY     --gpu-memory-utilization, in (0, 1]       (0.90)
+#   POLICY_API_KEY        key the server requires                   (unset: none); passed as VLLM_API_KEY, never printed
+#   VLLM                  the vllm executable                       (.venv-vllm/bin/vllm if present, else vllm)
+set -euo pipefail
+cd "$(dirname "$0")/.."
+source launch/common.sh
+parse_args "$@"
+
+POLICY_MODEL=${POLICY_MODEL:-Qwen/Qwen3.5-4B}
+POLICY_NAME=${POLICY_NAME:-policy}
+POLICY_HOST=${POLICY_HOST:-127.0.0.1}
+POLICY_PORT=${POLICY_PORT:-8002}
+POLICY_TP=${POLICY_TP:-1}
+POLICY_MAX_LORA_RANK=${POLICY_MAX_LORA_RANK:-32}
+POLICY_MAX_LORAS=${POLICY_MAX_LORAS:-2}
+POLICY_MAX_CPU_LORAS=${POLICY_MAX_CPU_LORAS:-4}
+POLICY_MAX_MODEL_LEN=${POLICY_MAX_MODEL_LEN:-4096}
+POLICY_GPU_MEMORY=${POLICY_GPU_MEMORY:-0.90}
+pick_vllm
+
+require_int POLICY_PORT "$POLICY_PORT" 1
+require_int POLICY_TP "$POLICY_TP" 1
+require_one_of POLICY_MAX_LORA_RANK "$POLICY_MAX_LORA_RANK" 1 8 16 32 64 128 256 320 512
+require_int POLICY_MAX_LORAS "$POLICY_MAX_LORAS" 1
+require_int POLICY_MAX_CPU_LORAS "$POLICY_MAX_CPU_LORAS" "$POLICY_MAX_LORAS"
+
+envs=(VLLM_ALLOW_RUNTIME_LORA_UPDATING=1)
+[[ -n "${POLICY_GPUS:-}" ]] && envs+=("CUDA_VISIBLE_DEVICES=$POLICY_GPUS")
+# The key goes through the environment: on the command line `ps` would show it to every user.
+[[ -n "${POLICY_API_KEY:-}" ]] && export VLLM_API_KEY="$POLICY_API_KEY"
+
+cmd=(
+  env "${envs[@]}" "$VLLM" serve "$POLICY_MODEL"
+  --host "$POLICY_HOST"
+  --port "$POLICY_PORT"
+  --served-model-name "$POLICY_NAME"
+  --tensor-parallel-size "$POLICY_TP"
+  --enable-lora
+  --max-lora-rank "$POLICY_MAX_LORA_RANK"
+  --max-loras "$POLICY_MAX_LORAS"
+  --max-cpu-loras "$POLICY_MAX_CPU_LORAS"
+  --structured-outputs-config.backend xgrammar
+  --logprobs-mode processed_logprobs
+  --max-model-len "$POLICY_MAX_MODEL_LEN"
+  --gpu-memory-utilization "$POLICY_GPU_MEMORY"
+  --generation-config vllm
+  ${ARGS[@]+"${ARGS[@]}"}
+)
+run "${cmd[@]}"

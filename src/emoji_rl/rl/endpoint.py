@@ -1,0 +1,236 @@
+"""Talking to OpenAI-compatible servers (the vLLM judge and policy servers): base URL, API key,
+timeouts, retries with backoff, readiness and error messages, in one place (VLLM_CONTRACT.md §5-6).
+
+Connection errors, timeouts, 429 and 5xx are retried with exponential backoff; after the last
+attempt the error names the URL. Any other error status is final: retrying a bad request cannot
+fix it, so it is raised at once as a `ServerError` carrying the status and vLLM's `param`.
+
+Callers open an httpx client per call rather than per object: `rl.train.collect` runs every step in
+a fresh `asyncio.run` loop, and an `httpx.AsyncClient` is bound to the loop that opened it.
+
+    python -m emoji_rl.rl.endpoint http://127.0.0.1:8002 --timeout 900   # wait for a server (launch/)
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import os
+import sys
+import time
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
+
+import httpx
+
+from emoji_rl.errors import UserError
+
+log = logging.getLogger("emoji_rl.endpoint")
+
+# 429: rate limits of hosted OpenAI-compatible servers; 5xx: a server restarting or overloaded.
+RETRYABLE_STATUS = frozenset({429, 500, 502, 503, 504})
+
+
+@dataclass(frozen=True)
+class Endpoint:
+    """One server. `url` is the base (`http://127.0.0.1:8002`); a trailing `/v1` is dropped, since
+    `/health` lives at the root and every API path here is written out in full."""
+
+    url: str
+    api_key_env: str | None = None
+    """Name of the environment variable holding the key (the one the launch script started the server
+    with); unset or empty sends no key. The key itself is never stored or logged."""
+    timeout_s: float = 300.0
+    attempts: int = 6
+    """Tries per request, first included; 6 with backoff 1 s waits about 31 s before giving up."""
+    backoff_s: float = 1.0
+    max_backoff_s: float = 30.0
+
+    def __post_init__(self) -> None:
+        if not self.url.startswith(("http://", "https://")):
+            raise UserError(f"server url {self.url!r} must start with http:// or https://")
+        object.__setattr__(self, "url", self.url.rstrip("/").removesuffix("/v1"))
+        if self.attempts < 1:
+            raise UserError(f"attempts={self.attempts} must be >= 1 (tries per request, the first included)")
+
+    def headers(self) -> dict[str, str]:
+        key = os.environ.get(self.api_key_env, "") if self.api_key_env else ""
+        return {"Authorization": f"Bearer {key}"} if key else {}
+
+    def delays(self) -> Iterator[float]:
+        """Seconds to wait before each retry: backoff doubling up to `max_backoff_s`."""
+        for retry in range(self.attempts - 1):
+            yield min(self.backoff_s * 2**retry, self.max_backoff_s)
+
+
+class ServerError(UserError):
+    """The server answered with an error status that retrying will not fix."""
+
+    def __init__(self, url: str, status: int, message: str, param: str | None, hint: str = "") -> None:
+        self.url, self.status, self.message, self.param = url, status, message, param
+        where = f" (param {param})" if param else ""
+        super().__init__(f"{url} answered {status}: {message}{where}" + (f"; {hint}" if hint else ""))
+
+    @property
+    def missing_route(self) -> bool:
+        """A 404 from the router itself (FastAPI's `{"detail":"Not Found"}`), not from a handler."""
+        return self.status == 404 and self.message == "Not Found"
+
+
+def error_detail(response: httpx.Response) -> tuple[str, str | None]:
+    """Message and param of an error body: vLLM's envelope, the auth middleware's
+    `{"error":"Unauthorized"}`, FastAPI's `{"detail": ...}`, or else the raw text."""
+    try:
+        body = response.json()
+    except ValueError:
+        return response.text.strip() or response.reason_phrase, None
+    if isinstance(body, dict):
+        error = body.get("error")
+        if isinstance(error, dict):
+            param = error.get("param")
+            return str(error.get("message", "")), str(param) if param is not None else None
+        if isinstance(error, str):
+            return error, None
+        if "detail" in body:
+            return str(body["detail"]), None
+    return response.text.strip(), None
+
+
+def _server_error(response: httpx.Response, endpoint: Endpoint, url: str) -> ServerError:
+    message, param = error_detail(response)
+    hint = ""
+    if response.status_code == 401:
+        hint = (
+            f"the API key was missing or refused: set {endpoint.api_key_env} to the key the server was started with"
+            if endpoint.api_key_env
+            else "the server wants an API key: configure the environment variable that holds it"
+        )
+    return ServerError(url, response.status_code, message, param, hint)
+
+
+def _retryable(outcome: httpx.Response | httpx.TransportError) -> str | None:
+    """Why a try failed in a way worth retrying, or None when its outcome is final."""
+    if isinstance(outcome, httpx.TransportError):
+        # ConnectError (refused: the server is down or still loading), timeouts, dropped connections.
+        return f"{type(outcome).__name__}: {outcome}" if str(outcome) else type(outcome).__name__
+    if outcome.status_code in RETRYABLE_STATUS:
+        return f"HTTP {outcome.status_code}: {error_detail(outcome)[0]}"
+    return None
+
+
+def _gave_up(
+    endpoint: Endpoint, url: str, outcome: httpx.Response | httpx.TransportError | None
+) -> UserError:
+    if isinstance(outcome, httpx.Response):
+        # It answered every time, with an error: report the last one, status and message included.
+        return _server_error(outcome, endpoint, url)
+    return UserError(
+        f"{url} did not answer after {endpoint.attempts} tries ({_retryable(outcome) if outcome else ''}): "
+        "is the server running? Start it with launch/serve_policy.sh or launch/serve_judge.sh "
+        "(make serve-policy / serve-judge) and read its log"
+    )
+
+
+async def request(
+    client: httpx.AsyncClient,
+    endpoint: Endpoint,
+    method: str,
+    path: str,
+    body: Mapping[str, object] | None = None,
+) -> httpx.Response:
+    """One API call with retries; returns a response with a status below 400."""
+    url = endpoint.url + path
+    headers = endpoint.headers()
+    outcome: httpx.Response | httpx.TransportError | None = None
+    for delay in (*endpoint.delays(), None):
+        try:
+            outcome = await client.request(method, url, json=body, headers=headers)
+        except httpx.TransportError as err:
+            outcome = err
+        failure = _retryable(outcome)
+        if failure is None:
+            assert isinstance(outcome, httpx.Response), outcome
+            if outcome.status_code >= 400:
+                raise _server_error(outcome, endpoint, url)
+            return outcome
+        if delay is not None:
+            log.warning("%s %s failed (%s); retrying in %.1f s", method, url, failure, delay)
+            await asyncio.sleep(delay)
+    raise _gave_up(endpoint, url, outcome)
+
+
+def request_sync(
+    client: httpx.Client, endpoint: Endpoint, method: str, path: str, body: Mapping[str, object] | None = None
+) -> httpx.Response:
+    """`request` for callers outside an event loop (adapter loading between training steps)."""
+    url = endpoint.url + path
+    headers = endpoint.headers()
+    outcome: httpx.Response | httpx.TransportError | None = None
+    for delay in (*endpoint.delays(), None):
+        try:
+            outcome = client.request(method, url, json=body, headers=headers)
+        except httpx.TransportError as err:
+            outcome = err
+        failure = _retryable(outcome)
+        if failure is None:
+            assert isinstance(outcome, httpx.Response), outcome
+            if outcome.status_code >= 400:
+                raise _server_error(outcome, endpoint, url)
+            return outcome
+        if delay is not None:
+            log.warning("%s %s failed (%s); retrying in %.1f s", method, url, failure, delay)
+            time.sleep(delay)
+    raise _gave_up(endpoint, url, outcome)
+
+
+def wait_for_server(url: str, timeout_s: float = 900.0, poll_s: float = 2.0) -> None:
+    """Block until the server at `url` answers `/health`.
+
+    vLLM refuses connections until its model is loaded (there is no "loading" status), then answers
+    200; a 503 means its engine died, which waiting will not fix (VLLM_CONTRACT.md §5). Any other
+    answer also means the server is listening: a generic OpenAI-compatible server may lack /health.
+    """
+    base = Endpoint(url).url
+    deadline = time.monotonic() + timeout_s
+    last = "no answer yet"
+    with httpx.Client(timeout=max(poll_s, 5.0)) as client:
+        while True:
+            try:
+                response = client.get(base + "/health")
+            except httpx.TransportError as err:
+                last = type(err).__name__
+            else:
+                if response.status_code == 503:
+                    raise UserError(
+                        f"{base}/health answered 503: the server is up but its engine is dead; "
+                        "read the server's log and restart it"
+                    )
+                if response.status_code != 200:
+                    log.warning("%s/health answered %d; taking the server as up", base, response.status_code)
+                return
+            if time.monotonic() >= deadline:
+                raise UserError(
+                    f"no server answered at {base}/health within {timeout_s:g} s ({last}). Start it "
+                    "(make serve-policy / make serve-judge), check that host and port match, and read its "
+                    "log; a large model takes minutes to load, so raise the timeout if the log shows progress"
+                )
+            time.sleep(min(poll_s, max(deadline - time.monotonic(), 0.0)))
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description="Wait until an OpenAI-compatible server answers /health.")
+    parser.add_argument("url", help="base URL, e.g. http://127.0.0.1:8002")
+    parser.add_argument("--timeout", type=float, default=900.0, help="seconds to wait (default: 900)")
+    args = parser.parse_args(argv)
+    try:
+        wait_for_server(args.url, args.timeout)
+    except UserError as err:
+        print(f"wait: error: {err}", file=sys.stderr)
+        return 1
+    print(f"{Endpoint(args.url).url} is up")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

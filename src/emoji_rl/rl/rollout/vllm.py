@@ -1,0 +1,321 @@
+"""The `vllm` rollout engine: sender turns sampled by a vLLM server that hot-loads every new LoRA
+adapter (DESIGN §5; requests and answers as in VLLM_CONTRACT.md §2, §4, §7).
+
+- `VLLMSampler` sends each turn batch as one `/v1/completions` request with token-id prompts and
+  the emoji grammar as top-level `structured_outputs`, and keeps the returned token ids as sampled
+  (stop token included) with their log-probs: never re-tokenized text.
+- `AdapterSync` saves the adapter after each update, loads it under a versioned name, points the
+  sampler at it and unloads stale versions.
+- `wait_for_server` (in `rl.endpoint`) waits for the server before training starts.
+
+Log-probs. The trainer compares the sampler's log-probs with its own, log_softmax(masked logits / T)
+(`batch.token_logprobs`), in the truncated importance weights and in `sampler/kl_vs_trainer`. vLLM
+masks the logits with the grammar first, but its default `raw_logprobs` are taken before temperature;
+`processed_logprobs` are those of the distribution it actually sampled from. So the request pins every
+other sampling transform to neutral (top_p 1, top_k 0, min_p 0, no penalties: whatever the server's
+generation config says), launch/serve_policy.sh runs `--logprobs-mode processed_logprobs`, and
+`VLLMSampler.verify()` refuses a raw-mode server unless the temperature is 1, where the modes agree.
+
+No `seed` is sent: one seed per batch request would give identical prompts (the G rollouts of a group
+on their first turn) identical samples.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import re
+import shutil
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from emoji_rl.emoji.alphabet import MAX_EMOJI, MIN_EMOJI
+from emoji_rl.emoji.constraint import vllm_structured_outputs
+from emoji_rl.errors import UserError
+from emoji_rl.rl.endpoint import Endpoint, ServerError, request, request_sync
+from emoji_rl.rl.rollout.play import Sample
+
+log = logging.getLogger("emoji_rl.rollout.vllm")
+
+LOGPROBS_MODE = "processed_logprobs"
+"""The `--logprobs-mode` launch/serve_policy.sh starts the policy server with (see the module docstring)."""
+MAX_PROMPTS_PER_REQUEST = 1024
+"""vLLM 0.33 answers 400 to a completions batch of more prompts (VLLM_MAX_COMPLETION_PROMPTS)."""
+# The logprobs-mode probe: the same one-token request at T=1 and T=0.25. Raw log-probs do not depend
+# on T; processed ones at T=0.25 are log_softmax(4 z), which moves every top-5 value but a sure top-1.
+_PROBE_TEMPERATURE = 0.25
+_PROBE_TOP = 5
+_PROBE_TOLERANCE = 0.1  # bf16 numerics differ a little between two requests; the T effect is far larger
+
+
+class VLLMSampler:
+    """A `Sampler` backed by a vLLM server; `model` is the adapter (or base) name it samples from."""
+
+    def __init__(
+        self,
+        endpoint: Endpoint,
+        model: str,
+        stop_token_id: int,
+        *,
+        temperature: float = 1.0,
+        max_new_tokens: int = 48,
+        min_emoji: int = MIN_EMOJI,
+        max_emoji: int = MAX_EMOJI,
+        max_prompts_per_request: int = MAX_PROMPTS_PER_REQUEST,
+        max_concurrent_requests: int = 4,
+    ) -> None:
+        if not 1 <= max_prompts_per_request <= MAX_PROMPTS_PER_REQUEST:
+            raise UserError(
+                f"max_prompts_per_request={max_prompts_per_request} must be in 1..{MAX_PROMPTS_PER_REQUEST}: "
+                "vLLM 0.33 rejects larger completion batches"
+            )
+        if max_concurrent_requests < 1:
+            raise UserError(f"max_concurrent_requests={max_concurrent_requests} must be >= 1")
+        if temperature <= 0:
+            raise UserError(
+                f"temperature={temperature} must be > 0: the trainer scores tokens at the sampling temperature"
+            )
+        self.endpoint = endpoint
+        self.model = model
+        self.stop_token_id = stop_token_id
+        self.temperature = temperature
+        self.max_new_tokens = max_new_tokens
+        self.max_prompts_per_request = max_prompts_per_request
+        self.max_concurrent_requests = max_concurrent_requests
+        self._structured_outputs = vllm_structured_outputs(min_emoji, max_emoji)
+
+    def request_body(self, prompts: Sequence[Sequence[int]]) -> dict[str, object]:
+        """The `/v1/completions` body for one batch of token-id prompts."""
+        return {
+            "model": self.model,
+            "prompt": [list(prompt) for prompt in prompts],
+            "max_tokens": self.max_new_tokens,
+            "temperature": self.temperature,
+            "top_p": 1.0,
+            "top_k": 0,
+            "min_p": 0.0,
+            "presence_penalty": 0.0,
+            "frequency_penalty": 0.0,
+            "repetition_penalty": 1.0,
+            "logprobs": 0,
+            "return_token_ids": True,
+            "stop_token_ids": [self.stop_token_id],
+            "structured_outputs": self._structured_outputs,
+        }
+
+    def _client(self) -> httpx.AsyncClient:
+        limits = httpx.Limits(max_connections=self.max_concurrent_requests)
+        return httpx.AsyncClient(timeout=self.endpoint.timeout_s, limits=limits)
+
+    async def sample(self, prompts: Sequence[tuple[int, ...]]) -> list[Sample]:
+        step = self.max_prompts_per_request
+        chunks = [prompts[start : start + step] for start in range(0, len(prompts), step)]
+        gate = asyncio.Semaphore(self.max_concurrent_requests)
+        async with self._client() as client:
+            answers = await asyncio.gather(*(self._sample_chunk(client, gate, chunk) for chunk in chunks))
+        return [sample for answer in answers for sample in answer]
+
+    async def _sample_chunk(
+        self, client: httpx.AsyncClient, gate: asyncio.Semaphore, prompts: Sequence[tuple[int, ...]]
+    ) -> list[Sample]:
+        async with gate:
+            try:
+                response = await request(
+                    client, self.endpoint, "POST", "/v1/completions", self.request_body(prompts)
+                )
+            except ServerError as err:
+                hint = self._hint(err)
+                if hint is None:
+                    raise
+                raise UserError(f"{err}; {hint}") from err
+        return self._samples(response.json(), len(prompts))
+
+    def _hint(self, err: ServerError) -> str | None:
+        if err.param == "model":
+            return (
+                f"adapter {self.model!r} is not loaded there: did the server restart? "
+                "AdapterSync.publish loads a new version after every update"
+            )
+        if err.param == "input_tokens":
+            return (
+                "an episode outgrew the server's --max-model-len: raise POLICY_MAX_MODEL_LEN "
+                "(launch/serve_policy.sh), or lower max_turns or max_new_tokens"
+            )
+        return None
+
+    def _samples(self, body: Any, n_prompts: int) -> list[Sample]:
+        url = self.endpoint.url + "/v1/completions"
+        choices = sorted(body["choices"], key=lambda choice: choice["index"])
+        if len(choices) != n_prompts:
+            raise UserError(f"{url} returned {len(choices)} choices for {n_prompts} prompts")
+        samples = []
+        for choice in choices:
+            ids = choice.get("token_ids")
+            if ids is None:
+                raise UserError(
+                    f"{url} returned no token_ids: `return_token_ids` needs vLLM >= 0.10.2 (use 0.33.0)"
+                )
+            logprobs = (choice.get("logprobs") or {}).get("token_logprobs")
+            if logprobs is None or len(logprobs) != len(ids):
+                raise UserError(
+                    f"{url} returned {len(ids)} token ids but log-probs {logprobs!r}: expected one per token"
+                )
+            samples.append(Sample(tuple(ids), tuple(float(lp) for lp in logprobs)))
+        return samples
+
+    async def verify(self) -> None:
+        """Check, before training, that the server serves `model` and returns the log-probs of the
+        distribution it samples from (see the module docstring)."""
+        async with self._client() as client:
+            cards = (await request(client, self.endpoint, "GET", "/v1/models")).json()["data"]
+            served = [card["id"] for card in cards]
+            if self.model not in served:
+                raise UserError(
+                    f"{self.endpoint.url} serves {served}, not {self.model!r}: start launch/serve_policy.sh "
+                    f"with POLICY_NAME={self.model}, or set the served name in the config to one of those"
+                )
+            if self.temperature != 1.0 and not await self._processed_logprobs(client):
+                raise UserError(
+                    f"{self.endpoint.url} returns raw log-probs (taken before temperature) but "
+                    f"temperature={self.temperature}: the trainer's importance weights need the log-probs "
+                    f"of the distribution sampled from. Restart it with --logprobs-mode {LOGPROBS_MODE} "
+                    "(launch/serve_policy.sh does), or sample at temperature 1.0"
+                )
+
+    async def _processed_logprobs(self, client: httpx.AsyncClient) -> bool:
+        tops = []
+        for temperature in (1.0, _PROBE_TEMPERATURE):
+            body = {
+                "model": self.model,
+                "prompt": [self.stop_token_id],
+                "max_tokens": 1,
+                "temperature": temperature,
+                "top_p": 1.0,
+                "top_k": 0,
+                "min_p": 0.0,
+                "logprobs": _PROBE_TOP,
+            }
+            choice = (await request(client, self.endpoint, "POST", "/v1/completions", body)).json()[
+                "choices"
+            ][0]
+            tops.append(sorted(choice["logprobs"]["top_logprobs"][0].values(), reverse=True)[:_PROBE_TOP])
+        return max(abs(a - b) for a, b in zip(*tops, strict=False)) > _PROBE_TOLERANCE
+
+
+class AdapterSync:
+    """Publishes each adapter version to the policy server and points the sampler at it.
+
+    Version k is saved to `<run_dir>/adapters/step-<k>` and loaded as `<base_name>-v<k>`: a new name
+    and a new path per version, since vLLM keys its prefix cache on (name, path) and a reload from
+    the same path would keep stale KV (VLLM_CONTRACT.md §4). The last `keep` versions stay loaded and
+    on disk (vLLM re-reads an adapter evicted from its CPU cache from its path); older ones are
+    unloaded and deleted. The server must see `run_dir` at the same path: the same machine, or a
+    shared filesystem.
+
+    One run per policy server: `clear_stale` unloads every `<base_name>-v<k>` an earlier run (one
+    before a --resume) left loaded. Under accelerate only the main process publishes; the others
+    call `follow(step)` after a barrier.
+    """
+
+    def __init__(self, sampler: VLLMSampler, run_dir: str | Path, base_name: str, keep: int = 2) -> None:
+        if keep < 1:
+            raise UserError(f"keep={keep} must be >= 1: the adapter being sampled from stays loaded")
+        self.endpoint = sampler.endpoint
+        self.sampler = sampler
+        self.root = Path(run_dir).resolve() / "adapters"
+        self.base_name = base_name
+        self.keep = keep
+        self._loaded: list[tuple[str, Path]] = []
+        self._version = re.compile(rf"{re.escape(base_name)}-v\d+")
+
+    def adapter_name(self, step: int) -> str:
+        return f"{self.base_name}-v{step}"
+
+    def _client(self) -> httpx.Client:
+        return httpx.Client(timeout=self.endpoint.timeout_s)
+
+    def clear_stale(self) -> list[str]:
+        """Unload the versions of this base name that the server holds from an earlier run; delete
+        their folders when they lie under this run's adapters directory. Returns their names."""
+        with self._client() as client:
+            cards = request_sync(client, self.endpoint, "GET", "/v1/models").json()["data"]
+            stale = [card for card in cards if self._version.fullmatch(card["id"])]
+            for card in stale:
+                self._unload(client, card["id"])
+                path = Path(str(card.get("root") or ""))
+                if path.is_relative_to(self.root):
+                    shutil.rmtree(path, ignore_errors=True)
+        return [card["id"] for card in stale]
+
+    def publish(self, step: int, save: Callable[[Path], None]) -> str:
+        """Save the adapter with `save(directory)` (e.g. PEFT `save_pretrained`), load it, switch
+        the sampler to it, and retire versions beyond `keep`. Returns the adapter name."""
+        name = self.adapter_name(step)
+        path = self._fresh_dir(step)
+        # Saved beside the final path and renamed, so the server never reads a half-written adapter.
+        tmp = path.with_name(f".{path.name}.tmp")
+        shutil.rmtree(tmp, ignore_errors=True)
+        save(tmp)
+        if not (tmp / "adapter_config.json").is_file():
+            raise UserError(
+                f"saving the adapter into {tmp} wrote no adapter_config.json: is it a PEFT adapter?"
+            )
+        tmp.rename(path)
+        with self._client() as client:
+            self._load(client, name, path)
+            self.sampler.model = name
+            self._loaded.append((name, path))
+            while len(self._loaded) > self.keep:
+                old_name, old_path = self._loaded.pop(0)
+                self._unload(client, old_name)
+                shutil.rmtree(old_path, ignore_errors=True)
+        log.info("policy server now samples from %s (%s)", name, path)
+        return name
+
+    def follow(self, step: int) -> str:
+        """Switch the sampler to the version the main process published for `step`."""
+        self.sampler.model = self.adapter_name(step)
+        return self.sampler.model
+
+    def _fresh_dir(self, step: int) -> Path:
+        # A folder left by an earlier run at this step gets a sibling: a path is never reused.
+        self.root.mkdir(parents=True, exist_ok=True)
+        path, n = self.root / f"step-{step:06d}", 1
+        while path.exists():
+            path, n = self.root / f"step-{step:06d}.{n}", n + 1
+        return path
+
+    def _load(self, client: httpx.Client, name: str, path: Path) -> None:
+        body = {"lora_name": name, "lora_path": str(path), "load_inplace": False}
+        try:
+            request_sync(client, self.endpoint, "POST", "/v1/load_lora_adapter", body)
+        except ServerError as err:
+            if err.missing_route:
+                hint = (
+                    "runtime LoRA loading is off: start the server with VLLM_ALLOW_RUNTIME_LORA_UPDATING=1 "
+                    "and --enable-lora (launch/serve_policy.sh does)"
+                )
+            elif err.status == 404:
+                hint = (
+                    f"the server found no adapter at {path}: it must see the run directory at the same "
+                    "path (run it on this machine or on a shared filesystem)"
+                )
+            elif err.status >= 500:
+                hint = (
+                    "if the adapter's rank exceeds the server's --max-lora-rank, raise POLICY_MAX_LORA_RANK "
+                    "(launch/serve_policy.sh) to at least lora_r"
+                )
+            else:
+                hint = "one training run per policy server: another run may be loading the same names"
+            raise UserError(f"loading adapter {name!r}: {err}; {hint}") from err
+
+    def _unload(self, client: httpx.Client, name: str) -> None:
+        try:
+            request_sync(client, self.endpoint, "POST", "/v1/unload_lora_adapter", {"lora_name": name})
+        except ServerError as err:
+            if err.status != 404 or err.missing_route:
+                raise UserError(f"unloading adapter {name!r}: {err}") from err
+            log.info("adapter %s was already unloaded", name)

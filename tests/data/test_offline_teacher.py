@@ -1,0 +1,108 @@
+"""The offline teacher: valid, diverse and topical answers, batch-independent, embeddings cached."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+
+from emoji_rl.data.offline_teacher import OfflineTeacher, content_queries
+from emoji_rl.emoji.alphabet import parse_message
+
+SAMPLES = Path(__file__).resolve().parents[2] / "data" / "samples" / "messages.txt"
+EDGE_CASES = [
+    "",
+    "ok",
+    "!!! ??? ...",
+    "lol",
+    "Thanks so much!",
+    "Je voudrais un croissant et un café, s'il vous plaît",
+    " ".join(["pizza beach guitar dog rain snow coffee train airplane money music book"] * 3),
+]
+
+
+@pytest.fixture(scope="module")
+def cache(tmp_path_factory) -> Path:
+    return tmp_path_factory.mktemp("teacher-cache")
+
+
+@pytest.fixture(scope="module")
+def teacher(embedder, cache) -> OfflineTeacher:
+    return OfflineTeacher(embedder, cache_dir=cache)
+
+
+@pytest.fixture(scope="module")
+def sample_answers(teacher) -> list[tuple[str, tuple[str, ...]]]:
+    messages = SAMPLES.read_text().splitlines() + EDGE_CASES
+    return [(m, parse_message(a).emoji) for m, a in zip(messages, teacher.answer(messages), strict=True)]
+
+
+def test_every_answer_is_a_valid_message(teacher, sample_answers):
+    for message in [m for m, _ in sample_answers]:
+        answer = teacher.answer([message])[0]
+        assert parse_message(answer).ok, (message, answer)
+    assert all(2 <= len(emoji) <= 8 for _, emoji in sample_answers)
+
+
+def test_answers_repeat_no_emoji_and_no_near_synonyms(teacher, sample_answers):
+    index = {e: i for i, e in enumerate(teacher.emoji)}
+    for message, emoji in sample_answers:
+        assert len(set(emoji)) == len(emoji), (message, emoji)
+        vecs = teacher._main_vecs[[index[e] for e in emoji]]
+        sims = (vecs @ vecs.T).fill_diagonal_(0)
+        assert sims.max() < teacher.max_redundancy, (message, emoji)
+
+
+def test_answers_use_more_than_a_handful_of_emoji(sample_answers):
+    used = [e for _, emoji in sample_answers for e in emoji]
+    assert len(set(used)) >= 0.7 * len(used)
+
+
+@pytest.mark.parametrize(
+    ("message", "expected"),
+    [
+        ("Let's grab pizza and watch a movie tonight", "🍕"),
+        ("My cat knocked the birthday cake off the table", "🐈"),
+        ("My cat knocked the birthday cake off the table", "🎂"),
+        ("We are going camping in the mountains next month", "🏕️"),
+        ("I play the guitar every evening", "🎸"),
+    ],
+)
+def test_answers_are_topical(teacher, message, expected):
+    assert expected in parse_message(teacher.answer([message])[0]).emoji
+
+
+def test_emoji_count_bounds_are_respected(embedder, cache):
+    teacher = OfflineTeacher(embedder, min_emoji=3, max_emoji=4, cache_dir=cache)
+    for answer in teacher.answer(["ok", SAMPLES.read_text().splitlines()[0], EDGE_CASES[-1]]):
+        assert parse_message(answer, 3, 4).ok, answer
+
+
+def test_an_answer_does_not_depend_on_the_rest_of_the_batch(teacher):
+    messages = ["I burned the toast", "We saw a whale on the boat tour", "ok"]
+    assert teacher.answer(messages) == [teacher.answer([m])[0] for m in messages]
+
+
+def test_name_embeddings_are_cached_on_disk(embedder, teacher, cache):
+    files = list((cache / "offline-teacher").glob("names-*.pt"))
+    assert len(files) == 1
+    again = OfflineTeacher(embedder, cache_dir=cache)
+    assert torch.equal(again._name_vecs, teacher._name_vecs)
+    assert list((cache / "offline-teacher").glob("*")) == files  # no temp files left behind
+
+
+def test_content_queries_are_content_words_and_adjacent_pairs():
+    queries = [q.text for q in content_queries("Let's grab pizza and watch a scary movie tonight")]
+    assert queries == [
+        "grab",
+        "grab pizza",
+        "pizza",
+        "watch",
+        "scary",
+        "scary movie",
+        "movie",
+        "movie tonight",
+        "tonight",
+    ]
+    assert content_queries("I am so and it is") == []

@@ -1,0 +1,331 @@
+"""The vllm rollout engine against the fake vLLM 0.33 server: exact requests, adapter versions,
+retries, readiness, and retrieval-game turns played end to end."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+
+import httpx
+import pytest
+import torch
+from tests.fakes.fake_lm import FakeLM, SamplingParams
+from tests.fakes.vllm_server import FakeVLLMServer
+
+from emoji_rl import models
+from emoji_rl.emoji.constraint import compile_emoji_grammar, grammar_ebnf, replay_masks
+from emoji_rl.errors import UserError
+from emoji_rl.generate import stop_token_id
+from emoji_rl.prompts import sender_messages
+from emoji_rl.rl import grpo
+from emoji_rl.rl.endpoint import Endpoint, wait_for_server
+from emoji_rl.rl.games.retrieval import RetrievalBuilder, RetrievalRules
+from emoji_rl.rl.judge import LexiconJudge
+from emoji_rl.rl.rollout.play import play
+from emoji_rl.rl.rollout.vllm import AdapterSync, VLLMSampler
+
+KEY_ENV = "EMOJI_RL_TEST_POLICY_KEY"
+
+
+@pytest.fixture(scope="module")
+def lm(smollm2_tokenizer):
+    return FakeLM(smollm2_tokenizer)
+
+
+@pytest.fixture
+def server(lm, monkeypatch):
+    monkeypatch.setenv(KEY_ENV, "test-key")
+    with FakeVLLMServer(lm, max_model_len=1024) as fake:
+        yield fake
+
+
+def endpoint(server, **kwargs):
+    return Endpoint(server.url + "/v1", api_key_env=KEY_ENV, backoff_s=0.01, **kwargs)
+
+
+def sampler_for(server, tokenizer, **kwargs):
+    return VLLMSampler(endpoint(server), "policy", stop_token_id(tokenizer), max_new_tokens=64, **kwargs)
+
+
+class WordOverlap:
+    """Stands in for the MiniLM similarity (seconds to load): the game only needs a number per pair."""
+
+    def similarity(self, targets, guesses):
+        return [
+            len(set(t.lower().split()) & set(g.lower().split())) / len(t.split())
+            for t, g in zip(targets, guesses, strict=True)
+        ]
+
+
+def save_adapter(rank=8):
+    def save(path):
+        path.mkdir(parents=True)
+        (path / "adapter_config.json").write_text(json.dumps({"r": rank, "peft_type": "LORA"}))
+        (path / "adapter_model.safetensors").write_bytes(b"weights")
+
+    return save
+
+
+# --- requests and samples ----------------------------------------------------------------------------
+
+
+def test_one_turn_batch_is_one_request_with_every_field(server, smollm2_tokenizer):
+    sampler = sampler_for(server, smollm2_tokenizer, temperature=1.0)
+    prompts = [(1, 2, 3), (4, 5)]
+    samples = asyncio.run(sampler.sample(prompts))
+    [request] = server.requests
+    assert request.path == "/v1/completions" and request.headers["authorization"] == "Bearer test-key"
+    assert request.body == {
+        "model": "policy",
+        "prompt": [[1, 2, 3], [4, 5]],
+        "max_tokens": 64,
+        "temperature": 1.0,
+        "top_p": 1.0,
+        "top_k": 0,
+        "min_p": 0.0,
+        "presence_penalty": 0.0,
+        "frequency_penalty": 0.0,
+        "repetition_penalty": 1.0,
+        "logprobs": 0,
+        "return_token_ids": True,
+        "stop_token_ids": [2],
+        "structured_outputs": {"grammar": grammar_ebnf(2, 8)},
+    }
+    assert len(samples) == 2
+    for sample in samples:
+        assert sample.token_ids[-1] == 2 and len(sample.logprobs) == len(sample.token_ids)
+        assert all(lp <= 0 for lp in sample.logprobs)
+
+
+def test_choices_are_mapped_by_index_not_by_position(server, smollm2_tokenizer):
+    sampler = sampler_for(server, smollm2_tokenizer)
+    choices = [
+        {"index": i, "token_ids": [10 + i, 2], "logprobs": {"token_logprobs": [-0.5 - i, -0.1]}}
+        for i in (1, 0)
+    ]
+    samples = sampler._samples({"choices": choices}, 2)
+    assert [s.token_ids for s in samples] == [(10, 2), (11, 2)]
+    assert samples[1].logprobs == (-1.5, -0.1)
+
+
+def test_a_server_without_token_ids_is_refused(server, smollm2_tokenizer):
+    sampler = sampler_for(server, smollm2_tokenizer)
+    choice = {"index": 0, "token_ids": None, "logprobs": {"token_logprobs": [-0.1]}}
+    with pytest.raises(UserError, match=r"vLLM >= 0\.10\.2"):
+        sampler._samples({"choices": [choice]}, 1)
+
+
+def test_large_batches_are_split_and_kept_in_order(server, lm, smollm2_tokenizer):
+    # Near-greedy sampling makes each prompt's answer known in advance, whichever request it went in.
+    sampler = sampler_for(server, smollm2_tokenizer, max_prompts_per_request=2, temperature=1e-6)
+    prompts = [(1, i) for i in range(3, 8)]
+    samples = asyncio.run(sampler.sample(prompts))
+    sent = server.bodies("/v1/completions")
+    assert sorted(len(b["prompt"]) for b in sent) == [1, 2, 2]
+    grammar = lm.compile("grammar", grammar_ebnf(2, 8))
+    greedy = SamplingParams(max_tokens=64, temperature=0, stop_token_ids=frozenset({2}))
+    expected = [lm.generate("base:policy", p, greedy, grammar, torch.Generator()).token_ids for p in prompts]
+    assert [list(s.token_ids) for s in samples] == expected
+
+
+def test_more_prompts_per_request_than_vllm_allows_is_refused(server, smollm2_tokenizer):
+    with pytest.raises(UserError, match=r"1\.\.1024"):
+        sampler_for(server, smollm2_tokenizer, max_prompts_per_request=1025)
+
+
+# --- failures ---------------------------------------------------------------------------------------------
+
+
+def test_5xx_is_retried_with_backoff(server, smollm2_tokenizer):
+    server.fail_next("/v1/completions", 503, 502)
+    samples = asyncio.run(sampler_for(server, smollm2_tokenizer).sample([(1, 2, 3)]))
+    assert len(samples) == 1 and len(server.bodies("/v1/completions")) == 3
+
+
+def test_a_server_that_stays_down_is_a_clear_error_after_bounded_retries(lm, smollm2_tokenizer, monkeypatch):
+    monkeypatch.setenv(KEY_ENV, "test-key")
+    with FakeVLLMServer(lm, ready_after=None) as down:
+        sampler = VLLMSampler(endpoint(down, attempts=3), "policy", 2)
+        start = time.monotonic()
+        with pytest.raises(UserError, match=rf"{down.url}/v1/completions did not answer after 3 tries"):
+            asyncio.run(sampler.sample([(1, 2, 3)]))
+        assert time.monotonic() - start < 5
+
+
+def test_client_errors_are_not_retried_and_name_the_fix(server, smollm2_tokenizer):
+    sampler = sampler_for(server, smollm2_tokenizer)
+    sampler.model = "policy-v4"
+    with pytest.raises(UserError, match="not loaded there") as caught:
+        asyncio.run(sampler.sample([(1, 2, 3)]))
+    assert "param model" in str(caught.value) and len(server.requests) == 1
+    sampler.model = "policy"
+    with pytest.raises(UserError, match="POLICY_MAX_MODEL_LEN"):
+        asyncio.run(sampler.sample([tuple(range(1, 1100))]))
+
+
+def test_a_refused_key_names_the_variable_and_never_the_key(server, smollm2_tokenizer, monkeypatch):
+    monkeypatch.setenv(KEY_ENV, "wrong-secret")
+    with pytest.raises(UserError, match=KEY_ENV) as caught:
+        asyncio.run(sampler_for(server, smollm2_tokenizer).sample([(1, 2)]))
+    assert "wrong-secret" not in str(caught.value) and len(server.requests) == 1
+    monkeypatch.delenv(KEY_ENV)
+    with pytest.raises(UserError, match=f"missing or refused: set {KEY_ENV}"):
+        asyncio.run(sampler_for(server, smollm2_tokenizer).sample([(1, 2)]))
+    assert "authorization" not in server.requests[-1].headers
+
+
+# --- verify: served name and logprobs mode ---------------------------------------------------------------
+
+
+def test_verify_refuses_raw_logprobs_below_temperature_1(lm, smollm2_tokenizer, monkeypatch):
+    monkeypatch.setenv(KEY_ENV, "test-key")
+    with FakeVLLMServer(lm, logprobs_mode="raw_logprobs") as raw:
+        asyncio.run(sampler_for(raw, smollm2_tokenizer, temperature=1.0).verify())
+        assert [r.path for r in raw.requests] == ["/v1/models"]  # no probe needed at T=1
+        with pytest.raises(UserError, match="--logprobs-mode processed_logprobs"):
+            asyncio.run(sampler_for(raw, smollm2_tokenizer, temperature=0.7).verify())
+    with FakeVLLMServer(lm, logprobs_mode="processed_logprobs") as processed:
+        asyncio.run(sampler_for(processed, smollm2_tokenizer, temperature=0.7).verify())
+        probes = processed.bodies("/v1/completions")
+        assert [(b["temperature"], b["logprobs"], b["max_tokens"]) for b in probes] == [
+            (1.0, 5, 1),
+            (0.25, 5, 1),
+        ]
+
+
+def test_verify_names_the_served_models_when_ours_is_missing(server, smollm2_tokenizer):
+    sampler = sampler_for(server, smollm2_tokenizer)
+    sampler.model = "sender"
+    with pytest.raises(UserError, match=r"serves \['policy'\], not 'sender'"):
+        asyncio.run(sampler.verify())
+
+
+@pytest.mark.parametrize("mode", ["raw_logprobs", "processed_logprobs"])
+def test_sampler_logprobs_match_the_trainers_masked_scaled_logprobs(lm, smollm2_tokenizer, monkeypatch, mode):
+    """What the decision rests on: with processed_logprobs (or at T=1) the sampler's log-probs are
+    exactly log_softmax(masked logits / T), the trainer's formula (batch.token_logprobs)."""
+    monkeypatch.setenv(KEY_ENV, "test-key")
+    temperature = 0.7 if mode == "processed_logprobs" else 1.0
+    constraint = compile_emoji_grammar(smollm2_tokenizer, 2, 8, vocab_size=len(smollm2_tokenizer))
+    with FakeVLLMServer(lm, logprobs_mode=mode) as fake:
+        [sample] = asyncio.run(
+            sampler_for(fake, smollm2_tokenizer, temperature=temperature).sample([(1, 2, 3)])
+        )
+    ids = list(sample.token_ids)
+    context = [1, 2, 3, *ids]
+    logits = torch.stack([lm.logits("base:policy", context[: 3 + t]) for t in range(len(ids))])
+    trainer = grpo.masked_token_logprobs(
+        logits[None], replay_masks(constraint, ids)[None], torch.tensor([ids]), temperature
+    )[0]
+    assert list(sample.logprobs) == pytest.approx(trainer.tolist(), abs=1e-4)
+
+
+# --- adapter versions -------------------------------------------------------------------------------------
+
+
+def test_each_update_loads_a_new_version_and_unloads_stale_ones(server, smollm2_tokenizer, tmp_path):
+    sampler = sampler_for(server, smollm2_tokenizer)
+    sync = AdapterSync(sampler, tmp_path, base_name="policy", keep=2)
+    for step in range(4):
+        assert sync.publish(step, save_adapter()) == f"policy-v{step}"
+    root = tmp_path.resolve() / "adapters"
+    loads = server.bodies("/v1/load_lora_adapter")
+    assert loads == [
+        {"lora_name": f"policy-v{k}", "lora_path": str(root / f"step-{k:06d}"), "load_inplace": False}
+        for k in range(4)
+    ]
+    assert server.bodies("/v1/unload_lora_adapter") == [
+        {"lora_name": "policy-v0"},
+        {"lora_name": "policy-v1"},
+    ]
+    assert set(server.adapters) == {"policy-v2", "policy-v3"}
+    assert sorted(p.name for p in root.iterdir()) == ["step-000002", "step-000003"]
+    asyncio.run(sampler.sample([(1, 2, 3)]))
+    assert server.bodies("/v1/completions")[-1]["model"] == "policy-v3"
+    assert sync.follow(5) == "policy-v5" and sampler.model == "policy-v5"
+
+
+def test_stale_versions_of_an_earlier_run_are_cleared_and_paths_never_reused(
+    server, smollm2_tokenizer, tmp_path
+):
+    sampler = sampler_for(server, smollm2_tokenizer)
+    sync = AdapterSync(sampler, tmp_path, base_name="policy", keep=2)
+    old = tmp_path.resolve() / "adapters" / "step-000007"
+    save_adapter()(old)
+    httpx.post(
+        server.url + "/v1/load_lora_adapter",
+        headers=server.auth,
+        json={"lora_name": "policy-v7", "lora_path": str(old)},
+    )
+    assert sync.clear_stale() == ["policy-v7"]
+    assert not server.adapters and not old.exists()
+    save_adapter()(old)  # a folder left behind at the step the run resumes from
+    sync.publish(7, save_adapter())
+    assert server.bodies("/v1/load_lora_adapter")[-1]["lora_path"] == str(old.with_name("step-000007.1"))
+
+
+def test_adapter_errors_say_what_to_change(lm, smollm2_tokenizer, tmp_path, monkeypatch):
+    monkeypatch.setenv(KEY_ENV, "test-key")
+    with FakeVLLMServer(lm, runtime_lora=False) as off:
+        sync = AdapterSync(sampler_for(off, smollm2_tokenizer), tmp_path / "a", "policy")
+        with pytest.raises(UserError, match="VLLM_ALLOW_RUNTIME_LORA_UPDATING=1"):
+            sync.publish(0, save_adapter())
+    with FakeVLLMServer(lm, max_lora_rank=16) as small:
+        sync = AdapterSync(sampler_for(small, smollm2_tokenizer), tmp_path / "b", "policy")
+        with pytest.raises(UserError, match="POLICY_MAX_LORA_RANK"):
+            sync.publish(0, save_adapter(rank=32))
+        with pytest.raises(UserError, match=r"no adapter_config\.json"):
+            sync.publish(1, lambda path: path.mkdir())
+
+
+# --- readiness ----------------------------------------------------------------------------------------------
+
+
+def test_wait_for_server_returns_once_the_server_listens(lm):
+    with FakeVLLMServer(lm, ready_after=0.6) as fake:
+        start = time.monotonic()
+        wait_for_server(fake.url, timeout_s=10, poll_s=0.1)
+        assert 0.5 < time.monotonic() - start < 5
+
+
+def test_wait_for_server_names_the_url_when_it_never_comes_up(lm):
+    with (
+        FakeVLLMServer(lm, ready_after=None) as down,
+        pytest.raises(UserError, match=rf"no server answered at {down.url}/health within 0\.5 s"),
+    ):
+        wait_for_server(down.url + "/v1", timeout_s=0.5, poll_s=0.1)
+
+
+def test_wait_for_server_stops_at_a_dead_engine(server):
+    server.fail_next("/health", 503)
+    with pytest.raises(UserError, match="engine is dead"):
+        wait_for_server(server.url, timeout_s=10, poll_s=0.1)
+
+
+# --- the game end to end ------------------------------------------------------------------------------------
+
+
+def test_retrieval_turns_play_end_to_end_through_the_vllm_sampler(server, smollm2_tokenizer, tmp_path):
+    sampler = sampler_for(server, smollm2_tokenizer)
+    AdapterSync(sampler, tmp_path, "policy").publish(0, save_adapter())
+    rules = RetrievalRules(max_turns=2, tau=0.99)
+    builder = RetrievalBuilder(smollm2_tokenizer, LexiconJudge(), WordOverlap(), rules)
+    target = "Let's get pizza and watch a movie tonight"
+    games = [builder({"target": target}) for _ in range(2)]
+    episodes = asyncio.run(play(games, sampler))
+    sent = server.bodies("/v1/completions")
+    assert all(body["model"] == "policy-v0" for body in sent)
+    first_prompt = models.chat_ids(smollm2_tokenizer, sender_messages(target))
+    assert sent[0]["prompt"] == [first_prompt, first_prompt]
+    constraint = compile_emoji_grammar(smollm2_tokenizer, 2, 8, vocab_size=len(smollm2_tokenizer))
+    for e, episode in enumerate(episodes):
+        assert len(episode.turns) == 2  # tau 0.99 is out of reach: both turns are played
+        for turn in episode.turns:
+            assert turn.action_ids[-1] == stop_token_id(smollm2_tokenizer)
+            assert all(lp <= 0 for lp in turn.action_logprobs)
+            replay_masks(constraint, turn.action_ids)  # the trainer can replay the grammar over them
+        assert episode.turns[-1].result.metrics["format_violation"] == 0.0
+        # Turn 2's prompt is turn 1's prompt + action + observation, as token ids.
+        turn1 = episode.turns[0]
+        assert sent[1]["prompt"][e] == [*first_prompt, *turn1.action_ids, *turn1.result.next_observation_ids]

@@ -1,0 +1,178 @@
+"""Judges: names and glosses of known emoji, the chat an LLM judge reads, output cleaning, and the
+lexicon judge's signal gap (issue 8)."""
+
+from __future__ import annotations
+
+import asyncio
+import random
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+import emoji as emoji_pkg
+from emoji_rl.emoji.alphabet import ALPHABET
+from emoji_rl.errors import UserError
+from emoji_rl.rl.judge import (
+    FEW_SHOT,
+    JUDGE_FIRST_TURN,
+    JUDGE_NEXT_TURN,
+    JUDGE_SYSTEM,
+    UNKNOWN,
+    HFJudge,
+    JudgeInput,
+    LexiconJudge,
+    clean_guess,
+    judge_messages,
+    make_judge,
+    plain_name,
+    render_turn,
+)
+from emoji_rl.rl.reward import Similarity
+
+
+@pytest.mark.parametrize(
+    ("emoji", "name"),
+    [
+        ("🍕", "pizza"),
+        ("👍🏽", "thumbs up"),
+        ("🧔🏽‍♂️", "man beard"),
+        ("👩🏾‍💻", "woman technologist"),
+        ("👨‍👩‍👧", "family man woman girl"),
+        ("🧑🏿‍🤝‍🧑🏻", "people holding hands"),
+        ("🫱🏼‍🫲🏿", "handshake"),
+        ("🏳️‍🌈", "rainbow flag"),
+        ("😶‍🌫️", "face in clouds"),
+        ("🇯🇵", "Japan"),
+    ],
+)
+def test_plain_name_drops_skin_tones_and_keeps_zwj_meaning(emoji, name):
+    assert emoji in ALPHABET
+    assert plain_name(emoji) == name
+
+
+def test_no_plain_name_mentions_skin():
+    assert not [e for e in ALPHABET if "skin" in plain_name(e)]
+
+
+def test_render_turn_views():
+    assert render_turn(("🍕", "🎬"), "raw") == "🍕 🎬"
+    assert render_turn(("🍕", "👋🏻"), "gloss") == "🍕 (pizza) 👋🏻 (waving hand)"
+
+
+async def test_lexicon_judge_guesses_the_names_of_all_turns_once_each():
+    judge = LexiconJudge()
+    first = JudgeInput((("🍕", "🎬"),))
+    second = JudgeInput((("🍕", "🎬"), ("👍🏽", "🍕", "👍")), ("pizza, clapper board",))
+    guesses = await judge.guess([first, second])
+    assert [g.text for g in guesses] == ["pizza, clapper board", "pizza, clapper board, thumbs up"]
+    assert not any(g.stripped_emoji for g in guesses)
+
+
+def test_judge_input_needs_one_guess_per_earlier_turn():
+    with pytest.raises(AssertionError):
+        JudgeInput((("🍕", "🎬"),), ("a guess",))
+    with pytest.raises(AssertionError):
+        JudgeInput(())
+
+
+def test_judge_messages_show_earlier_guesses_as_assistant_turns():
+    episode = JudgeInput((("🍕", "🎬"), ("🌃", "🍿")), ("We ate pizza.",))
+    messages = judge_messages(episode, "gloss")
+    assert messages[0] == {"role": "system", "content": JUDGE_SYSTEM["gloss"]}
+    shots = 2 * len(FEW_SHOT)
+    assert [m["role"] for m in messages[1 + shots :]] == ["user", "assistant", "user"]
+    assert messages[1 + shots]["content"] == JUDGE_FIRST_TURN.format(emoji="🍕 (pizza) 🎬 (clapper board)")
+    assert messages[2 + shots]["content"] == "We ate pizza."
+    assert messages[3 + shots]["content"] == JUDGE_NEXT_TURN.format(
+        emoji="🌃 (night with stars) 🍿 (popcorn)"
+    )
+    assert "(pizza)" not in judge_messages(episode, "raw")[1 + shots]["content"]
+
+
+@pytest.mark.parametrize(
+    ("answer", "cleaned", "stripped"),
+    [
+        ('The message is: "Let\'s get pizza tonight."', "Let's get pizza tonight.", False),
+        ("Guess: We went to the beach. It was fun.", "We went to the beach.", False),
+        ("**Answer:** Let's meet at noon.", "Let's meet at noon.", False),
+        ("I think the message is that we should eat.", "we should eat.", False),
+        ('The original message was "I miss you"', "I miss you", False),
+        ('"Let\'s grab pizza," said my friend.', "Let's grab pizza", False),
+        ("Sure! Here is my guess:\nWe are going camping.", "We are going camping.", False),
+        ("The message is about pizza.", "The message is about pizza.", False),
+        ("Mr. Smith is here. He came early.", "Mr. Smith is here.", False),
+        ("   We are   going home  ", "We are going home", False),
+        ("I love pizza 🍕 so much", "I love pizza so much", True),
+        ("🍕 (pizza) 🎬 (clapper board)", "pizza clapper board", True),
+        ("person feeding baby (couple with", "person feeding baby couple with", False),
+        ("cook \ufffd", "cook", True),
+        ("🍕🍕🍕", UNKNOWN, True),
+        ("🧑🏽‍\U0001faef‍🧑🏾 🫯", UNKNOWN, True),
+        ("", UNKNOWN, False),
+        ('""', UNKNOWN, False),
+        ("12:30 ...", UNKNOWN, False),
+        (UNKNOWN, UNKNOWN, False),
+    ],
+)
+def test_clean_guess(answer, cleaned, stripped):
+    guess = clean_guess(answer)
+    assert (guess.text, guess.stripped_emoji, guess.raw) == (cleaned, stripped, answer)
+
+
+@given(st.text())
+def test_clean_guess_leaves_no_emoji_and_never_empty(answer):
+    text = clean_guess(answer).text
+    assert text.strip() == text and text
+    assert emoji_pkg.emoji_count(text) == 0
+
+
+def test_make_judge_rejects_a_view_the_lexicon_judge_cannot_use():
+    with pytest.raises(UserError, match="lexicon"):
+        make_judge("lexicon", "raw")
+
+
+# Hand-picked emoji for eight everyday messages, and seeded random alphabet emoji of the same length.
+SIGNAL_SET = [
+    ("Let's grab pizza and watch a movie tonight", ("🍕", "🎬", "🌃")),
+    ("My cat knocked the birthday cake off the table", ("🐈", "🎂", "💥")),
+    ("I'm so excited for our beach trip this weekend", ("🤩", "🏖️", "🚗")),
+    ("I failed my driving test again and I feel terrible", ("🚗", "📝", "❌", "😞")),
+    ("It is snowing so let's build a snowman", ("❄️", "☃️")),
+    ("I spilled coffee all over my laptop", ("☕", "💦", "💻")),
+    ("We planted tomatoes in the garden", ("🍅", "🌱", "🏡")),
+    ("Happy birthday, let's celebrate with cake", ("🎂", "🎉", "🥳")),
+]
+
+
+def test_lexicon_judge_tells_chosen_emoji_from_random(embedder):
+    rng = random.Random(0)
+    targets = [m for m, _ in SIGNAL_SET]
+    chosen = [JudgeInput((emoji,)) for _, emoji in SIGNAL_SET]
+    randoms = [JudgeInput((tuple(rng.sample(ALPHABET, len(emoji))),)) for _, emoji in SIGNAL_SET]
+    judge, similarity = LexiconJudge(), Similarity(embedder)
+    chosen_guesses = [g.text for g in asyncio.run(judge.guess(chosen))]
+    random_guesses = [g.text for g in asyncio.run(judge.guess(randoms))]
+    chosen_sim = sum(similarity.similarity(targets, chosen_guesses)) / len(targets)
+    random_sim = sum(similarity.similarity(targets, random_guesses)) / len(targets)
+    assert chosen_sim - random_sim >= 0.15, (chosen_sim, random_sim)
+    assert similarity.retrieval_at_1(targets, chosen_guesses) >= 0.75
+    assert similarity.retrieval_at_1(targets, random_guesses) <= 0.25
+
+
+@pytest.mark.slow
+async def test_hf_judge_writes_plain_sentences(smollm2_model, smollm2_tokenizer):
+    import torch
+
+    torch.manual_seed(0)
+    judge = HFJudge(smollm2_model, smollm2_tokenizer, "gloss", name="smollm2", batch_size=4)
+    episodes = [
+        JudgeInput((("🍕", "🎬", "🌃"),)),
+        JudgeInput((("🏖️", "☀️"),)),
+        JudgeInput((("🐈", "🎂"), ("💥", "😱")), ("My cat likes birthday cake.",)),
+    ]
+    guesses = await judge.guess(episodes)
+    assert len(guesses) == 3
+    for guess in guesses:
+        assert guess.text != UNKNOWN and len(guess.text.split()) <= 40, guess
+        assert not any(ord(ch) >= 0x1F000 for ch in guess.text), guess

@@ -1,0 +1,78 @@
+"""`emoji-rl judge-check`: the messages file, the random baseline, and a CLI smoke run (lexicon judge)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from emoji_rl import cli
+from emoji_rl.emoji.alphabet import parse_message
+from emoji_rl.errors import UserError
+from emoji_rl.judge_check import DEFAULT_MESSAGES, random_answers, read_messages
+from emoji_rl.rl.judge import NAMES_CAVEAT
+
+SAMPLES = Path(__file__).resolve().parents[1] / DEFAULT_MESSAGES
+
+
+def test_sample_messages_are_everyday_chat_of_6_to_25_words():
+    messages = read_messages(SAMPLES)
+    assert len(messages) >= 30
+    assert all(6 <= len(m.split()) <= 25 for m in messages)
+
+
+def test_read_messages_skips_blank_lines_and_duplicates(tmp_path):
+    path = tmp_path / "m.txt"
+    path.write_text("first message here\n\n  second one  \nfirst message here\n")
+    assert read_messages(path) == ["first message here", "second one"]
+
+
+@pytest.mark.parametrize("content", [None, "", "\n  \n", "only one message\n"])
+def test_unusable_messages_file_is_an_error_naming_it(tmp_path, content):
+    path = tmp_path / "messages.txt"
+    if content is not None:
+        path.write_text(content)
+    with pytest.raises(UserError, match=str(path)):
+        read_messages(path)
+
+
+def test_random_answers_are_valid_seeded_and_of_the_asked_lengths():
+    lengths = [2, 3, 8, 5]
+    answers = random_answers(lengths, seed=1)
+    assert [len(parse_message(a).emoji) for a in answers] == lengths
+    assert all(parse_message(a).ok for a in answers)
+    assert random_answers(lengths, seed=1) == answers != random_answers(lengths, seed=2)
+
+
+def test_cli_lexicon_judge_check_prints_the_gap_and_writes_a_report(tmp_path, capsys):
+    report = tmp_path / "report.json"
+    code = cli.main(
+        ["judge-check", "--judge", "lexicon", "--messages", str(SAMPLES), "--output", str(report)]
+    )
+    out = capsys.readouterr().out
+    assert code == 0, out
+    assert "teacher emoji" in out and "random emoji" in out and "gap" in out and NAMES_CAVEAT in out
+    data = json.loads(report.read_text())
+    assert data["judge"] == "lexicon" and data["caveat"] == NAMES_CAVEAT
+    assert len(data["rows"]) == len(read_messages(SAMPLES))
+    assert data["metrics"]["gap/sim_mean"] >= 0.15
+    assert data["metrics"]["teacher/retrieval@1"] > data["metrics"]["random/retrieval@1"]
+
+
+def test_cli_fails_when_the_gap_is_below_min_gap(tmp_path, capsys):
+    code = cli.main(["judge-check", "--judge", "lexicon", "--messages", str(SAMPLES), "--min_gap", "0.99"])
+    captured = capsys.readouterr()
+    assert code == 2
+    assert "gap" in captured.out and "min_gap=0.99" in captured.err
+
+
+def test_cli_missing_messages_file_is_a_clean_error(tmp_path, capsys):
+    missing = tmp_path / "nope.txt"
+    assert cli.main(["judge-check", "--judge", "lexicon", "--messages", str(missing)]) == 2
+    assert str(missing) in capsys.readouterr().err
+
+
+def test_cli_lexicon_judge_has_no_raw_view(capsys):
+    assert cli.main(["judge-check", "--judge", "lexicon", "--view", "raw", "--messages", str(SAMPLES)]) == 2
+    assert "lexicon" in capsys.readouterr().err
