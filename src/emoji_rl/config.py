@@ -39,7 +39,7 @@ def _unwrap_optional(tp: Any) -> tuple[Any, bool]:
 
 def _add_field(parser: argparse.ArgumentParser, field: dataclasses.Field, tp: Any) -> None:
     tp, optional = _unwrap_optional(tp)
-    help_text = field.metadata.get("help", "")
+    help_text = field.metadata.get("help", "").replace("%", "%%")  # argparse formats help with %
     kwargs: dict[str, Any] = {"dest": field.name, "help": f"{help_text} (default: %(default)s)"}
     origin = get_origin(tp)
     if origin is Literal:

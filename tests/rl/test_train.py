@@ -14,6 +14,7 @@ from emoji_rl.generate import stop_token_id
 from emoji_rl.metrics import read_metrics
 from emoji_rl.prompts import sender_messages
 from emoji_rl.rl import train as grpo_train
+from emoji_rl.rl.policy import build_policy
 from emoji_rl.rl.rollout.hf import HFSampler
 from emoji_rl.rl.rollout.play import play
 from emoji_rl.rl.types import Game, StepResult
@@ -66,7 +67,8 @@ def _toy_setup(tmp_path, **overrides):
     cfg = grpo_train.Config(**settings)
     torch.manual_seed(cfg.seed)  # the fresh LoRA adapter's initialization draws from it
     tokenizer = models.load_tokenizer(models.SMOLLM2)
-    policy = grpo_train.build_policy(cfg, models.pick_runtime("cpu"))
+    reference = cfg.reference if cfg.beta > 0 else None
+    policy = build_policy(cfg.model, models.pick_runtime("cpu"), None, reference, cfg.lora_r, cfg.lora_alpha)
     width = policy.get_output_embeddings().weight.shape[0]
     constraint = compile_emoji_grammar(tokenizer, 2, cfg.max_emoji, vocab_size=width)
     sampler = HFSampler(policy, tokenizer, "grammar", 1.0, cfg.max_new_tokens, 32, 2, cfg.max_emoji)

@@ -13,7 +13,6 @@ second PEFT adapter, or the base model via `disable_adapter()`, never a second c
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import math
 import random
@@ -35,7 +34,9 @@ from emoji_rl.metrics import MetricsWriter
 from emoji_rl.rl import grpo
 from emoji_rl.rl.batch import Batch, collate, token_logprobs
 from emoji_rl.rl.checkpoint import ADAPTER, TrainState, latest_checkpoint, load_checkpoint, save_checkpoint
-from emoji_rl.rl.rollout.play import Sampler, play
+from emoji_rl.rl.policy import build_policy, reference_mode
+from emoji_rl.rl.rollout.collect import PromptStream, collect
+from emoji_rl.rl.rollout.play import Sampler
 from emoji_rl.rl.types import Episode, EpisodeGroup, Game
 
 if TYPE_CHECKING:
@@ -46,7 +47,6 @@ if TYPE_CHECKING:
     from emoji_rl.rl.rollout.vllm import AdapterSync
 
 log = logging.getLogger("emoji_rl.grpo")
-REFERENCE = "reference"
 
 
 @dataclass
@@ -175,99 +175,6 @@ class Config:
             )
         if self.reference == "init" and self.init_adapter is None and self.beta > 0:
             self.reference = "base"  # a fresh adapter starts equal to the base model
-
-
-# --- models ------------------------------------------------------------------------------------------
-
-
-def build_policy(cfg: Config, runtime: models.Runtime) -> PeftModel:
-    """The base model with a trainable LoRA adapter and, for `reference=init`, the same adapter again,
-    frozen, as the KL reference: two small adapters on one copy of the base weights."""
-    from peft import LoraConfig, PeftModel, get_peft_model
-
-    base = models.load_causal_lm(cfg.model, runtime)
-    if cfg.init_adapter is None:
-        lora = LoraConfig(
-            r=cfg.lora_r, lora_alpha=cfg.lora_alpha, lora_dropout=0.0, target_modules=cfg.lora_target_modules
-        )
-        policy = get_peft_model(base, lora)
-    else:
-        policy = PeftModel.from_pretrained(base, cfg.init_adapter, adapter_name=ADAPTER, is_trainable=True)
-        if cfg.reference == "init" and cfg.beta > 0:
-            policy.load_adapter(cfg.init_adapter, adapter_name=REFERENCE, is_trainable=False)
-            policy.set_adapter(ADAPTER)
-    # Eval mode throughout: no dropout, so sampling and scoring see one distribution.
-    policy.eval()
-    return policy
-
-
-@contextlib.contextmanager
-def reference_mode(policy: PeftModel, reference: str) -> Iterator[None]:
-    if reference == "base":
-        with policy.disable_adapter():
-            yield
-        return
-    policy.set_adapter(REFERENCE)
-    try:
-        yield
-    finally:
-        policy.set_adapter(ADAPTER)  # also makes the policy adapter trainable again
-
-
-# --- rollouts ----------------------------------------------------------------------------------------
-
-
-class PromptStream:
-    """Prompts in a seeded shuffled order, epoch after epoch; the position is part of the checkpoint."""
-
-    def __init__(self, records: Sequence[dict[str, str]], seed: int, state: TrainState) -> None:
-        self.records = records
-        self.seed = seed
-        self.state = state
-
-    def take(self, n: int) -> list[dict[str, str]]:
-        out = []
-        while len(out) < n:
-            order = random.Random(self.seed + self.state.epoch).sample(
-                range(len(self.records)), len(self.records)
-            )
-            out.append(self.records[order[self.state.cursor]])
-            self.state.cursor += 1
-            if self.state.cursor == len(self.records):
-                self.state.epoch, self.state.cursor = self.state.epoch + 1, 0
-        return out
-
-
-@dataclass
-class Rollouts:
-    """What one step played: the groups kept for the update, and everything played, for metrics."""
-
-    kept: list[EpisodeGroup]
-    played: list[EpisodeGroup]
-    seconds: float
-
-
-def collect(
-    cfg: Config, stream: PromptStream, make_game: Callable[[dict[str, str]], Game], sampler: Sampler
-) -> Rollouts:
-    start = time.perf_counter()
-    kept: list[EpisodeGroup] = []
-    played: list[EpisodeGroup] = []
-    rounds = 1 + (cfg.max_resample_rounds if cfg.dynamic_sampling else 0)
-    for _ in range(rounds):
-        records = stream.take(cfg.batch_size - len(kept))
-        games = [make_game(record) for record in records for _ in range(cfg.group_size)]
-        episodes = asyncio.run(play(games, sampler))
-        for p, record in enumerate(records):
-            group = EpisodeGroup(
-                str(record.get("id", p)), tuple(episodes[p * cfg.group_size : (p + 1) * cfg.group_size])
-            )
-            played.append(group)
-            if not grpo.zero_spread_groups(torch.tensor([group.rewards], dtype=torch.float)).item():
-                kept.append(group)
-        if len(kept) == cfg.batch_size:
-            break
-    return Rollouts(kept, played, time.perf_counter() - start)
 
 
 # --- update ------------------------------------------------------------------------------------------
@@ -427,7 +334,8 @@ def train(
         bar = tqdm(range(state.step, cfg.max_steps), initial=state.step, total=cfg.max_steps, desc="grpo")
         for step in bar:
             services_before = extra_seconds()
-            rollouts = collect(cfg, stream, make_game, sampler)
+            rounds = cfg.max_resample_rounds if cfg.dynamic_sampling else 0
+            rollouts = collect(stream, make_game, sampler, cfg.batch_size, cfg.group_size, rounds)
             metrics = rollout_metrics(rollouts.played, len(rollouts.kept))
             for key, seconds in extra_seconds().items():
                 metrics[f"time/{key}_s"] = seconds - services_before.get(key, 0.0)
@@ -540,7 +448,15 @@ def main(cfg: Config) -> None:
     runtime = models.pick_runtime()
     log.info("runtime: %s", runtime.describe())
     tokenizer = models.load_tokenizer(cfg.model)
-    policy = build_policy(cfg, runtime)
+    policy = build_policy(
+        cfg.model,
+        runtime,
+        cfg.init_adapter,
+        cfg.reference if cfg.beta > 0 else None,
+        cfg.lora_r,
+        cfg.lora_alpha,
+        cfg.lora_target_modules,
+    )
     width = policy.get_output_embeddings().weight.shape[0]
     constraint = compile_emoji_grammar(tokenizer, cfg.min_emoji, cfg.max_emoji, vocab_size=width)
     judge = make_judge(cfg.judge, cfg.judge_view, cfg.judge_model, runtime=runtime)

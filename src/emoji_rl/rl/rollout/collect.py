@@ -1,0 +1,76 @@
+"""What one GRPO step plays: B prompts x G games, groups with no reward spread set aside, and
+with dynamic sampling (DAPO) more prompts drawn until B groups carry signal."""
+
+from __future__ import annotations
+
+import asyncio
+import random
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+import torch
+
+from emoji_rl.rl import grpo
+from emoji_rl.rl.checkpoint import TrainState
+from emoji_rl.rl.rollout.play import Sampler, play
+from emoji_rl.rl.types import EpisodeGroup, Game
+
+
+class PromptStream:
+    """Prompts in a seeded shuffled order, epoch after epoch; the position is part of the checkpoint."""
+
+    def __init__(self, records: Sequence[dict[str, str]], seed: int, state: TrainState) -> None:
+        self.records = records
+        self.seed = seed
+        self.state = state
+
+    def take(self, n: int) -> list[dict[str, str]]:
+        out = []
+        while len(out) < n:
+            order = random.Random(self.seed + self.state.epoch).sample(
+                range(len(self.records)), len(self.records)
+            )
+            out.append(self.records[order[self.state.cursor]])
+            self.state.cursor += 1
+            if self.state.cursor == len(self.records):
+                self.state.epoch, self.state.cursor = self.state.epoch + 1, 0
+        return out
+
+
+@dataclass
+class Rollouts:
+    """What one step played: the groups kept for the update, and everything played, for metrics."""
+
+    kept: list[EpisodeGroup]
+    played: list[EpisodeGroup]
+    seconds: float
+
+
+def collect(
+    stream: PromptStream,
+    make_game: Callable[[dict[str, str]], Game],
+    sampler: Sampler,
+    batch_size: int,
+    group_size: int,
+    resample_rounds: int = 0,
+) -> Rollouts:
+    """Play `group_size` games per prompt for `batch_size` prompts; groups whose rewards are all equal
+    carry no signal and are not kept. `resample_rounds` > 0 draws new prompts to replace them."""
+    start = time.perf_counter()
+    kept: list[EpisodeGroup] = []
+    played: list[EpisodeGroup] = []
+    for _ in range(1 + resample_rounds):
+        records = stream.take(batch_size - len(kept))
+        games = [make_game(record) for record in records for _ in range(group_size)]
+        episodes = asyncio.run(play(games, sampler))
+        for p, record in enumerate(records):
+            group = EpisodeGroup(
+                str(record.get("id", p)), tuple(episodes[p * group_size : (p + 1) * group_size])
+            )
+            played.append(group)
+            if not grpo.zero_spread_groups(torch.tensor([group.rewards], dtype=torch.float)).item():
+                kept.append(group)
+        if len(kept) == batch_size:
+            break
+    return Rollouts(kept, played, time.perf_counter() - start)
