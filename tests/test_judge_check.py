@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from emoji_rl import cli
+from emoji_rl import cli, models
 from emoji_rl.emoji.alphabet import parse_message
 from emoji_rl.errors import UserError
 from emoji_rl.judge_check import DEFAULT_MESSAGES, random_answers, read_messages
@@ -45,7 +45,13 @@ def test_random_answers_are_valid_seeded_and_of_the_asked_lengths():
     assert random_answers(lengths, seed=1) == answers != random_answers(lengths, seed=2)
 
 
-def test_cli_lexicon_judge_check_prints_the_gap_and_writes_a_report(tmp_path, capsys):
+@pytest.fixture
+def shared_embedder(monkeypatch, embedder):
+    """The session's MiniLM instead of a fresh load per CLI run."""
+    monkeypatch.setattr(models, "load_embedder", lambda *args, **kwargs: embedder)
+
+
+def test_cli_lexicon_judge_check_prints_the_gap_and_writes_a_report(tmp_path, capsys, shared_embedder):
     report = tmp_path / "report.json"
     code = cli.main(
         ["judge-check", "--judge", "lexicon", "--messages", str(SAMPLES), "--output", str(report)]
@@ -60,7 +66,7 @@ def test_cli_lexicon_judge_check_prints_the_gap_and_writes_a_report(tmp_path, ca
     assert data["metrics"]["teacher/retrieval@1"] > data["metrics"]["random/retrieval@1"]
 
 
-def test_cli_fails_when_the_gap_is_below_min_gap(tmp_path, capsys):
+def test_cli_fails_when_the_gap_is_below_min_gap(capsys, shared_embedder):
     code = cli.main(["judge-check", "--judge", "lexicon", "--messages", str(SAMPLES), "--min_gap", "0.99"])
     captured = capsys.readouterr()
     assert code == 2
@@ -75,4 +81,4 @@ def test_cli_missing_messages_file_is_a_clean_error(tmp_path, capsys):
 
 def test_cli_lexicon_judge_has_no_raw_view(capsys):
     assert cli.main(["judge-check", "--judge", "lexicon", "--view", "raw", "--messages", str(SAMPLES)]) == 2
-    assert "lexicon" in capsys.readouterr().err
+    assert "--judge lexicon" in capsys.readouterr().err

@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from emoji_rl import models
 from emoji_rl.emoji.alphabet import MAX_EMOJI, MIN_EMOJI, parse_message
 from emoji_rl.errors import UserError
-from emoji_rl.generate import Constraint, generate_replies
+from emoji_rl.generate import MAX_NEW_TOKENS, Constraint, generate_replies
 from emoji_rl.prompts import sender_messages
 
 
@@ -40,7 +40,7 @@ class Config:
         default=False, metadata={"help": "answer with grammar, static mask and unconstrained side by side"}
     )
     temperature: float = field(default=1.0, metadata={"help": "sampling temperature; 0 for greedy"})
-    max_new_tokens: int = field(default=48, metadata={"help": "token budget per reply"})
+    max_new_tokens: int = field(default=MAX_NEW_TOKENS, metadata={"help": "token budget per reply"})
     min_emoji: int = field(default=MIN_EMOJI, metadata={"help": "fewest emoji in a valid reply"})
     max_emoji: int = field(default=MAX_EMOJI, metadata={"help": "most emoji in a valid reply"})
     seed: int = field(default=0, metadata={"help": "random seed for sampling"})

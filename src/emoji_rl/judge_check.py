@@ -79,6 +79,11 @@ class Config:
     def __post_init__(self) -> None:
         if self.batch_size < 1:
             raise ValueError(f"batch_size={self.batch_size} must be >= 1")
+        if self.judge == "lexicon" and self.view != "gloss":
+            raise ValueError(
+                f"--view {self.view} does not apply to --judge lexicon, which reads emoji names: "
+                "drop --view, or use --judge hf for raw emoji"
+            )
 
 
 def read_messages(path: str | Path) -> list[str]:

@@ -23,13 +23,8 @@ EDGE_CASES = [
 
 
 @pytest.fixture(scope="module")
-def cache(tmp_path_factory) -> Path:
-    return tmp_path_factory.mktemp("teacher-cache")
-
-
-@pytest.fixture(scope="module")
-def teacher(embedder, cache) -> OfflineTeacher:
-    return OfflineTeacher(embedder, cache_dir=cache)
+def teacher(embedder) -> OfflineTeacher:
+    return OfflineTeacher(embedder)  # the user cache, as the stages use it: computed once per machine
 
 
 @pytest.fixture(scope="module")
@@ -73,8 +68,8 @@ def test_answers_are_topical(teacher, message, expected):
     assert expected in parse_message(teacher.answer([message])[0]).emoji
 
 
-def test_emoji_count_bounds_are_respected(embedder, cache):
-    teacher = OfflineTeacher(embedder, min_emoji=3, max_emoji=4, cache_dir=cache)
+def test_emoji_count_bounds_are_respected(embedder):
+    teacher = OfflineTeacher(embedder, min_emoji=3, max_emoji=4)
     for answer in teacher.answer(["ok", SAMPLES.read_text().splitlines()[0], EDGE_CASES[-1]]):
         assert parse_message(answer, 3, 4).ok, answer
 
@@ -84,12 +79,33 @@ def test_an_answer_does_not_depend_on_the_rest_of_the_batch(teacher):
     assert teacher.answer(messages) == [teacher.answer([m])[0] for m in messages]
 
 
-def test_name_embeddings_are_cached_on_disk(embedder, teacher, cache):
-    files = list((cache / "offline-teacher").glob("names-*.pt"))
-    assert len(files) == 1
-    again = OfflineTeacher(embedder, cache_dir=cache)
-    assert torch.equal(again._name_vecs, teacher._name_vecs)
-    assert list((cache / "offline-teacher").glob("*")) == files  # no temp files left behind
+class CountingEmbedder:
+    """A tiny stand-in for MiniLM: a fixed random unit vector per text, and a count of texts embedded."""
+
+    def __init__(self, salt: str = "") -> None:
+        self.salt, self.embedded = salt, 0
+
+    def encode(self, texts: list[str], **kwargs: object) -> torch.Tensor:
+        self.embedded += len(texts)
+        rows = []
+        for text in texts:
+            gen = torch.Generator().manual_seed(hash(self.salt + text) % 2**31)
+            rows.append(torch.nn.functional.normalize(torch.randn(8, generator=gen), dim=0))
+        return torch.stack(rows)
+
+
+def test_name_embeddings_are_computed_once_per_model_and_cached(tmp_path):
+    first = OfflineTeacher(CountingEmbedder(), cache_dir=tmp_path)
+    again_embedder = CountingEmbedder()
+    again = OfflineTeacher(again_embedder, cache_dir=tmp_path)
+    assert again_embedder.embedded == 1  # the probe that identifies the model, nothing else
+    assert torch.equal(again._name_vecs, first._name_vecs)
+    files = sorted((tmp_path / "offline-teacher").iterdir())
+    assert len(files) == 1 and files[0].suffix == ".pt"  # no temp file left behind
+    other_model = CountingEmbedder(salt="another model")
+    OfflineTeacher(other_model, cache_dir=tmp_path)
+    assert other_model.embedded > 1
+    assert len(list((tmp_path / "offline-teacher").iterdir())) == 2
 
 
 def test_content_queries_are_content_words_and_adjacent_pairs():

@@ -29,6 +29,7 @@ from emoji_rl.emoji.alphabet import MAX_EMOJI, MIN_EMOJI
 from emoji_rl.errors import UserError
 from emoji_rl.eval.report import bar_figure, format_table
 from emoji_rl.eval.stats import reply_stats
+from emoji_rl.generate import MAX_NEW_TOKENS
 from emoji_rl.rl.games.retrieval import SUCCESS_THRESHOLDS, RetrievalBuilder, RetrievalRules
 from emoji_rl.rl.rollout.hf import HFSampler
 from emoji_rl.rl.rollout.play import play
@@ -60,7 +61,7 @@ class Config:
         default=10, metadata={"help": "K: candidates (target + K-1 others) for retrieval@1"}
     )
     temperature: float = field(default=0.0, metadata={"help": "sender sampling temperature; 0 = greedy"})
-    max_new_tokens: int = field(default=48, metadata={"help": "token budget of one sender turn"})
+    max_new_tokens: int = field(default=MAX_NEW_TOKENS, metadata={"help": "token budget of one sender turn"})
     min_emoji: int = field(default=MIN_EMOJI, metadata={"help": "fewest emoji in a valid turn"})
     max_emoji: int = field(default=MAX_EMOJI, metadata={"help": "most emoji in a valid turn"})
     judge: Literal["lexicon", "hf"] = field(default="hf", metadata={"help": "judge kind"})

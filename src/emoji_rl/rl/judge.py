@@ -44,26 +44,28 @@ UNKNOWN = "[unknown]"
 TEMPERATURE = 0.3
 MAX_NEW_TOKENS = 40
 
-_RULES = (
-    "Guess the friend's message: one plain English sentence of under 15 words that uses the meaning "
-    "of every emoji. Never write emoji."
-)
+_GAME = "We play a guessing game. A friend wrote a short everyday message and sent it to you as emoji. "
 JUDGE_SYSTEM = {
-    "raw": "We play a guessing game. A friend wrote a short everyday message and sent it to you as emoji. "
-    + _RULES,
-    "gloss": "We play a guessing game. A friend wrote a short everyday message and sent it to you as emoji. "
-    "Each emoji is followed by its name in brackets. " + _RULES,
+    "raw": _GAME + "Guess the friend's message: one plain English sentence of under 15 words that uses the "
+    "meaning of every emoji. Never write emoji.",
+    # "uses the words in brackets" rather than "the meaning of every emoji": SmolLM2-135M drifted less
+    # from the names (similarity gap 0.317 vs 0.293 on data/samples/messages.txt, 0.158 vs 0.128 on
+    # 40 chitchat messages).
+    "gloss": _GAME + "Each emoji is followed by its name in brackets. Guess the friend's message: one plain "
+    "English sentence of under 15 words that uses the words in brackets. Never write emoji.",
 }
 JUDGE_FIRST_TURN = "Emoji: {emoji}\nWhat was the message?"
 JUDGE_NEXT_TURN = "Not quite. They sent more emoji to correct your guess: {emoji}\nWhat was the message?"
-# Worked examples, shown before every episode as earlier turns of the chat. Without them SmolLM2-135M
-# (gloss view) copied the glosses back instead of writing a sentence; with three examples of one
-# shape ("This noodle soup is...") it copied that shape. Topics stay clear of data/samples/messages.txt.
+# Worked examples, shown before every episode as earlier turns of the chat: without them SmolLM2-135M
+# (gloss view) copied the glosses back instead of writing a sentence (and with three examples of one
+# shape, "This noodle soup is ...", it copied that shape). Each answer uses every emoji's name; a
+# statement, a question and chat register, as in real messages. Topics stay clear of the sample data.
 FEW_SHOT: tuple[tuple[tuple[str, ...], str], ...] = (
-    (("🐕", "🌳", "🏃"), "I took the dog for a run in the park."),
-    (("📚", "🌙", "😫"), "I studied late into the night and now I am exhausted."),
-    (("🛒", "🍌", "🧀"), "Can you buy bananas and cheese at the store?"),
-    (("🎤", "🎶", "😂"), "We sang karaoke all night and laughed so much."),
+    (("🐎", "🌄", "😍"), "We rode horses in the mountains at sunrise and I loved it."),
+    (("📚", "🌙", "😫"), "I read books late into the night and now I am tired."),
+    (("🤔", "📺", "❓"), "I am thinking about what to watch on television, any ideas?"),
+    (("🛒", "🍌", "🧀"), "Can you put bananas and cheese in the shopping cart?"),
+    (("🎤", "😂"), "We sang into the microphone and laughed to tears."),
 )
 
 # Reports print this whenever the offline teacher, the gloss view or the lexicon judge is used (issue 8).

@@ -30,6 +30,7 @@ from emoji_rl.config import save_config
 from emoji_rl.data.jsonl import AppendLog, read_jsonl
 from emoji_rl.emoji.alphabet import MAX_EMOJI, MIN_EMOJI
 from emoji_rl.errors import UserError
+from emoji_rl.generate import MAX_NEW_TOKENS
 from emoji_rl.metrics import MetricsWriter
 from emoji_rl.rl import grpo
 from emoji_rl.rl.batch import Batch, collate, token_logprobs
@@ -102,7 +103,7 @@ class Config:
     )
     # --- sampling ---
     temperature: float = field(default=1.0, metadata={"help": "sampling temperature of the sender"})
-    max_new_tokens: int = field(default=48, metadata={"help": "token budget of one sender turn"})
+    max_new_tokens: int = field(default=MAX_NEW_TOKENS, metadata={"help": "token budget of one sender turn"})
     engine: Literal["hf", "vllm"] = field(
         default="hf",
         metadata={

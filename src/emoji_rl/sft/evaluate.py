@@ -1,7 +1,8 @@
 """`emoji-rl eval-sft`: the base model and the SFT adapter side by side on the SFT test split.
 
-For each decoding (unconstrained, emoji grammar, static mask) it samples one reply per test prompt
-from the base model (the adapter disabled) and from the SFT model, and reports format compliance
+For each decoding (unconstrained, emoji grammar, static mask) it generates one reply per test prompt
+(greedy unless `--temperature` is set) from the base model (the adapter disabled) and from the SFT
+model, with the same prompts and seed, and reports format compliance
 (`parse_message(reply).ok`), then over the compliant replies: emoji per message, distinct emoji,
 entropy and the share of the 10 most used emoji (seed 001: SFT emoji were "generic"), and, with
 `--judge`, the similarity of a single-turn judge guess to the target. The test answers themselves
@@ -30,11 +31,11 @@ from emoji_rl.emoji.alphabet import MAX_EMOJI, MIN_EMOJI, parse_message
 from emoji_rl.errors import UserError
 from emoji_rl.eval.report import bar_figure, format_table
 from emoji_rl.eval.stats import reply_stats
-from emoji_rl.generate import Constraint, generate_replies
+from emoji_rl.generate import MAX_NEW_TOKENS, Constraint, generate_replies
+from emoji_rl.rl.judge import NAMES_CAVEAT, Judge, JudgeInput, make_judge
 from emoji_rl.sft.data import ChatRecord, load_chat_records
 
 if TYPE_CHECKING:
-    from emoji_rl.rl.judge import Judge
     from emoji_rl.rl.reward import Similarity
 
 logger = logging.getLogger(__name__)
@@ -90,7 +91,7 @@ class Config:
             "unconstrained byte-level sampling also shows how often fragments make non-emoji characters"
         },
     )
-    max_new_tokens: int = field(default=48, metadata={"help": "token budget per reply"})
+    max_new_tokens: int = field(default=MAX_NEW_TOKENS, metadata={"help": "token budget per reply"})
     batch_size: int = field(default=16, metadata={"help": "prompts per generate call"})
     seed: int = field(default=0, metadata={"help": "sampling seed; every system and decoding uses it"})
 
@@ -119,8 +120,6 @@ def judge_similarity(
     judge: Judge, similarity: Similarity, targets: list[str], replies: list[str]
 ) -> float | None:
     """Mean similarity of the judge's first guess to the target, over compliant replies (None if none)."""
-    from emoji_rl.rl.judge import JudgeInput
-
     pairs = [
         (t, parse_message(r).emoji) for t, r in zip(targets, replies, strict=True) if parse_message(r).ok
     ]
@@ -155,8 +154,7 @@ def main(cfg: Config) -> None:
     logger.info("eval-sft: %d chats from %s; %s; %s", len(records), cfg.data, model_spec, runtime.describe())
     judged: tuple[Judge, Similarity, list[str]] | None = None
     if cfg.judge is not None:
-        from emoji_rl.rl.judge import make_judge
-        from emoji_rl.rl.reward import Similarity
+        from emoji_rl.rl.reward import Similarity  # imports torch: only when a judge is asked for
 
         targets = targets_of(records, cfg.data)
         judge = make_judge(
@@ -201,6 +199,8 @@ def main(cfg: Config) -> None:
         for i, r in enumerate(records[:SAMPLES_KEPT])
     ]
     print(format_table(rows, COLUMNS))
+    if cfg.judge == "lexicon" or (cfg.judge == "hf" and cfg.judge_view == "gloss"):
+        print(NAMES_CAVEAT)
     write_json(
         output_dir / "eval_sft.json",
         {

@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
-from emoji_rl.generate import Constraint, generate_from_ids
+from emoji_rl.generate import MAX_NEW_TOKENS, Constraint, generate_from_ids
 from emoji_rl.rl.rollout.play import Sample
 
 if TYPE_CHECKING:
@@ -20,7 +20,7 @@ class HFSampler:
         tokenizer: PreTrainedTokenizerBase,
         constraint: Constraint = "grammar",
         temperature: float = 1.0,
-        max_new_tokens: int = 48,
+        max_new_tokens: int = MAX_NEW_TOKENS,
         batch_size: int = 64,
         min_emoji: int = 2,
         max_emoji: int = 8,

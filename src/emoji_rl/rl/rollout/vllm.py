@@ -35,6 +35,7 @@ import httpx
 from emoji_rl.emoji.alphabet import MAX_EMOJI, MIN_EMOJI
 from emoji_rl.emoji.constraint import vllm_structured_outputs
 from emoji_rl.errors import UserError
+from emoji_rl.generate import MAX_NEW_TOKENS
 from emoji_rl.rl.endpoint import Endpoint, ServerError, request, request_sync
 from emoji_rl.rl.rollout.play import Sample
 
@@ -61,7 +62,7 @@ class VLLMSampler:
         stop_token_id: int,
         *,
         temperature: float = 1.0,
-        max_new_tokens: int = 48,
+        max_new_tokens: int = MAX_NEW_TOKENS,
         min_emoji: int = MIN_EMOJI,
         max_emoji: int = MAX_EMOJI,
         max_prompts_per_request: int = MAX_PROMPTS_PER_REQUEST,
