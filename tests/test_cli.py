@@ -36,3 +36,19 @@ def test_user_error_is_printed_without_traceback(capsys):
     assert cli.main(["chat", "--unconstrained", "true", "--static_mask", "true"]) == 2
     err = capsys.readouterr().err
     assert "exclude each other" in err and "Traceback" not in err
+
+
+def test_every_stage_config_file_parses():
+    import importlib
+    from pathlib import Path
+
+    from emoji_rl.config import parse_config
+
+    root = Path(__file__).resolve().parents[1] / "configs"
+    files = sorted([*root.glob("cpu/*.yaml"), *root.glob("gpu/*.yaml")])
+    assert files
+    for path in files:
+        stage = path.stem.replace("_", "-")
+        assert stage in cli.STAGES, f"{path} names no stage"
+        module = importlib.import_module(cli.STAGES[stage][0])
+        parse_config(module.Config, ["--config", str(path)], prog=f"emoji-rl {stage}")

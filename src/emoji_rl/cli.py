@@ -25,6 +25,8 @@ STAGES: dict[str, tuple[str, str]] = {
     "debug-rollout": ("emoji_rl.rl.debug_rollout", "pretty-print logged GRPO episodes"),
     "play-game": ("emoji_rl.rl.play_game", "play the retrieval game against the model, as sender or judge"),
     "eval-retrieval": ("emoji_rl.eval.retrieval", "base vs SFT vs RL on held-out targets: table, JSON, PNG"),
+    "wordle-data": ("emoji_rl.data.wordle_data", "Wordle SFT traces from the entropy solver + RL answer splits"),
+    "eval-wordle": ("emoji_rl.eval.wordle", "Wordle base vs SFT vs RL on held-out answers: table, JSON, PNG"),
     "chat": ("emoji_rl.chat", "talk to a model; emoji-constrained by default"),
 }
 

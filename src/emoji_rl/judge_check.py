@@ -8,7 +8,8 @@ messages) for both and the gap, and fails when the similarity gap is below `--mi
 
     cpu:  emoji-rl judge-check                      # hf judge, SmolLM2-135M, gloss view
           emoji-rl judge-check --judge lexicon      # no LLM, seconds
-    gpu:  emoji-rl judge-check --judge hf --view raw --judge_model Qwen/Qwen3-30B-A3B-Instruct-2507 --device cuda
+    gpu:  emoji-rl judge-check --view raw --judge_model Qwen/Qwen3-30B-A3B-Instruct-2507 --device cuda
+          (in process; a judge behind a vLLM server needs the `openai` kind in `make_judge`)
 """
 
 from __future__ import annotations

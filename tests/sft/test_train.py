@@ -19,7 +19,7 @@ def test_short_sft_lowers_held_out_loss_and_raises_compliance(chats, tmp_path):
             train_data=str(train_path),
             eval_data=str(test_path),
             output_dir=str(run),
-            max_steps=6,
+            max_steps=4,
             per_device_train_batch_size=8,
             effective_batch_size=8,
             learning_rate=2e-3,
@@ -27,13 +27,13 @@ def test_short_sft_lowers_held_out_loss_and_raises_compliance(chats, tmp_path):
             lora_alpha=16,
             max_length=96,
             logging_steps=1,
-            save_steps=6,
+            save_steps=4,
         )
     )
     metrics = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
     eval_losses = [m["eval/loss"] for m in metrics if "eval/loss" in m]
     assert eval_losses[-1] < eval_losses[0] - 0.5, eval_losses
-    assert (run / "config.yaml").is_file() and (run / "checkpoint-6" / "optimizer.pt").is_file()
+    assert (run / "config.yaml").is_file() and (run / "checkpoint-4" / "optimizer.pt").is_file()
 
     # The form vLLM's --lora-modules takes: LoRA A/B matrices only, no embeddings or lm_head.
     adapter = run / "adapter"

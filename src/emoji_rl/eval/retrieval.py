@@ -31,6 +31,7 @@ from emoji_rl.eval.report import bar_figure, format_table
 from emoji_rl.eval.stats import reply_stats
 from emoji_rl.generate import MAX_NEW_TOKENS
 from emoji_rl.rl.games.retrieval import SUCCESS_THRESHOLDS, RetrievalBuilder, RetrievalRules
+from emoji_rl.rl.judge import JudgeKind
 from emoji_rl.rl.rollout.hf import HFSampler
 from emoji_rl.rl.rollout.play import play
 from emoji_rl.rl.types import Episode
@@ -64,9 +65,19 @@ class Config:
     max_new_tokens: int = field(default=MAX_NEW_TOKENS, metadata={"help": "token budget of one sender turn"})
     min_emoji: int = field(default=MIN_EMOJI, metadata={"help": "fewest emoji in a valid turn"})
     max_emoji: int = field(default=MAX_EMOJI, metadata={"help": "most emoji in a valid turn"})
-    judge: Literal["lexicon", "hf"] = field(default="hf", metadata={"help": "judge kind"})
+    judge: JudgeKind = field(
+        default="hf",
+        metadata={"help": "judge kind: lexicon (emoji names), hf (in-process), openai (a vLLM server)"},
+    )
     judge_view: Literal["raw", "gloss"] = field(default="gloss", metadata={"help": "what an LLM judge sees"})
     judge_model: str = field(default=models.SMOLLM2, metadata={"help": "model spec of an LLM judge"})
+    judge_url: str = field(
+        default="http://127.0.0.1:8001",
+        metadata={"help": "base URL of an openai judge (launch/serve_judge.sh)"},
+    )
+    judge_api_key_env: str | None = field(
+        default="JUDGE_API_KEY", metadata={"help": "env var holding the judge server's key; unset sends none"}
+    )
     similarity_model: str = field(default=models.MINILM, metadata={"help": "sentence embedder"})
     batch_size: int = field(default=32, metadata={"help": "episodes per generate call"})
     seed: int = field(default=0, metadata={"help": "seed for sampling and distractor choice"})
@@ -179,7 +190,14 @@ def main(cfg: Config) -> None:
     tokenizer = models.load_tokenizer(cfg.model)
     systems = parse_systems(cfg.systems)
     model = load_systems(models.load_causal_lm(cfg.model, runtime), systems)
-    judge = make_judge(cfg.judge, cfg.judge_view, cfg.judge_model, runtime=runtime)
+    judge = make_judge(
+        cfg.judge,
+        cfg.judge_view,
+        cfg.judge_model,
+        runtime=runtime,
+        url=cfg.judge_url,
+        api_key_env=cfg.judge_api_key_env,
+    )
     similarity = Similarity(models.load_embedder(cfg.similarity_model, device=runtime.device))
     sampler = HFSampler(
         model,

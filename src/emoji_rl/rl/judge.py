@@ -37,7 +37,7 @@ from emoji_rl.errors import UserError
 if TYPE_CHECKING:
     from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
-JudgeKind = Literal["lexicon", "hf"]
+JudgeKind = Literal["lexicon", "hf", "openai"]
 JudgeView = Literal["raw", "gloss"]
 
 UNKNOWN = "[unknown]"
@@ -271,8 +271,11 @@ def make_judge(
     *,
     runtime: models.Runtime | None = None,
     batch_size: int = 16,
+    url: str = "http://127.0.0.1:8001",
+    api_key_env: str | None = "JUDGE_API_KEY",
 ) -> Judge:
-    """Build a judge once, for the game or a check to hold; `model_spec` and `view` serve LLM judges."""
+    """Build a judge once, for the game or a check to hold; `model_spec` and `view` serve LLM judges.
+    For `openai`, `model_spec` is the served model name at `url` (launch/serve_judge.sh: `judge`)."""
     if kind == "lexicon":
         if view != "gloss":
             raise UserError(
@@ -284,4 +287,10 @@ def make_judge(
         model = models.load_causal_lm(model_spec, runtime)
         tokenizer = models.load_tokenizer(model_spec)
         return HFJudge(model, tokenizer, view, name=str(model_spec), batch_size=batch_size)
-    raise UserError(f"judge kind {kind!r} is unknown; kinds: lexicon, hf")
+    if kind == "openai":
+        from emoji_rl.rl.endpoint import Endpoint, wait_for_server
+        from emoji_rl.rl.judge_openai import OpenAIJudge
+
+        wait_for_server(url, timeout_s=900.0)
+        return OpenAIJudge(Endpoint(url, api_key_env), model_spec, view)
+    raise UserError(f"judge kind {kind!r} is unknown; kinds: lexicon, hf, openai")

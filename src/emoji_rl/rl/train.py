@@ -35,6 +35,7 @@ from emoji_rl.metrics import MetricsWriter
 from emoji_rl.rl import grpo
 from emoji_rl.rl.batch import Batch, collate, token_logprobs
 from emoji_rl.rl.checkpoint import ADAPTER, TrainState, latest_checkpoint, load_checkpoint, save_checkpoint
+from emoji_rl.rl.judge import JudgeKind
 from emoji_rl.rl.policy import build_policy, reference_mode
 from emoji_rl.rl.rollout.collect import PromptStream, collect
 from emoji_rl.rl.rollout.play import Sampler
@@ -92,12 +93,22 @@ class Config:
     turn_cost: float = field(default=0.1, metadata={"help": "reward subtracted per turn used"})
     format_penalty: float = field(default=0.5, metadata={"help": "reward subtracted for an invalid turn"})
     repetition_penalty: float = field(default=0.3, metadata={"help": "times (1 - unique/total emoji)"})
-    judge: Literal["lexicon", "hf"] = field(default="hf", metadata={"help": "judge kind"})
+    judge: JudgeKind = field(
+        default="hf",
+        metadata={"help": "judge kind: lexicon (emoji names), hf (in-process), openai (a vLLM server)"},
+    )
     judge_view: Literal["raw", "gloss"] = field(
         default="gloss",
         metadata={"help": "what an LLM judge sees: raw emoji, or emoji with names (small judges)"},
     )
     judge_model: str = field(default=models.SMOLLM2, metadata={"help": "model spec of an LLM judge"})
+    judge_url: str = field(
+        default="http://127.0.0.1:8001",
+        metadata={"help": "base URL of an openai judge (launch/serve_judge.sh)"},
+    )
+    judge_api_key_env: str | None = field(
+        default="JUDGE_API_KEY", metadata={"help": "env var holding the judge server's key; unset sends none"}
+    )
     similarity_model: str = field(
         default=models.MINILM, metadata={"help": "sentence embedder for the reward"}
     )
@@ -460,7 +471,14 @@ def main(cfg: Config) -> None:
     )
     width = policy.get_output_embeddings().weight.shape[0]
     constraint = compile_emoji_grammar(tokenizer, cfg.min_emoji, cfg.max_emoji, vocab_size=width)
-    judge = make_judge(cfg.judge, cfg.judge_view, cfg.judge_model, runtime=runtime)
+    judge = make_judge(
+        cfg.judge,
+        cfg.judge_view,
+        cfg.judge_model,
+        runtime=runtime,
+        url=cfg.judge_url,
+        api_key_env=cfg.judge_api_key_env,
+    )
     similarity = Similarity(models.load_embedder(cfg.similarity_model, device=runtime.device))
     weights = RewardWeights(cfg.success_bonus, cfg.turn_cost, cfg.format_penalty, cfg.repetition_penalty)
     rules = RetrievalRules(cfg.max_turns, cfg.tau, cfg.min_emoji, cfg.max_emoji, weights)

@@ -69,6 +69,11 @@ def board_message(lines: list[str], max_turns: int = MAX_TURNS) -> dict[str, str
     return {"role": "user", "content": NEXT_TURN.format(board=board, left=max_turns - len(lines))}
 
 
+def feedback_line(guess: str, marks: tuple[Mark, ...]) -> str:
+    """One board line after `Guess N: `, as the game and the SFT traces write it."""
+    return f"{guess} -> {render_marks(guess, marks)}"
+
+
 @dataclass(frozen=True)
 class WordleRules:
     """The game's settings, the same for every episode of a run."""
@@ -95,6 +100,8 @@ class WordleGame(Game):
         self.answers_array = answers_array
         self.rules = rules
         self.tracker = tracker
+        # Weights are fixed when the game is built, so the G games of a group are scored alike.
+        self.phase = tracker.phase if tracker is not None else 0
         self.weights = tracker.weights if tracker is not None else rules.weights
         self.history = wordle_messages(rules.max_turns)
         self.board: list[tuple[str, tuple[Mark, ...]]] = []
@@ -123,7 +130,7 @@ class WordleGame(Game):
             marks = feedback(self.answer, guess)
             self.candidates = self.candidates[codes == pattern_code(marks)]
             self.board.append((guess, marks))
-            line = f"{guess} -> {render_marks(guess, marks)}"
+            line = feedback_line(guess, marks)
             if reason:
                 line += f" ({reason})"
         else:
@@ -167,7 +174,7 @@ class WordleGame(Game):
             "invalid_rate": sum(s.guess is None or s.guess not in self.words.allowed for s in self.scores)
             / n,
             "repeat_rate": sum(s.repeated for s in self.scores) / n,
-            "curriculum_phase": float(self.tracker.phase if self.tracker is not None else 0),
+            "curriculum_phase": float(self.phase),
             **{f"reward/{name}": value for name, value in terms.items()},
         }
         return StepResult(True, terms["total"], metrics=metrics, log={**log, "answer": self.answer})

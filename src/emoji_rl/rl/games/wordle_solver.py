@@ -11,7 +11,6 @@ from __future__ import annotations
 import hashlib
 import logging
 from dataclasses import dataclass
-from pathlib import Path
 
 import numpy as np
 
@@ -47,13 +46,19 @@ def cached_pattern_matrix(guesses: tuple[str, ...], answers: tuple[str, ...]) ->
 
 
 def entropies(codes: np.ndarray) -> np.ndarray:
-    """Entropy in bits of each row's pattern distribution (rows: guesses, columns: equally likely answers)."""
+    """Entropy in bits of each row's pattern distribution (rows: guesses, columns: equally likely answers).
+
+    Counts come from runs in each sorted row, so the work is n x m, not n x 243, when few answers remain."""
     n, m = codes.shape
-    offsets = codes.astype(np.int64) + N_PATTERNS * np.arange(n)[:, None]
-    counts = np.bincount(offsets.ravel(), minlength=n * N_PATTERNS).reshape(n, N_PATTERNS)
-    p = counts / m
-    with np.errstate(divide="ignore", invalid="ignore"):
-        return -np.where(counts > 0, p * np.log2(p), 0.0).sum(axis=1)
+    ordered = np.sort(codes, axis=1)
+    starts = np.ones((n, m), dtype=bool)
+    starts[:, 1:] = ordered[:, 1:] != ordered[:, :-1]
+    run = np.cumsum(starts, axis=1) - 1 + m * np.arange(n)[:, None]
+    counts = np.bincount(run.ravel(), minlength=n * m).astype(np.float64)
+    counts = counts[counts > 0]
+    # H = log2(m) - (1/m) * sum over patterns of c * log2(c), summed per row
+    row_of_run = np.repeat(np.arange(n), starts.sum(axis=1))
+    return np.log2(m) - np.bincount(row_of_run, weights=counts * np.log2(counts), minlength=n) / m
 
 
 @dataclass(frozen=True)
@@ -70,30 +75,31 @@ class SolverTurn:
 class EntropySolver:
     """Greedy max-entropy play over the answer list; guesses come from `allowed` (all 12,972 words)."""
 
-    def __init__(self, words: WordLists, matrix_dir: Path | None = None) -> None:
+    def __init__(self, words: WordLists) -> None:
         self.answers = words.answers
         self.guesses = tuple(sorted(words.allowed))
         self.matrix = cached_pattern_matrix(self.guesses, self.answers)
         self.is_answer = np.isin(np.array(self.guesses), np.array(self.answers))
         self._answer_column = {a: i for i, a in enumerate(self.answers)}
         self._guess_row = {g: i for i, g in enumerate(self.guesses)}
-        self._first: tuple[int, float] | None = None
+        # The game tree is shared by all answers: the choice for a candidate set is computed once.
+        self._choices: dict[bytes, tuple[int, float]] = {}
 
     def choose(self, candidates: np.ndarray) -> tuple[int, float]:
         """(row of the best guess, its entropy in bits) for the candidate answer columns."""
         if len(candidates) <= 2:
             row = self._guess_row[self.answers[candidates[0]]]
             return row, float(entropies(self.matrix[[row]][:, candidates])[0])
-        if len(candidates) == len(self.answers) and self._first is not None:
-            return self._first
+        key = candidates.tobytes()
+        if key in self._choices:
+            return self._choices[key]
         bits = entropies(self.matrix[:, candidates])
         # A candidate guess can win outright: prefer it among (near-)equal splits.
         in_play = np.zeros(len(self.guesses), dtype=bool)
         in_play[[self._guess_row[self.answers[c]] for c in candidates]] = True
         row = int(np.argmax(bits + 1e-6 * in_play))
-        if len(candidates) == len(self.answers):
-            self._first = (row, float(bits[row]))
-        return row, float(bits[row])
+        self._choices[key] = (row, float(bits[row]))
+        return self._choices[key]
 
     def play(self, answer: str, max_turns: int = 6) -> list[SolverTurn]:
         """The solver's game for `answer`, turn by turn (stops when solved or after `max_turns`)."""

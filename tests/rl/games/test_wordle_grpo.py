@@ -1,0 +1,50 @@
+"""A short CPU GRPO run on Wordle with the embedded SmolLM2: it completes and logs every reward term."""
+
+import pytest
+import torch
+
+from emoji_rl import models
+from emoji_rl.metrics import read_metrics
+from emoji_rl.rl import train as grpo_train
+from emoji_rl.rl.games.wordle import WordleBuilder, WordleRules
+from emoji_rl.rl.games.wordle_reward import TERMS, Curriculum, CurriculumTracker
+from emoji_rl.rl.policy import build_policy
+from emoji_rl.rl.rollout.hf import HFSampler
+
+pytestmark = pytest.mark.slow
+
+
+def test_grpo_on_wordle_logs_every_reward_term(tmp_path):
+    cfg = grpo_train.Config(
+        output_dir=str(tmp_path / "run"),
+        batch_size=2,
+        group_size=2,
+        max_steps=1,
+        max_turns=2,
+        max_new_tokens=24,
+        beta=0.0,
+        lora_r=4,
+        lora_alpha=8,
+        save_steps=100,
+        per_device_train_batch_size=4,
+        learning_rate=1e-4,
+    )
+    torch.manual_seed(0)
+    tokenizer = models.load_tokenizer(cfg.model)
+    policy = build_policy(cfg.model, models.pick_runtime("cpu"), None, None, cfg.lora_r, cfg.lora_alpha)
+    sampler = HFSampler(policy, tokenizer, "none", 1.0, cfg.max_new_tokens, 8)
+    builder = WordleBuilder(tokenizer, WordleRules(max_turns=cfg.max_turns), CurriculumTracker(Curriculum()))
+    records = [{"id": f"wordle-{a}", "answer": a} for a in ("above", "crane", "speed")]
+    state = grpo_train.train(cfg, policy, tokenizer, None, sampler, builder, records)
+    assert state.step == 1
+    metrics = read_metrics(cfg.output_dir)
+    assert [m["step"] for m in metrics] == [1]
+    for name in (*TERMS, "total"):
+        assert all(f"reward/{name}/mean" in m for m in metrics), name
+    assert {
+        "game/won",
+        "game/turns",
+        "game/format_rate",
+        "game/invalid_rate",
+        "game/curriculum_phase",
+    } <= set(metrics[0])
