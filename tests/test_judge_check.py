@@ -66,11 +66,13 @@ def test_cli_lexicon_judge_check_prints_the_gap_and_writes_a_report(tmp_path, ca
     assert data["metrics"]["teacher/retrieval@1"] > data["metrics"]["random/retrieval@1"]
 
 
-def test_cli_fails_when_the_gap_is_below_min_gap(capsys, shared_embedder):
-    code = cli.main(["judge-check", "--judge", "lexicon", "--messages", str(SAMPLES), "--min_gap", "0.99"])
+def test_cli_fails_when_the_gap_is_below_min_gap(tmp_path, capsys, shared_embedder):
+    few = tmp_path / "few.txt"
+    few.write_text("\n".join(read_messages(SAMPLES)[:4]))
+    code = cli.main(["judge-check", "--judge", "lexicon", "--messages", str(few), "--min_gap", "0.99"])
     captured = capsys.readouterr()
     assert code == 2
-    assert "gap" in captured.out and "min_gap=0.99" in captured.err
+    assert "FAIL: gap" in captured.out and "min_gap=0.99" in captured.err
 
 
 def test_cli_missing_messages_file_is_a_clean_error(tmp_path, capsys):

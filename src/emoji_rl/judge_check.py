@@ -8,8 +8,7 @@ messages) for both and the gap, and fails when the similarity gap is below `--mi
 
     cpu:  emoji-rl judge-check                      # hf judge, SmolLM2-135M, gloss view
           emoji-rl judge-check --judge lexicon      # no LLM, seconds
-    gpu:  emoji-rl judge-check --view raw --judge_model Qwen/Qwen3-30B-A3B-Instruct-2507 --device cuda
-          (in process; a judge behind a vLLM server needs the `openai` kind in `make_judge`)
+    gpu:  emoji-rl judge-check --judge openai --view raw --judge_model judge   # launch/serve_judge.sh
 """
 
 from __future__ import annotations
@@ -42,7 +41,10 @@ class Config:
     # --- core
     judge: JudgeKind = field(
         default="hf",
-        metadata={"help": "judge kind: hf (in-process LLM) or lexicon (the emoji names, no LLM)"},
+        metadata={
+            "help": "judge kind: hf (in-process LLM), openai (an OpenAI-compatible server such as vLLM) "
+            "or lexicon (the emoji names, no LLM)"
+        },
     )
     view: JudgeView = field(
         default="gloss",
@@ -68,7 +70,16 @@ class Config:
     # --- advanced
     judge_model: str = field(
         default=models.SMOLLM2,
-        metadata={"help": "model spec of the hf judge (hub id, path or embedded:NAME)"},
+        metadata={
+            "help": "hf judge: model spec (hub id, path or embedded:NAME); openai: the served model name"
+        },
+    )
+    judge_url: str = field(
+        default="http://127.0.0.1:8001",
+        metadata={"help": "base URL of an openai judge (launch/serve_judge.sh)"},
+    )
+    judge_api_key_env: str | None = field(
+        default="JUDGE_API_KEY", metadata={"help": "env var holding the judge server's key; unset sends none"}
     )
     embedder: str = field(
         default=models.MINILM, metadata={"help": "sentence embedder for the teacher and the similarity"}
@@ -137,9 +148,9 @@ def format_report(judge: str, source: str, n: int, metrics: dict[str, float], mi
     m = metrics
     gap = m["gap/sim_mean"]
     verdict = (
-        f"gap {gap:+.3f} >= {min_gap}: the judge carries signal"
+        f"pass: gap {gap:+.3f} >= min_gap {min_gap}"
         if gap >= min_gap
-        else f"gap {gap:+.3f} < {min_gap}: teacher and random emoji look alike to this judge; "
+        else f"FAIL: gap {gap:+.3f} < min_gap {min_gap}: teacher and random emoji look alike to this judge; "
         "GRPO against it would train on noise"
     )
     return "\n".join(
@@ -169,6 +180,8 @@ def main(cfg: Config) -> None:
         cfg.judge_model,
         runtime=models.pick_runtime(cfg.device) if cfg.judge == "hf" else None,
         batch_size=cfg.batch_size,
+        url=cfg.judge_url,
+        api_key_env=cfg.judge_api_key_env,
     )
 
     # answers: teacher emoji, and random emoji of the same lengths

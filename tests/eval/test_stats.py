@@ -3,6 +3,7 @@ import math
 import pytest
 
 from emoji_rl.eval.stats import (
+    compliant_emoji,
     distinct_emoji,
     emoji_counts,
     emoji_per_message,
@@ -59,3 +60,10 @@ def test_reply_stats_count_only_compliant_replies():
 def test_reply_stats_of_nothing():
     stats = reply_stats([])
     assert (stats.replies, stats.compliance, stats.distinct_emoji) == (0, 0.0, 0)
+
+
+def test_a_reply_cut_off_by_the_token_budget_is_not_compliant():
+    texts = ["🚆🚆🚆🚆", "🍕 🎉", "🍕 🎉"]
+    assert compliant_emoji(texts, stopped=[False, True, False]) == [None, ("🍕", "🎉"), None]
+    stats = reply_stats(texts, stopped=[False, True, False])
+    assert stats.compliance == pytest.approx(1 / 3) and stats.distinct_emoji == 2

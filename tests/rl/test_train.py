@@ -181,3 +181,48 @@ def constraint_ebnf():
     from emoji_rl.emoji.constraint import grammar_ebnf
 
     return grammar_ebnf(2, 4)
+
+
+@pytest.mark.parametrize(
+    ("game", "record", "extra"),
+    [
+        ("retrieval", {"id": "t0", "target": "let's get pizza tonight"}, ["--judge", "lexicon"]),
+        ("wordle", {"id": "w0", "answer": "crane"}, ["--max_new_tokens", "48"]),
+    ],
+)
+def test_grpo_stage_runs_one_step_from_the_command_line(tmp_path, game, record, extra, capsys):
+    from emoji_rl import cli
+
+    data = tmp_path / "rl.jsonl"
+    data.write_text(json.dumps(record) + "\n")
+    out = tmp_path / "run"
+    code = cli.main(
+        [
+            "grpo",
+            "--game",
+            game,
+            "--train_data",
+            str(data),
+            "--output_dir",
+            str(out),
+            "--max_steps",
+            "1",
+            "--batch_size",
+            "1",
+            "--group_size",
+            "2",
+            "--max_turns",
+            "1",
+            "--lora_r",
+            "4",
+            "--save_steps",
+            "1",
+            *extra,
+        ]
+    )
+    assert code == 0, capsys.readouterr().err
+    [metrics] = read_metrics(out)
+    assert metrics["step"] == 1 and "reward/mean" in metrics and "time/rollout_s" in metrics
+    assert (out / "adapter" / "adapter_config.json").is_file()
+    assert (out / "checkpoints" / "latest").read_text() == "step-000001"
+    assert (out / "config.yaml").is_file() and (out / "rollouts.jsonl").is_file()

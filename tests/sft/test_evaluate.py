@@ -43,7 +43,7 @@ class _Identity:
 
 
 def test_judge_similarity_scores_compliant_replies_only():
-    targets, replies = ["pizza", "cat", "dog"], ["🍕 🎬", "no emoji", "☔ 🐱"]
+    messages = [("🍕", "🎬"), None, ("☔", "🐱")]
     # the lexicon judge guesses "pizza, clapper board" and "umbrella with rain drops, cat face"
-    assert judge_similarity(LexiconJudge(), _Identity(), targets, replies) == 0.5
-    assert judge_similarity(LexiconJudge(), _Identity(), ["x"], ["words"]) is None
+    assert judge_similarity(LexiconJudge(), _Identity(), ["pizza", "cat", "dog"], messages) == 0.5
+    assert judge_similarity(LexiconJudge(), _Identity(), ["x"], [None]) is None

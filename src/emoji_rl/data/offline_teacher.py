@@ -10,7 +10,7 @@ word order.
 Stable API, used by the `teacher` stage of the data pipeline and by `judge-check`:
 
     teacher = OfflineTeacher(models.load_embedder())
-    answers = teacher.answer(["Let's grab pizza and watch a movie tonight"])  # ["🍕 🎬 🌃"]
+    answers = teacher.answer(["My cat knocked the birthday cake off the table"])  # ["🐈 😵 🎂 🍰"]
 
 Every answer passes `alphabet.parse_message`.
 """

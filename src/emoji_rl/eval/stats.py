@@ -58,11 +58,32 @@ class ReplyStats:
     top10_share: float
 
 
-def reply_stats(texts: Sequence[str], min_emoji: int = MIN_EMOJI, max_emoji: int = MAX_EMOJI) -> ReplyStats:
-    """Compliance is `parse_message(text).ok`; the emoji statistics count compliant replies only, since
-    a reply that is not an emoji message has no well-defined emoji sequence."""
+def compliant_emoji(
+    texts: Sequence[str],
+    min_emoji: int = MIN_EMOJI,
+    max_emoji: int = MAX_EMOJI,
+    *,
+    stopped: Sequence[bool] | None = None,
+) -> list[tuple[str, ...] | None]:
+    """Per reply, its emoji if it is compliant, else None. Compliant: the text is an emoji message
+    (`parse_message(text).ok`) and the reply ended its turn (`stopped`; None: all did). A reply cut off
+    by the token budget is not compliant even if its text parses: "🚆🚆🚆…" run to the budget is no message."""
+    ended = [True] * len(texts) if stopped is None else list(stopped)
+    assert len(ended) == len(texts), (len(ended), len(texts))
     parsed = [parse_message(t, min_emoji, max_emoji) for t in texts]
-    valid = [p.emoji for p in parsed if p.ok]
+    return [p.emoji if p.ok and end else None for p, end in zip(parsed, ended, strict=True)]
+
+
+def reply_stats(
+    texts: Sequence[str],
+    min_emoji: int = MIN_EMOJI,
+    max_emoji: int = MAX_EMOJI,
+    *,
+    stopped: Sequence[bool] | None = None,
+) -> ReplyStats:
+    """Compliance (see `compliant_emoji`), then emoji statistics over the compliant replies only, since a
+    reply that is not an emoji message has no well-defined emoji sequence."""
+    valid = [e for e in compliant_emoji(texts, min_emoji, max_emoji, stopped=stopped) if e is not None]
     return ReplyStats(
         replies=len(texts),
         compliance=len(valid) / len(texts) if texts else 0.0,

@@ -30,7 +30,7 @@ from emoji_rl.config import save_config
 from emoji_rl.data.jsonl import AppendLog, read_jsonl
 from emoji_rl.emoji.alphabet import MAX_EMOJI, MIN_EMOJI
 from emoji_rl.errors import UserError
-from emoji_rl.generate import MAX_NEW_TOKENS
+from emoji_rl.generate import MAX_NEW_TOKENS, Constraint
 from emoji_rl.metrics import MetricsWriter
 from emoji_rl.rl import grpo
 from emoji_rl.rl.batch import Batch, collate, token_logprobs
@@ -85,6 +85,20 @@ class Config:
         default="all-linear", metadata={"help": "PEFT target_modules of a fresh adapter"}
     )
     # --- game ---
+    game: Literal["retrieval", "wordle"] = field(
+        default="retrieval", metadata={"help": "retrieval (train_data holds `target`) or wordle (`answer`)"}
+    )
+    curriculum: bool = field(
+        default=True,
+        metadata={"help": "wordle: lower format and raise strategy weights once format is learned"},
+    )
+    curriculum_threshold: float = field(
+        default=0.9,
+        metadata={"help": "wordle: strict-format rate that starts the strategy phase (seed 003 §14)"},
+    )
+    curriculum_window: int = field(
+        default=64, metadata={"help": "wordle: episodes the format rate is taken over"}
+    )
     max_turns: int = field(default=5, metadata={"help": "sender turns before the game ends"})
     tau: float = field(default=0.85, metadata={"help": "similarity that ends the game as a success"})
     min_emoji: int = field(default=MIN_EMOJI, metadata={"help": "fewest emoji in a valid turn"})
@@ -180,6 +194,11 @@ class Config:
         if self.aggregation == "constant" and self.max_new_tokens <= 0:
             raise ValueError(
                 "aggregation=constant normalizes by max_new_tokens * max_turns: set max_new_tokens > 0"
+            )
+        if self.game == "wordle" and self.engine == "vllm":
+            raise ValueError(
+                "game=wordle with engine=vllm is not supported yet: the vllm sampler always sends the emoji "
+                "grammar; use engine=hf"
             )
         if self.vllm_adapter_keep < 1:
             raise ValueError(
@@ -404,7 +423,9 @@ def train(
     return state
 
 
-def build_sampler(cfg: Config, policy: PeftModel, tokenizer) -> tuple[Sampler, AdapterSync | None]:
+def build_sampler(
+    cfg: Config, policy: PeftModel, tokenizer, constraint: Constraint
+) -> tuple[Sampler, AdapterSync | None]:
     """The in-process sampler, or a vLLM server's with the adapter sync that keeps it current."""
     from emoji_rl.generate import stop_token_id
     from emoji_rl.rl.rollout.hf import HFSampler
@@ -413,7 +434,7 @@ def build_sampler(cfg: Config, policy: PeftModel, tokenizer) -> tuple[Sampler, A
         sampler = HFSampler(
             policy,
             tokenizer,
-            "grammar",
+            constraint,
             cfg.temperature,
             cfg.max_new_tokens,
             cfg.batch_size * cfg.group_size,
@@ -439,12 +460,66 @@ def build_sampler(cfg: Config, policy: PeftModel, tokenizer) -> tuple[Sampler, A
     return sampler, AdapterSync(sampler, cfg.output_dir, cfg.vllm_served_name, cfg.vllm_adapter_keep)
 
 
-def main(cfg: Config) -> None:
+@dataclass
+class GameSetup:
+    """What the loop needs of a game: a builder of games, the records it reads, the constraint the
+    sender samples under (None: free text), and the seconds spent in its services."""
+
+    make_game: Callable[[dict[str, str]], Game]
+    records: list[dict[str, str]]
+    constraint: EmojiConstraint | None
+    seconds: Callable[[], dict[str, float]]
+    description: str
+
+
+def _records(path: str, key: str, hint: str) -> list[dict[str, str]]:
+    records = read_jsonl(path, hint=hint)
+    for number, record in enumerate(records, start=1):
+        if not isinstance(record.get(key), str) or not record[key].strip():
+            raise UserError(f"{path}:{number}: record has no non-empty string `{key}`")
+    return records
+
+
+def retrieval_setup(cfg: Config, tokenizer, runtime: models.Runtime, vocab_size: int) -> GameSetup:
     from emoji_rl.emoji.constraint import compile_emoji_grammar
     from emoji_rl.rl.games.retrieval import RetrievalBuilder, RetrievalRules
     from emoji_rl.rl.judge import make_judge
     from emoji_rl.rl.reward import RewardWeights, Similarity
 
+    records = _records(cfg.train_data, "target", "make it with `emoji-rl rl-prompts`")
+    constraint = compile_emoji_grammar(tokenizer, cfg.min_emoji, cfg.max_emoji, vocab_size=vocab_size)
+    judge = make_judge(
+        cfg.judge,
+        cfg.judge_view,
+        cfg.judge_model,
+        runtime=runtime,
+        url=cfg.judge_url,
+        api_key_env=cfg.judge_api_key_env,
+    )
+    similarity = Similarity(models.load_embedder(cfg.similarity_model, device=runtime.device))
+    weights = RewardWeights(cfg.success_bonus, cfg.turn_cost, cfg.format_penalty, cfg.repetition_penalty)
+    rules = RetrievalRules(cfg.max_turns, cfg.tau, cfg.min_emoji, cfg.max_emoji, weights)
+    builder = RetrievalBuilder(tokenizer, judge, similarity, rules)
+    return GameSetup(
+        builder, records, constraint, lambda: dict(builder.seconds), f"retrieval, judge {judge.describe()}"
+    )
+
+
+def wordle_setup(cfg: Config, tokenizer) -> GameSetup:
+    from emoji_rl.rl.games.wordle import WordleBuilder, WordleRules
+    from emoji_rl.rl.games.wordle_reward import Curriculum, CurriculumTracker
+
+    records = _records(cfg.train_data, "answer", "make it with `emoji-rl wordle-data`")
+    tracker = (
+        CurriculumTracker(Curriculum(threshold=cfg.curriculum_threshold, window=cfg.curriculum_window))
+        if cfg.curriculum
+        else None
+    )
+    builder = WordleBuilder(tokenizer, WordleRules(max_turns=cfg.max_turns), tracker)
+    return GameSetup(builder, records, None, dict, "wordle" + (" with curriculum" if cfg.curriculum else ""))
+
+
+def main(cfg: Config) -> None:
     torch.manual_seed(cfg.seed)
     random.seed(cfg.seed)
     run_dir = Path(cfg.output_dir)
@@ -453,10 +528,6 @@ def main(cfg: Config) -> None:
             f"{run_dir} already holds a run: pass --resume true to continue it, or another --output_dir"
         )
     save_config(cfg, run_dir)
-    records = read_jsonl(cfg.train_data, hint="make it with `emoji-rl rl-prompts`")
-    for number, record in enumerate(records, start=1):
-        if not isinstance(record.get("target"), str) or not record["target"].strip():
-            raise UserError(f"{cfg.train_data}:{number}: record has no non-empty string `target`")
     runtime = models.pick_runtime()
     log.info("runtime: %s", runtime.describe())
     tokenizer = models.load_tokenizer(cfg.model)
@@ -470,32 +541,22 @@ def main(cfg: Config) -> None:
         cfg.lora_target_modules,
     )
     width = policy.get_output_embeddings().weight.shape[0]
-    constraint = compile_emoji_grammar(tokenizer, cfg.min_emoji, cfg.max_emoji, vocab_size=width)
-    judge = make_judge(
-        cfg.judge,
-        cfg.judge_view,
-        cfg.judge_model,
-        runtime=runtime,
-        url=cfg.judge_url,
-        api_key_env=cfg.judge_api_key_env,
+    game = (
+        wordle_setup(cfg, tokenizer)
+        if cfg.game == "wordle"
+        else retrieval_setup(cfg, tokenizer, runtime, width)
     )
-    similarity = Similarity(models.load_embedder(cfg.similarity_model, device=runtime.device))
-    weights = RewardWeights(cfg.success_bonus, cfg.turn_cost, cfg.format_penalty, cfg.repetition_penalty)
-    rules = RetrievalRules(cfg.max_turns, cfg.tau, cfg.min_emoji, cfg.max_emoji, weights)
-    builder = RetrievalBuilder(tokenizer, judge, similarity, rules)
-    sampler, weight_sync = build_sampler(cfg, policy, tokenizer)
-    log.info(
-        "judge: %s; %d prompts; B=%d G=%d", judge.describe(), len(records), cfg.batch_size, cfg.group_size
-    )
+    sampler, weight_sync = build_sampler(cfg, policy, tokenizer, "grammar" if game.constraint else "none")
+    log.info("%s; %d prompts; B=%d G=%d", game.description, len(game.records), cfg.batch_size, cfg.group_size)
     state = train(
         cfg,
         policy,
         tokenizer,
-        constraint,
+        game.constraint,
         sampler,
-        builder,
-        records,
-        lambda: dict(builder.seconds),
+        game.make_game,
+        game.records,
+        game.seconds,
         weight_sync,
     )
     print(

@@ -27,10 +27,9 @@ from typing import TYPE_CHECKING, Literal, cast
 from emoji_rl import models
 from emoji_rl.config import to_dict
 from emoji_rl.data.jsonl import write_json
-from emoji_rl.emoji.alphabet import MAX_EMOJI, MIN_EMOJI, parse_message
 from emoji_rl.errors import UserError
 from emoji_rl.eval.report import bar_figure, format_table
-from emoji_rl.eval.stats import reply_stats
+from emoji_rl.eval.stats import compliant_emoji, reply_stats
 from emoji_rl.generate import MAX_NEW_TOKENS, Constraint, generate_replies
 from emoji_rl.rl.judge import NAMES_CAVEAT, Judge, JudgeInput, make_judge
 from emoji_rl.sft.data import ChatRecord, load_chat_records
@@ -117,15 +116,15 @@ def base_model_of(adapter: Path) -> str:
 
 
 def judge_similarity(
-    judge: Judge, similarity: Similarity, targets: list[str], replies: list[str]
+    judge: Judge, similarity: Similarity, targets: list[str], messages: list[tuple[str, ...] | None]
 ) -> float | None:
-    """Mean similarity of the judge's first guess to the target, over compliant replies (None if none)."""
-    pairs = [
-        (t, parse_message(r).emoji) for t, r in zip(targets, replies, strict=True) if parse_message(r).ok
-    ]
+    """Mean similarity of the judge's first guess to the target, over compliant replies (None if none).
+
+    `messages` holds each reply's emoji, None where the reply was not compliant (`compliant_emoji`)."""
+    pairs = [(t, m) for t, m in zip(targets, messages, strict=True) if m is not None]
     if not pairs:
         return None
-    guesses = asyncio.run(judge.guess([JudgeInput(turns=(emoji,)) for _, emoji in pairs]))
+    guesses = asyncio.run(judge.guess([JudgeInput(turns=(m,)) for _, m in pairs]))
     scores = similarity.similarity([t for t, _ in pairs], [g.text for g in guesses])
     return sum(scores) / len(scores)
 
@@ -165,6 +164,7 @@ def main(cfg: Config) -> None:
     # --- sample: the same prompts, seed and decoding for both systems; base = the adapter disabled
     prompts = [r.prompt for r in records]
     replies: dict[str, list[str]] = {}
+    stopped: dict[str, list[bool]] = {}
     for decoding in cfg.decodings:
         for system in ("base", "sft"):
             with model.disable_adapter() if system == "base" else contextlib.nullcontext():
@@ -179,19 +179,21 @@ def main(cfg: Config) -> None:
                     seed=cfg.seed,
                 )
             replies[f"{system}/{decoding}"] = [r.text for r in out]
+            stopped[f"{system}/{decoding}"] = [r.stopped for r in out]
     replies["reference"] = [r.answer for r in records]
 
     # --- score and report
     rows = []
     for key, texts in replies.items():
         system, _, decoding = key.partition("/")
-        stats = reply_stats(texts, MIN_EMOJI, MAX_EMOJI)
+        stats = reply_stats(texts, stopped=stopped.get(key))
+        messages = compliant_emoji(texts, stopped=stopped.get(key))
         rows.append(
             {
                 "system": system,
                 "decoding": decoding or "data",
                 **dataclasses.asdict(stats),
-                "judge_similarity": judge_similarity(*judged, texts) if judged else None,
+                "judge_similarity": judge_similarity(*judged, messages) if judged else None,
             }
         )
     samples = [

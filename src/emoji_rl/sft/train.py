@@ -70,7 +70,8 @@ class Config:
         default=5e-4, metadata={"help": "peak learning rate (seed 001: 5e-4 for LoRA)"}
     )
     lr_scheduler_type: Literal["linear", "cosine", "constant"] = field(
-        default="linear", metadata={"help": "decay from the peak to 0 over training (seed 001: linear)"}
+        default="linear",
+        metadata={"help": "learning-rate schedule after warmup (seed 001: linear decay to 0)"},
     )
     num_train_epochs: float = field(default=1.0, metadata={"help": "passes over train_data (seed 001: 1)"})
     max_steps: int = field(default=-1, metadata={"help": "optimizer steps; > 0 overrides num_train_epochs"})

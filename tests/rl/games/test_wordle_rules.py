@@ -6,6 +6,8 @@ from collections import Counter
 
 import numpy as np
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from emoji_rl.rl.games.wordle_rules import (
     Knowledge,
@@ -110,3 +112,15 @@ def test_information_is_entropy_over_candidates():
     counts = Counter(raise_codes).values()
     bits = -sum(c / 2315 * np.log2(c / 2315) for c in counts)
     assert expected_information(np.array(raise_codes, dtype=np.uint8)) == pytest.approx(bits)
+
+
+letters = st.text(alphabet="abcde", min_size=5, max_size=5)
+
+
+@given(answer=letters, guess=letters)
+def test_each_letter_is_marked_as_often_as_both_words_hold_it(answer, guess):
+    marks = feedback(answer, guess)
+    for c in set(guess):
+        shown = sum(m != Mark.GRAY for g, m in zip(guess, marks, strict=True) if g == c)
+        assert shown == min(guess.count(c), answer.count(c))
+    assert pattern_matrix(encode([guess]), encode([answer]))[0, 0] == pattern_code(marks)
