@@ -16,16 +16,28 @@ from emoji_rl.errors import UserError
 # stage -> (module, one-line description). Order is the pipeline's order.
 STAGES: dict[str, tuple[str, str]] = {
     "prompts": ("emoji_rl.data.prompts", "natural-language messages: chitchat corpus (offline) or Claude"),
-    "teacher": ("emoji_rl.data.teacher", "emoji answers (offline, Claude batches, OpenAI-compatible) -> SFT split"),
-    "judge-check": ("emoji_rl.judge_check", "does the judge tell teacher emoji from random emoji? (similarity gap)"),
+    "teacher": (
+        "emoji_rl.data.teacher",
+        "emoji answers (offline, Claude batches, OpenAI-compatible) -> SFT split",
+    ),
+    "judge-check": (
+        "emoji_rl.judge_check",
+        "does the judge tell teacher emoji from random emoji? (similarity gap)",
+    ),
     "sft": ("emoji_rl.sft.train", "LoRA SFT of the sender on (message, emoji) chats (TRL + PEFT)"),
     "eval-sft": ("emoji_rl.sft.evaluate", "base vs SFT: format compliance and emoji stats, table/JSON/PNG"),
-    "rl-prompts": ("emoji_rl.data.rl_prompts", "RL targets kept by a round trip (SFT sender -> judge) -> train/eval"),
+    "rl-prompts": (
+        "emoji_rl.data.rl_prompts",
+        "RL targets kept by a round trip (SFT sender -> judge) -> train/eval",
+    ),
     "grpo": ("emoji_rl.rl.train", "multi-turn GRPO of the sender on the retrieval game"),
     "debug-rollout": ("emoji_rl.rl.debug_rollout", "pretty-print logged GRPO episodes"),
     "play-game": ("emoji_rl.rl.play_game", "play the retrieval game against the model, as sender or judge"),
     "eval-retrieval": ("emoji_rl.eval.retrieval", "base vs SFT vs RL on held-out targets: table, JSON, PNG"),
-    "wordle-data": ("emoji_rl.data.wordle_data", "Wordle SFT traces from the entropy solver + RL answer splits"),
+    "wordle-data": (
+        "emoji_rl.data.wordle_data",
+        "Wordle SFT traces from the entropy solver + RL answer splits",
+    ),
     "eval-wordle": ("emoji_rl.eval.wordle", "Wordle base vs SFT vs RL on held-out answers: table, JSON, PNG"),
     "chat": ("emoji_rl.chat", "talk to a model; emoji-constrained by default"),
 }

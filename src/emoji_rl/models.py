@@ -239,7 +239,9 @@ def continuation_ids(
 
     stop_text = tokenizer.decode([stop_token_id(tokenizer)])
     rendered = chat_text(
-        tokenizer, [*history, {"role": "assistant", "content": _SENTINEL}, user_message], add_generation_prompt=True
+        tokenizer,
+        [*history, {"role": "assistant", "content": _SENTINEL}, user_message],
+        add_generation_prompt=True,
     )
     marker = _SENTINEL + stop_text
     if marker not in rendered:
