@@ -26,12 +26,29 @@ $(STAMP): pyproject.toml Makefile
 
 setup: $(STAMP) ## Create or refresh .venv with everything the CPU profile needs
 
-demo: $(STAMP) ## Run the pipeline on the embedded CPU models
-	$(OFFLINE) $(BIN)/emoji-rl chat --model embedded:smollm2-135m-instruct --compare \
+# The whole pipeline on the embedded models, each stage writing under $(DEMO); a rerun starts over.
+DEMO ?= runs/demo
+ER = $(OFFLINE) $(BIN)/emoji-rl
+
+demo: $(STAMP) ## Run the pipeline on the embedded CPU models (data, judge check, SFT, RL, evaluation)
+	rm -rf $(DEMO)
+	$(ER) prompts --source corpus --n 300 --out $(DEMO)/data/prompts.jsonl
+	$(ER) teacher --teacher offline --prompts $(DEMO)/data/prompts.jsonl --out_dir $(DEMO)/data
+	$(ER) judge-check --judge hf --view gloss --messages $(DEMO)/data/prompts.jsonl --limit 40 \
+		--output $(DEMO)/reports/judge_check.json
+	$(ER) sft --config configs/cpu/sft.yaml --train_data $(DEMO)/data/sft_train.jsonl \
+		--eval_data $(DEMO)/data/sft_test.jsonl --output_dir $(DEMO)/sft
+	$(ER) eval-sft --adapter $(DEMO)/sft/adapter --data $(DEMO)/data/sft_test.jsonl --output_dir $(DEMO)/reports/sft
+	$(ER) rl-prompts --prompts $(DEMO)/data/prompts.jsonl --sft_test $(DEMO)/data/sft_test.jsonl \
+		--adapter $(DEMO)/sft/adapter --out_dir $(DEMO)/data --max_prompts 64 --eval_fraction 0.25 --judge hf
+	$(ER) grpo --config configs/cpu/grpo.yaml --init_adapter $(DEMO)/sft/adapter \
+		--train_data $(DEMO)/data/rl_train.jsonl --output_dir $(DEMO)/grpo
+	$(ER) eval-retrieval --config configs/cpu/eval_retrieval.yaml --data $(DEMO)/data/rl_eval.jsonl \
+		--systems base sft=$(DEMO)/sft/adapter rl=$(DEMO)/grpo/adapter --output_dir $(DEMO)/reports/retrieval
+	$(ER) chat --adapter $(DEMO)/grpo/adapter --compare \
 		--message "I'm so excited for our beach trip this weekend" \
-		          "My cat knocked the birthday cake off the table" \
-		          "Let's grab pizza and watch a movie tonight" \
-		          "I failed my driving test again and I feel terrible"
+		          "Let's grab pizza and watch a movie tonight"
+	@echo "demo: reports in $(DEMO)/reports (JSON + PNG), runs in $(DEMO)/{sft,grpo}"
 
 test: $(STAMP) ## Run the whole test suite (offline, CPU)
 	$(OFFLINE) $(BIN)/python -m pytest -q

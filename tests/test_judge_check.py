@@ -9,7 +9,7 @@ import pytest
 
 from emoji_rl import cli, models
 from emoji_rl.emoji.alphabet import parse_message
-from emoji_rl.errors import UserError
+from emoji_rl.errors import DataError, UserError
 from emoji_rl.judge_check import DEFAULT_MESSAGES, random_answers, read_messages
 from emoji_rl.rl.judge import NAMES_CAVEAT
 
@@ -84,3 +84,13 @@ def test_cli_missing_messages_file_is_a_clean_error(tmp_path, capsys):
 def test_cli_lexicon_judge_has_no_raw_view(capsys):
     assert cli.main(["judge-check", "--judge", "lexicon", "--view", "raw", "--messages", str(SAMPLES)]) == 2
     assert "--judge lexicon" in capsys.readouterr().err
+
+
+def test_messages_from_jsonl_records(tmp_path):
+    path = tmp_path / "prompts.jsonl"
+    path.write_text('{"text": "first message here"}\n{"target": "second one"}\n')
+    assert read_messages(path) == ["first message here", "second one"]
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"text": "ok"}\n{"id": 3}\n')
+    with pytest.raises(DataError, match=r"bad.jsonl:2: record has neither"):
+        read_messages(bad)

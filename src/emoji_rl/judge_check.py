@@ -23,9 +23,10 @@ from pathlib import Path
 import torch
 
 from emoji_rl import config, models
+from emoji_rl.data.jsonl import read_jsonl
 from emoji_rl.data.offline_teacher import OfflineTeacher
 from emoji_rl.emoji.alphabet import ALPHABET, SEPARATOR, parse_message
-from emoji_rl.errors import UserError
+from emoji_rl.errors import DataError, UserError
 from emoji_rl.rl.judge import NAMES_CAVEAT, UNKNOWN, Guess, JudgeInput, JudgeKind, JudgeView, make_judge
 from emoji_rl.rl.reward import Similarity
 
@@ -55,7 +56,13 @@ class Config:
     )
     messages: str = field(
         default=DEFAULT_MESSAGES,
-        metadata={"help": "text file, one message per line (blank lines skipped)"},
+        metadata={
+            "help": "text file, one message per line (blank lines skipped), or JSONL records with `text` "
+            "(emoji-rl prompts) or `target` (emoji-rl rl-prompts)"
+        },
+    )
+    limit: int | None = field(
+        default=None, metadata={"help": "check the first N (>= 2) messages only; none: all"}
     )
     output: str | None = field(
         default=None, metadata={"help": "write a JSON report here (config, metrics, every guess)"}
@@ -91,6 +98,10 @@ class Config:
     def __post_init__(self) -> None:
         if self.batch_size < 1:
             raise ValueError(f"batch_size={self.batch_size} must be >= 1")
+        if self.limit is not None and self.limit < 2:
+            raise ValueError(
+                f"limit={self.limit} must be >= 2: retrieval@1 ranks each guess among the messages"
+            )
         if self.judge == "lexicon" and self.view != "gloss":
             raise ValueError(
                 f"--view {self.view} does not apply to --judge lexicon, which reads emoji names: "
@@ -98,15 +109,25 @@ class Config:
             )
 
 
+def _record_text(path: Path, line: int, record: dict) -> str:
+    text = record.get("text", record.get("target"))
+    if not isinstance(text, str):
+        raise DataError(path, line, "record has neither a string `text` nor a string `target`")
+    return text
+
+
 def read_messages(path: str | Path) -> list[str]:
     """Non-blank lines of a text file, stripped and deduplicated in order; at least two of them."""
     path = Path(path)
     if not path.is_file():
         raise UserError(f"messages file {path} does not exist (one message per line; try {DEFAULT_MESSAGES})")
-    try:
-        lines = path.read_text(encoding="utf-8").splitlines()
-    except UnicodeDecodeError as err:
-        raise UserError(f"messages file {path} is not UTF-8 text: {err}") from err
+    if path.suffix == ".jsonl":
+        lines = [_record_text(path, n, r) for n, r in enumerate(read_jsonl(path), start=1)]
+    else:
+        try:
+            lines = path.read_text(encoding="utf-8").splitlines()
+        except UnicodeDecodeError as err:
+            raise UserError(f"messages file {path} is not UTF-8 text: {err}") from err
     messages = list(dict.fromkeys(line.strip() for line in lines if line.strip()))
     # retrieval@1 ranks each guess among all messages: one message would always be "retrieved".
     if len(messages) < 2:
@@ -169,7 +190,7 @@ def format_report(judge: str, source: str, n: int, metrics: dict[str, float], mi
 
 
 def main(cfg: Config) -> None:
-    messages = read_messages(cfg.messages)
+    messages = read_messages(cfg.messages)[: cfg.limit]
 
     # models: the embedder serves the teacher and the score; the judge is built once
     embedder = models.load_embedder(cfg.embedder)
