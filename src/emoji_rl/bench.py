@@ -14,6 +14,7 @@ import tempfile
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 
 from emoji_rl import models
 
@@ -117,10 +118,37 @@ def bench_grammar_compile() -> list[Row]:
     ]
 
 
+def bench_judge_signal() -> list[Row]:
+    """The cpu default judge (SmolLM2 shown emoji names) on teacher vs random emoji (issue 8)."""
+    import json
+
+    from emoji_rl import judge_check
+
+    with tempfile.TemporaryDirectory() as tmp:
+        report = Path(tmp) / "judge_check.json"
+        judge_check.main(
+            judge_check.Config(judge="hf", view="gloss", limit=24, output=str(report), min_gap=-1.0)
+        )
+        metrics = json.loads(report.read_text())["metrics"]
+    teacher, random_ = metrics["teacher/sim_mean"], metrics["random/sim_mean"]
+    gap = teacher - random_
+    return [
+        Row(
+            "judge signal (hf, gloss): teacher / random sim",
+            f"{teacher:.3f} sim",
+            f"{random_:.3f} sim",
+            teacher / max(random_, 1e-9),
+            "gap>=0.15",
+            gap >= 0.15,
+        )
+    ]
+
+
 BENCHMARKS: dict[str, Callable[[], list[Row]]] = {
     "model_load": bench_model_load,
     "grammar_compile": bench_grammar_compile,
     "constrained_generation": bench_constrained_generation,
+    "judge_signal": bench_judge_signal,
 }
 
 
