@@ -9,6 +9,7 @@ and the tokens after the generation prompt (the emoji, end of turn) carry the lo
     emoji-rl sft --config configs/cpu/sft.yaml                       # embedded SmolLM2, a few minutes
     emoji-rl sft --config configs/gpu/sft.yaml                       # Qwen3.5-4B, one GPU
     NGPUS=8 launch/train_sft.sh                                      # accelerate launch, DDP (or STRATEGY=fsdp)
+    torchrun --nproc_per_node 8 -m emoji_rl.cli sft --config configs/gpu/sft.yaml   # DDP without accelerate
     emoji-rl sft --config configs/gpu/sft.yaml --resume true         # go on from the last checkpoint
 
 The run directory (`output_dir`) holds config.yaml, metrics.jsonl, TensorBoard logs under runs/,
@@ -329,7 +330,6 @@ def checkpoint_to_resume(output_dir: Path, resume: bool) -> str | None:
 
 
 def main(cfg: Config) -> None:
-    import torch
     from transformers import AutoModelForCausalLM
     from trl import SFTTrainer
 
@@ -387,14 +387,13 @@ def main(cfg: Config) -> None:
     seconds = time.monotonic() - start
     eval_loss = trainer.evaluate()["eval_loss"] if eval_set is not None else float("nan")
     adapter_dir = output_dir / ADAPTER_DIR
-    trainer.save_model(str(adapter_dir))
-    if torch.distributed.is_initialized():
-        torch.distributed.barrier()
-    logger.info(
-        "sft: %d steps in %.0f s, train loss %.4f, eval loss %.4f; adapter at %s",
-        result.global_step,
-        seconds,
-        result.training_loss,
-        eval_loss,
-        adapter_dir,
-    )
+    trainer.save_model(str(adapter_dir))  # every rank calls it: FSDP gathers the shards, rank 0 writes
+    if is_main:
+        logger.info(
+            "sft: %d steps in %.0f s, train loss %.4f, eval loss %.4f; adapter at %s",
+            result.global_step,
+            seconds,
+            result.training_loss,
+            eval_loss,
+            adapter_dir,
+        )
