@@ -36,7 +36,7 @@ demo: $(STAMP) ## Run the pipeline on the embedded CPU models (data, judge check
 	rm -rf $(DEMO)
 	$(ER) prompts --source corpus --n 300 --out $(DEMO)/data/prompts.jsonl
 	$(ER) teacher --teacher offline --prompts $(DEMO)/data/prompts.jsonl --out_dir $(DEMO)/data
-	$(ER) judge-check --judge hf --view gloss --messages $(DEMO)/data/prompts.jsonl --limit 40 \
+	$(ER) judge-check --judge hf --judge_view gloss --messages $(DEMO)/data/prompts.jsonl --limit 40 \
 		--output $(DEMO)/reports/judge_check.json
 	$(ER) sft --config configs/cpu/sft.yaml --train_data $(DEMO)/data/sft_train.jsonl \
 		--eval_data $(DEMO)/data/sft_test.jsonl --output_dir $(DEMO)/sft

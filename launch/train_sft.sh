@@ -14,6 +14,12 @@
 #   MAIN_PORT  rendezvous port of process 0       (29500; change it to run two jobs at once)
 #   PYTHON     interpreter with emoji-rl installed (.venv/bin/python if present, else python3)
 # effective_batch_size (128) stays the same for any NGPUS: gradient accumulation is derived from it.
+#
+# Without GPUs the NGPUS processes run on the CPU over gloo (DDP; STRATEGY=fsdp runs DDP too, as
+# accelerate shards only on GPUs), in fp32: `dtype` decides, not the yaml's bf16. Checked with
+# NGPUS=2 CONFIG=configs/cpu/sft.yaml; tests/sft/test_distributed.py launches accelerate this way.
+# Do not add accelerate's --cpu: with it `--num_processes 2` starts ONE process (accelerate 1.15
+# spreads CPU processes only through mpirun).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 

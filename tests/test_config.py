@@ -17,6 +17,7 @@ class Toy:
     engine: Literal["hf", "vllm"] = field(default="hf", metadata={"help": "rollout engine"})
     resume: bool = field(default=False, metadata={"help": "resume from the last checkpoint"})
     adapter: str | None = field(default=None, metadata={"help": "adapter dir"})
+    judge: Literal["hf", "lexicon"] | None = field(default=None, metadata={"help": "judge kind"})
     messages: list[str] | None = field(default=None, metadata={"help": "messages"})
 
     def __post_init__(self) -> None:
@@ -38,6 +39,22 @@ def test_types_are_parsed():
         Toy, ["--engine", "vllm", "--resume", "true", "--adapter", "none", "--messages", "a", "b"], prog="toy"
     )
     assert (cfg.engine, cfg.resume, cfg.adapter, cfg.messages) == ("vllm", True, None, ["a", "b"])
+
+
+def test_bare_bool_flag_means_true_and_false_still_turns_it_off(tmp_path):
+    assert parse_config(Toy, ["--resume", "--engine", "vllm"], prog="toy").resume is True
+    path = tmp_path / "toy.yaml"
+    path.write_text("resume: true\n")
+    assert parse_config(Toy, ["--config", str(path), "--resume", "false"], prog="toy").resume is False
+    with pytest.raises(SystemExit):
+        parse_config(Toy, ["--resume", "maybe"], prog="toy")
+
+
+def test_optional_choice_takes_none():
+    assert parse_config(Toy, ["--judge", "none"], prog="toy").judge is None
+    assert parse_config(Toy, ["--judge", "lexicon"], prog="toy").judge == "lexicon"
+    with pytest.raises(SystemExit):
+        parse_config(Toy, ["--judge", "gpt"], prog="toy")
 
 
 def test_unknown_yaml_key_names_file_and_key(tmp_path):

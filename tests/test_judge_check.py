@@ -82,8 +82,11 @@ def test_cli_missing_messages_file_is_a_clean_error(tmp_path, capsys):
 
 
 def test_cli_lexicon_judge_has_no_raw_view(capsys):
-    assert cli.main(["judge-check", "--judge", "lexicon", "--view", "raw", "--messages", str(SAMPLES)]) == 2
-    assert "--judge lexicon" in capsys.readouterr().err
+    assert (
+        cli.main(["judge-check", "--judge", "lexicon", "--judge_view", "raw", "--messages", str(SAMPLES)])
+        == 2
+    )
+    assert "judge_view=raw does not apply to judge=lexicon" in capsys.readouterr().err
 
 
 def test_messages_from_jsonl_records(tmp_path):

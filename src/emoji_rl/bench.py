@@ -62,29 +62,47 @@ def bench_model_load() -> list[Row]:
 
 
 def bench_constrained_generation() -> list[Row]:
-    """Tokens/s of grammar-constrained vs unconstrained sampling, same prompts, batch 1 and 16."""
+    """Decoding speed of grammar-constrained vs unconstrained sampling, same prompts, batch 1 and 16."""
     from emoji_rl.generate import generate_replies
     from emoji_rl.prompts import sender_messages
 
     tokenizer = models.load_tokenizer(models.SMOLLM2)
     model = models.load_causal_lm(models.SMOLLM2, models.pick_runtime("cpu"))
     targets = [f"message number {i}: let's meet at the beach for a picnic" for i in range(16)]
+    modes = ("none", "grammar")
+
+    def run(
+        mode: str, chunks: list[list[list[dict[str, str]]]], budgets: list[int]
+    ) -> tuple[float, list[int]]:
+        """Seconds, and the steps each chunk's generate call took (its longest reply)."""
+        seconds, steps = 0.0, []
+        for chunk, budget in zip(chunks, budgets, strict=True):
+            start = time.perf_counter()
+            replies = generate_replies(
+                model, tokenizer, chunk, constraint=mode, batch_size=len(chunk), max_new_tokens=budget, seed=0
+            )
+            seconds += time.perf_counter() - start
+            steps.append(max(len(r.token_ids) for r in replies))
+        return seconds, steps
+
     rows = []
     for batch in (1, 16):
         conversations = [sender_messages(t) for t in targets[: max(batch, 4)]]
-        rates = {}
-        for mode in ("none", "grammar"):
-            # Warm up once (grammar compile, kernels), then time a fixed-length run: min_new_tokens is
-            # not used, so both modes produce what they produce and are compared per token.
-            generate_replies(
-                model, tokenizer, conversations[:batch], constraint=mode, max_new_tokens=4, seed=0
-            )
-            start = time.perf_counter()
-            replies = generate_replies(
-                model, tokenizer, conversations, constraint=mode, batch_size=batch, max_new_tokens=24, seed=0
-            )
-            seconds = time.perf_counter() - start
-            rates[mode] = sum(len(r.token_ids) for r in replies) / seconds
+        chunks = [conversations[i : i + batch] for i in range(0, len(conversations), batch)]
+        # Both modes decode the same steps, counted as positions (rows x steps), not tokens kept. The
+        # grammar ends rows after 2-8 emoji while the unconstrained model mostly writes on to
+        # max_new_tokens, so per kept token the grammar was charged for the model's choice to stop:
+        # at batch 1 the prefill (about as long as 24 decode steps) spread over fewer tokens, at batch
+        # 16 ended rows idle until their batch's last row ends (325 vs 373 tokens kept in the same 24
+        # steps). A grammar run, which also warms up, sets each call's max_new_tokens for both modes.
+        generate_replies(model, tokenizer, chunks[0], constraint="none", max_new_tokens=4, seed=0)
+        _, budgets = run("grammar", chunks, [24] * len(chunks))
+        rates = dict.fromkeys(modes, 0.0)
+        # Modes alternate and each keeps its fastest of 3 runs: other processes only ever slow a run.
+        for mode in modes * 3:
+            seconds, steps = run(mode, chunks, budgets)
+            positions = sum(len(chunk) * n for chunk, n in zip(chunks, steps, strict=True))
+            rates[mode] = max(rates[mode], positions / seconds)
         ratio = rates["grammar"] / rates["none"]
         rows.append(
             Row(
@@ -127,7 +145,7 @@ def bench_judge_signal() -> list[Row]:
     with tempfile.TemporaryDirectory() as tmp:
         report = Path(tmp) / "judge_check.json"
         judge_check.main(
-            judge_check.Config(judge="hf", view="gloss", limit=24, output=str(report), min_gap=-1.0)
+            judge_check.Config(judge="hf", judge_view="gloss", limit=24, output=str(report), min_gap=-1.0)
         )
         metrics = json.loads(report.read_text())["metrics"]
     teacher, random_ = metrics["teacher/sim_mean"], metrics["random/sim_mean"]
@@ -144,11 +162,25 @@ def bench_judge_signal() -> list[Row]:
     ]
 
 
+def _rl(name: str) -> Callable[[], list[Row]]:
+    """A GRPO row from emoji_rl.rl.bench, imported when it runs: that module imports `Row` from here."""
+
+    def run() -> list[Row]:
+        from emoji_rl.rl import bench as rl_bench
+
+        return getattr(rl_bench, name)()
+
+    return run
+
+
 BENCHMARKS: dict[str, Callable[[], list[Row]]] = {
     "model_load": bench_model_load,
     "grammar_compile": bench_grammar_compile,
     "constrained_generation": bench_constrained_generation,
     "judge_signal": bench_judge_signal,
+    "grpo_rollout": _rl("bench_rollout_throughput"),
+    "grpo_step_vs_trl": _rl("bench_grpo_step_vs_trl"),
+    "grpo_kl_memory": _rl("bench_kl_reference_memory"),
 }
 
 

@@ -46,7 +46,8 @@ def _add_field(parser: argparse.ArgumentParser, field: dataclasses.Field, tp: An
         choices = list(get_args(tp))
         kwargs.update(type=type(choices[0]), choices=choices)
     elif tp is bool:
-        kwargs.update(type=_bool, metavar="{true,false}")
+        # A bare `--flag` means true, as in HfArgumentParser; `--flag false` still turns it off.
+        kwargs.update(type=_bool, metavar="{true,false}", nargs="?", const=True)
     elif origin in (list, tuple):
         (item,) = get_args(tp)[:1]
         kwargs.update(type=item, nargs="*" if optional else "+")
@@ -57,6 +58,9 @@ def _add_field(parser: argparse.ArgumentParser, field: dataclasses.Field, tp: An
     if optional and origin not in (list, tuple):
         base = kwargs["type"]
         kwargs["type"] = lambda s, _b=base: None if s.lower() in {"none", "null"} else _b(s)
+        if "choices" in kwargs:  # argparse checks choices after the type turned "none" into None
+            kwargs["choices"] = [*kwargs["choices"], None]
+            kwargs["metavar"] = "{" + ",".join(map(str, get_args(tp))) + ",none}"
     if field.default is not dataclasses.MISSING:
         kwargs["default"] = field.default
     elif field.default_factory is not dataclasses.MISSING:

@@ -8,7 +8,7 @@ messages) for both and the gap, and fails when the similarity gap is below `--mi
 
     cpu:  emoji-rl judge-check                      # hf judge, SmolLM2-135M, gloss view
           emoji-rl judge-check --judge lexicon      # no LLM, seconds
-    gpu:  emoji-rl judge-check --judge openai --view raw --judge_model judge   # launch/serve_judge.sh
+    gpu:  emoji-rl judge-check --judge openai --judge_view raw --judge_model judge   # launch/serve_judge.sh
 """
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ from emoji_rl.data.jsonl import read_jsonl
 from emoji_rl.data.offline_teacher import OfflineTeacher
 from emoji_rl.emoji.alphabet import ALPHABET, SEPARATOR, parse_message
 from emoji_rl.errors import DataError, UserError
-from emoji_rl.rl.judge import NAMES_CAVEAT, UNKNOWN, Guess, JudgeInput, JudgeKind, JudgeView, make_judge
+from emoji_rl.rl.judge import NAMES_CAVEAT, UNKNOWN, Guess, JudgeConfig, JudgeInput
 from emoji_rl.rl.reward import Similarity
 
 log = logging.getLogger(__name__)
@@ -36,24 +36,10 @@ DEFAULT_MESSAGES = "data/samples/messages.txt"
 
 
 @dataclass
-class Config:
+class Config(JudgeConfig):
     """Compare the judge's guesses from teacher emoji and from random emoji."""
 
-    # --- core
-    judge: JudgeKind = field(
-        default="hf",
-        metadata={
-            "help": "judge kind: hf (in-process LLM), openai (an OpenAI-compatible server such as vLLM) "
-            "or lexicon (the emoji names, no LLM)"
-        },
-    )
-    view: JudgeView = field(
-        default="gloss",
-        metadata={
-            "help": "what an LLM judge is shown: gloss (each emoji with its name; SmolLM2 needs it) or raw "
-            "(emoji alone: for judges that read emoji, the gpu default)"
-        },
-    )
+    # --- core (and the judge_* fields)
     messages: str = field(
         default=DEFAULT_MESSAGES,
         metadata={
@@ -75,19 +61,6 @@ class Config:
         },
     )
     # --- advanced
-    judge_model: str = field(
-        default=models.SMOLLM2,
-        metadata={
-            "help": "hf judge: model spec (hub id, path or embedded:NAME); openai: the served model name"
-        },
-    )
-    judge_url: str = field(
-        default="http://127.0.0.1:8001",
-        metadata={"help": "base URL of an openai judge (launch/serve_judge.sh)"},
-    )
-    judge_api_key_env: str | None = field(
-        default="JUDGE_API_KEY", metadata={"help": "env var holding the judge server's key; unset sends none"}
-    )
     embedder: str = field(
         default=models.MINILM, metadata={"help": "sentence embedder for the teacher and the similarity"}
     )
@@ -96,16 +69,12 @@ class Config:
     device: str = field(default="auto", metadata={"help": "hf judge device: auto, cpu, cuda, cuda:N"})
 
     def __post_init__(self) -> None:
+        super().__post_init__()
         if self.batch_size < 1:
             raise ValueError(f"batch_size={self.batch_size} must be >= 1")
         if self.limit is not None and self.limit < 2:
             raise ValueError(
                 f"limit={self.limit} must be >= 2: retrieval@1 ranks each guess among the messages"
-            )
-        if self.judge == "lexicon" and self.view != "gloss":
-            raise ValueError(
-                f"--view {self.view} does not apply to --judge lexicon, which reads emoji names: "
-                "drop --view, or use --judge hf for raw emoji"
             )
 
 
@@ -195,15 +164,7 @@ def main(cfg: Config) -> None:
     # models: the embedder serves the teacher and the score; the judge is built once
     embedder = models.load_embedder(cfg.embedder)
     similarity = Similarity(embedder)
-    judge = make_judge(
-        cfg.judge,
-        cfg.view,
-        cfg.judge_model,
-        runtime=models.pick_runtime(cfg.device) if cfg.judge == "hf" else None,
-        batch_size=cfg.batch_size,
-        url=cfg.judge_url,
-        api_key_env=cfg.judge_api_key_env,
-    )
+    judge = cfg.build_judge(models.pick_runtime(cfg.device) if cfg.judge == "hf" else None, cfg.batch_size)
 
     # answers: teacher emoji, and random emoji of the same lengths
     teacher = OfflineTeacher(embedder).answer(messages)
@@ -268,5 +229,5 @@ def main(cfg: Config) -> None:
     if metrics["gap/sim_mean"] < cfg.min_gap:
         raise UserError(
             f"judge {judge.describe()} shows a similarity gap of {metrics['gap/sim_mean']:.3f} < "
-            f"min_gap={cfg.min_gap}; try --view gloss, another --judge_model, or --judge lexicon"
+            f"min_gap={cfg.min_gap}; try --judge_view gloss, another --judge_model, or --judge lexicon"
         )

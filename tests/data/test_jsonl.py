@@ -3,7 +3,7 @@ import os
 
 import pytest
 
-from emoji_rl.data.jsonl import AppendLog, read_jsonl, write_json, write_jsonl
+from emoji_rl.data.jsonl import AppendLog, drop_steps_after, read_jsonl, write_json, write_jsonl
 from emoji_rl.errors import DataError, UserError
 
 
@@ -112,3 +112,32 @@ def test_append_log_still_rejects_a_bad_complete_line(tmp_path):
     path.write_text('{"i": 1}\nnot json\n{"i": 3}\n')
     with pytest.raises(DataError, match=r"log.jsonl:2: not valid JSON"):
         AppendLog(path)
+
+
+def test_drop_steps_after_keeps_earlier_steps_byte_for_byte_and_replaces_the_file(tmp_path):
+    path = tmp_path / "metrics.jsonl"
+    kept = '{"step": 1, "e": "🍕"}\n{"step": 2, "loss": 0.5}\n{"step": 2, "eval": 0.25}\n'
+    # Steps 3 and 4 were logged after the checkpoint at step 2; the run died mid-way through a line.
+    path.write_text(kept + '{"step": 3}\n{"step": 4}\n{"step": 5, "lo', encoding="utf-8")
+    inode = path.stat().st_ino
+    assert drop_steps_after(path, 2) == 3
+    assert path.read_text(encoding="utf-8") == kept
+    assert path.stat().st_ino != inode  # a new file renamed into place, never truncated in place
+    assert os.listdir(tmp_path) == ["metrics.jsonl"]
+
+
+def test_drop_steps_after_leaves_a_log_with_nothing_to_drop_untouched(tmp_path):
+    path = tmp_path / "rollouts.jsonl"
+    path.write_text('{"step": 1}\n{"step": 2}\n')
+    inode = path.stat().st_ino
+    assert drop_steps_after(path, 2) == 0
+    assert path.stat().st_ino == inode
+    assert drop_steps_after(tmp_path / "missing.jsonl", 0) == 0
+    assert drop_steps_after(path, -1) == 2 and path.read_text() == ""  # a fresh run keeps nothing
+
+
+def test_drop_steps_after_names_a_line_without_a_step(tmp_path):
+    path = tmp_path / "metrics.jsonl"
+    path.write_text('{"step": 1}\n{"loss": 0.5}\n')
+    with pytest.raises(DataError, match=r"metrics.jsonl:2: a training log line needs an integer `step`"):
+        drop_steps_after(path, 1)

@@ -10,6 +10,7 @@ from collections.abc import Iterator
 
 import pytest
 import torch
+import xgrammar as xgr
 from transformers import (
     LlamaConfig,
     LlamaForCausalLM,
@@ -21,7 +22,13 @@ from transformers import (
 from emoji_rl import models
 from emoji_rl.emoji.alphabet import ALPHABET, parse_message
 from emoji_rl.emoji.constraint import compile_emoji_grammar, replay_masks
-from emoji_rl.emoji.logits import EmojiLogitsProcessor, StaticMaskLogitsProcessor, static_allowed_ids
+from emoji_rl.emoji.logits import (
+    EmojiLogitsProcessor,
+    StaticMaskLogitsProcessor,
+    allowed_positions,
+    mask_logits_,
+    static_allowed_ids,
+)
 from emoji_rl.errors import UserError
 from emoji_rl.prompts import sender_messages
 
@@ -149,6 +156,33 @@ def test_ended_rows_may_only_repeat_end_of_turn(byte_level_tokenizer) -> None:
     for length in range(1, len(ids) + 1):
         scores = processor(torch.tensor([ids[:length]]), torch.zeros(1, 257))
     assert torch.isfinite(scores[0]).nonzero().flatten().tolist() == [eos]
+
+
+def test_allowed_positions_reads_bits_low_first_up_to_the_width() -> None:
+    # Row 0: word 0 = 0b1011 (tokens 0, 1, 3), word 2 bit 5 (token 69). Row 1: word 1 bit 31, the
+    # int32 sign bit (token 63).
+    bitmask = torch.tensor([[0b1011, 0, 1 << 5], [0, -(2**31), 0]], dtype=torch.int32)
+    rows, ids = allowed_positions(bitmask, 70)
+    assert list(zip(rows.tolist(), ids.tolist(), strict=True)) == [(0, 0), (0, 1), (0, 3), (0, 69), (1, 63)]
+    rows, ids = allowed_positions(bitmask, 66)  # token 69 lies past 66 logits: no such token
+    assert ids.tolist() == [0, 1, 3, 63]
+    scores = mask_logits_(torch.arange(140.0).view(2, 70), bitmask)
+    assert torch.isfinite(scores).nonzero().tolist() == [[0, 0], [0, 1], [0, 3], [0, 69], [1, 63]]
+    assert scores[0, [0, 1, 3, 69]].tolist() == [0.0, 1.0, 3.0, 69.0] and scores[1, 63].item() == 133.0
+
+
+@pytest.mark.parametrize("width", [1, 32, 70, 257])
+@pytest.mark.parametrize("density", [0.0, 0.02, 0.5, 1.0])
+def test_mask_logits_masks_as_xgrammar_does(width: int, density: float) -> None:
+    generator = torch.Generator().manual_seed(width)
+    words = -(-width // 32)
+    bits = (torch.rand(3, words, 32, generator=generator) < density).long() << torch.arange(32)
+    bitmask = bits.sum(-1).to(torch.int32)  # wraps bit 31 to the sign, as xgrammar stores it
+    scores = torch.randn(3, width, generator=generator)
+    expected = scores.clone()
+    xgr.apply_token_bitmask_inplace(expected, bitmask)
+    assert torch.equal(mask_logits_(scores, bitmask), expected)
+    assert torch.equal(scores, expected)  # in place
 
 
 @pytest.fixture(scope="module")

@@ -4,6 +4,7 @@ lexicon judge's signal gap (issue 8)."""
 from __future__ import annotations
 
 import asyncio
+import importlib
 import random
 
 import pytest
@@ -11,6 +12,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 import emoji as emoji_pkg
+from emoji_rl.config import build_parser, parse_config
 from emoji_rl.emoji.alphabet import ALPHABET
 from emoji_rl.errors import UserError
 from emoji_rl.rl.judge import (
@@ -20,6 +22,7 @@ from emoji_rl.rl.judge import (
     JUDGE_SYSTEM,
     UNKNOWN,
     HFJudge,
+    JudgeConfig,
     JudgeInput,
     LexiconJudge,
     clean_guess,
@@ -130,6 +133,56 @@ def test_clean_guess_leaves_no_emoji_and_never_empty(answer):
 def test_make_judge_rejects_a_view_the_lexicon_judge_cannot_use():
     with pytest.raises(UserError, match="lexicon"):
         make_judge("lexicon", "raw")
+
+
+# Every stage that asks a judge, and its default judge kind (eval-sft runs without one unless asked).
+JUDGE_STAGES = {
+    "grpo": "hf",
+    "rl-prompts": "hf",
+    "judge-check": "hf",
+    "eval-sft": None,
+    "eval-retrieval": "hf",
+    "play-game": "hf",
+}
+JUDGE_FLAGS = ["--judge", "--judge_view", "--judge_model", "--judge_url", "--judge_api_key_env"]
+
+
+def _stage_config(stage):
+    from emoji_rl import cli
+
+    return importlib.import_module(cli.STAGES[stage][0]).Config
+
+
+@pytest.mark.parametrize(("stage", "default"), JUDGE_STAGES.items())
+def test_every_judge_stage_takes_the_same_judge_flags(stage, default):
+    cls = _stage_config(stage)
+    assert issubclass(cls, JudgeConfig)
+    parser = build_parser(cls, f"emoji-rl {stage}", None)
+    helps = {a.option_strings[0]: (a.default, a.help) for a in parser._actions if a.option_strings}
+    base = {a.option_strings[0]: a.help for a in build_parser(JudgeConfig, "judge", None)._actions}
+    for flag in JUDGE_FLAGS:
+        assert flag in helps, (stage, flag)
+        if flag != "--judge" or default is not None:
+            assert helps[flag][1] == base[flag], (stage, flag)  # one help text, written once
+    assert helps["--judge"][0] == default
+    assert helps["--judge_view"][0] == "gloss" and helps["--judge_url"][0] == "http://127.0.0.1:8001"
+
+
+@pytest.mark.parametrize("stage", JUDGE_STAGES)
+def test_every_judge_stage_rejects_raw_emoji_for_the_lexicon_judge_before_anything_loads(stage):
+    argv = ["--judge", "lexicon", "--judge_view", "raw", "--adapter", "runs/sft/adapter"]
+    if stage != "eval-sft":
+        argv = argv[:4]
+    with pytest.raises(UserError, match="judge_view=raw does not apply to judge=lexicon"):
+        parse_config(_stage_config(stage), argv, prog=f"emoji-rl {stage}")
+
+
+def test_judge_config_builds_the_judge_it_describes():
+    judge = JudgeConfig(judge="lexicon").build_judge(runtime=None)
+    assert isinstance(judge, LexiconJudge)
+    assert JudgeConfig(judge="lexicon").judge_reads_names
+    assert JudgeConfig(judge="hf", judge_view="gloss").judge_reads_names
+    assert not JudgeConfig(judge="openai", judge_view="raw").judge_reads_names
 
 
 # Hand-picked emoji for eight everyday messages, and seeded random alphabet emoji of the same length.

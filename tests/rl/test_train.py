@@ -1,5 +1,6 @@
-"""GRPO checked by learning: a toy verifiable reward goes up; a resumed run repeats the metrics of an
-uninterrupted one; the stage runs end to end on the retrieval game with the lexicon judge."""
+"""GRPO checked by learning: a toy verifiable reward goes up; a run resumed after a crash repeats the
+metrics, rollouts and game state of an uninterrupted one; the stage runs end to end on the retrieval
+game with the lexicon judge."""
 
 import asyncio
 import json
@@ -17,6 +18,7 @@ from emoji_rl.rl import train as grpo_train
 from emoji_rl.rl.policy import build_policy
 from emoji_rl.rl.rollout.hf import HFSampler
 from emoji_rl.rl.rollout.play import play
+from emoji_rl.rl.setup import GameSetup
 from emoji_rl.rl.types import Game, StepResult
 
 pytestmark = pytest.mark.slow
@@ -45,6 +47,10 @@ class FavoriteEmojiGame(Game):
         )
         share = self.score(parsed.emoji) if ended and parsed.ok else 0.0
         return StepResult(done=True, reward=share, metrics={"share": share})
+
+
+def favorite_setup(tokenizer, constraint, records, score=favorite_share):
+    return GameSetup(lambda r: FavoriteEmojiGame(tokenizer, 4, score), records, constraint, "favorite emoji")
 
 
 def _toy_setup(tmp_path, **overrides):
@@ -85,9 +91,7 @@ def test_grpo_raises_a_verifiable_reward(tmp_path):
     cfg, tokenizer, policy, constraint, sampler = _toy_setup(tmp_path)
     before = _mean_reward(tokenizer, sampler)
     records = [{"id": "p0", "target": PROMPT}]
-    grpo_train.train(
-        cfg, policy, tokenizer, constraint, sampler, lambda r: FavoriteEmojiGame(tokenizer, 4), records
-    )
+    grpo_train.train(cfg, policy, tokenizer, favorite_setup(tokenizer, constraint, records), sampler)
     after = _mean_reward(tokenizer, sampler)
     print(f"share of {FAVORITE}: before {before:.3f}, after {after:.3f}")
     assert after > before + 0.15
@@ -108,29 +112,69 @@ def _comparable(metrics):
     return [{k: v for k, v in m.items() if not k.startswith(("time/", "throughput/"))} for m in metrics]
 
 
-def test_resume_repeats_the_uninterrupted_run(tmp_path):
+class Interrupted(Exception):
+    """The process dying."""
+
+
+class GamesBuilt:
+    """Run state for the checkpoint to carry, as the Wordle curriculum is: how many games were built."""
+
+    def __init__(self):
+        self.count = 0
+
+    def state_dict(self):
+        return {"count": self.count}
+
+    def load_state_dict(self, state):
+        self.count = state["count"]
+
+
+def _read_jsonl(path):
+    return [json.loads(line) for line in path.read_text().splitlines()]
+
+
+def test_resume_after_a_crash_repeats_the_uninterrupted_run(tmp_path, monkeypatch):
     common = dict(max_steps=3, save_steps=2, batch_size=1, group_size=4, beta=0.05, reference="base")
-    cfg, tokenizer, policy, constraint, sampler = _toy_setup(tmp_path / "full", **common)
     records = [{"id": f"p{i}", "target": PROMPT} for i in range(3)]
 
-    def game(record):
-        return FavoriteEmojiGame(tokenizer, 4)
+    def run(name, **overrides):
+        cfg, tokenizer, policy, constraint, sampler = _toy_setup(tmp_path / name, **{**common, **overrides})
+        built = GamesBuilt()
 
-    grpo_train.train(cfg, policy, tokenizer, constraint, sampler, game, records)
-    full = read_metrics(cfg.output_dir)
+        def game(record):
+            built.count += 1
+            return FavoriteEmojiGame(tokenizer, 4)
 
-    cfg, tokenizer, policy, constraint, sampler = _toy_setup(tmp_path / "split", **{**common, "max_steps": 2})
-    grpo_train.train(cfg, policy, tokenizer, constraint, sampler, game, records)
-    cfg, tokenizer, policy, constraint, sampler = _toy_setup(tmp_path / "split", **{**common, "resume": True})
-    torch.manual_seed(999)  # resuming restores the RNG: this seed must not matter
-    state = grpo_train.train(cfg, policy, tokenizer, constraint, sampler, game, records)
-    resumed = read_metrics(cfg.output_dir)
+        if cfg.resume:
+            torch.manual_seed(999)  # resuming restores the RNG: this seed must not matter
+        setup = GameSetup(game, records, constraint, "favorite emoji", state=built)
+        return grpo_train.train(cfg, policy, tokenizer, setup, sampler), built.count
+
+    _, full_built = run("full")
+    full = tmp_path / "full" / "run"
+
+    # The first attempt dies after logging step 3, before its checkpoint: the last one is step 2's.
+    def save_or_die(run_dir, state, *args):
+        if state.step == 3:
+            raise Interrupted
+        real_save(run_dir, state, *args)
+
+    real_save = grpo_train.save_checkpoint
+    with monkeypatch.context() as patch, pytest.raises(Interrupted):
+        patch.setattr(grpo_train, "save_checkpoint", save_or_die)
+        run("split")
+    split = tmp_path / "split" / "run"
+    assert [m["step"] for m in read_metrics(split)] == [1, 2, 3]
+    assert (split / "checkpoints" / "latest").read_text() == "step-000002"
+
+    state, resumed_built = run("split", resume=True)
+    resumed = read_metrics(split)
+    # Step 3's lines from the dead attempt are gone: each step once, as in the uninterrupted run.
     assert state.step == 3 and [m["step"] for m in resumed] == [1, 2, 3]
-    assert _comparable(resumed) == _comparable(full)
-    rollouts = [
-        json.loads(line) for line in (tmp_path / "split" / "run" / "rollouts.jsonl").read_text().splitlines()
-    ]
-    assert sorted({r["step"] for r in rollouts}) == [1, 2, 3]
+    assert _comparable(resumed) == _comparable(read_metrics(full))
+    assert _read_jsonl(split / "rollouts.jsonl") == _read_jsonl(full / "rollouts.jsonl")
+    # The game's state came back with the checkpoint (8 games by step 2), then went on: 3 steps x 4.
+    assert resumed_built == full_built == 12
 
 
 def test_vllm_engine_trains_through_versioned_adapters(tmp_path, monkeypatch):
@@ -152,16 +196,8 @@ def test_vllm_engine_trains_through_versioned_adapters(tmp_path, monkeypatch):
         def parity(emoji):
             return float(ord(emoji[0][0]) % 2)
 
-        state = grpo_train.train(
-            cfg,
-            policy,
-            tokenizer,
-            constraint,
-            sampler,
-            lambda r: FavoriteEmojiGame(tokenizer, 4, parity),
-            records,
-            weight_sync=sync,
-        )
+        setup = favorite_setup(tokenizer, constraint, records, parity)
+        state = grpo_train.train(cfg, policy, tokenizer, setup, sampler, weight_sync=sync)
         loads = [body["lora_name"] for body in server.bodies("/v1/load_lora_adapter")]
         completions = server.bodies("/v1/completions")
     assert state.step == 2

@@ -56,29 +56,63 @@ def test_short_sft_lowers_held_out_loss_and_raises_compliance(chats, tmp_path):
     assert (run / "eval-sft" / "eval_sft.png").is_file()
 
 
-def test_resume_goes_on_from_the_last_checkpoint(tmp_path):
-    # Tiny chats (no system prompt) keep each step to about a second: this is about checkpoints only.
+class Interrupted(Exception):
+    """The process dying."""
+
+
+def _lines(run):
+    """metrics.jsonl without what depends on the clock or on one `train()` call: the summary line's
+    speeds and its `train_loss`, the mean over the steps that call trained."""
+    rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    session = ("runtime", "per_second", "train/train_loss")
+    return [{k: v for k, v in r.items() if not any(s in k for s in session)} for r in rows]
+
+
+def test_resume_after_a_crash_logs_each_step_once(tmp_path, monkeypatch):
+    # Tiny chats (no system prompt) keep each step to about a second: this is about checkpoints and logs.
     data = tmp_path / "tiny.jsonl"
     rows = [
         {"messages": [{"role": "user", "content": f"say {e}"}, {"role": "assistant", "content": f"{e} {e}"}]}
         for e in ["🍕", "🎉", "🐱", "🌧️"]
     ]
     data.write_text("".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows), encoding="utf-8")
-    run = tmp_path / "run"
     common = dict(
         train_data=str(data),
-        eval_data=None,
-        output_dir=str(run),
+        eval_data=str(data),
         per_device_train_batch_size=2,
         effective_batch_size=2,
         lora_r=4,
         logging_steps=1,
-        save_steps=1,
+        save_steps=2,
+        max_steps=3,
     )
-    train.main(train.Config(max_steps=2, **common))
-    train.main(train.Config(max_steps=3, resume=True, **common))
+    train.main(train.Config(output_dir=str(tmp_path / "full"), **common))
+
+    # The first attempt dies right after logging step 3, before its checkpoint: the last is step 2's.
+    def log_then_die(path):
+        callback = real_callback(path)
+        log = callback.on_log
+
+        def on_log(args, state, control, logs=None, **kwargs):
+            log(args, state, control, logs=logs, **kwargs)
+            if state.global_step == 3:
+                raise Interrupted
+
+        callback.on_log = on_log
+        return callback
+
+    real_callback = train.jsonl_metrics_callback
+    run = tmp_path / "split"
+    with monkeypatch.context() as patch, pytest.raises(Interrupted):
+        patch.setattr(train, "jsonl_metrics_callback", log_then_die)
+        train.main(train.Config(output_dir=str(run), **common))
+    assert [r["step"] for r in _lines(run)] == [0, 1, 2, 3]  # eval at the start, then one line a step
+    assert not (run / "checkpoint-3").exists()
+
+    train.main(train.Config(output_dir=str(run), resume=True, **common))
     state = json.loads((run / "checkpoint-3" / "trainer_state.json").read_text())
     assert state["global_step"] == 3
-    rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
-    # the second run starts at step 3: steps 1 and 2 are not trained again
-    assert [r["step"] for r in rows if "train/loss" in r] == [1, 2, 3]
+    # Steps 1 and 2 are not trained again, step 3's line from the dead attempt is gone, and no second
+    # eval at the checkpoint: the lines are the uninterrupted run's.
+    assert [r["step"] for r in _lines(run) if "train/loss" in r] == [1, 2, 3]
+    assert _lines(run) == _lines(tmp_path / "full")

@@ -7,6 +7,7 @@
     with AppendLog(path) as log:        # resumable output: one fsynced line per record
         done = log.records              # what earlier runs wrote
         log.append({"id": ..., ...})
+    drop_steps_after(path, k)           # a training log resumed at step k: later lines go, atomically
 
 Errors: a missing or empty file is a `UserError` that says what makes the file (`hint`); a line that
 is not a JSON object is a `DataError` naming the file and the line. Only an append log may end in a
@@ -125,6 +126,33 @@ def write_jsonl(path: str | Path, records: Iterable[Record]) -> int:
 def write_json(path: str | Path, obj: object) -> None:
     """Replace `path` with one indented JSON document, atomically."""
     _atomic_write_text(Path(path), json.dumps(obj, ensure_ascii=False, indent=2) + "\n")
+
+
+def drop_steps_after(path: str | Path, step: int) -> int:
+    """Keep the lines of a training log whose `step` is at most `step`, atomically; returns how many
+    went. A run resumed from its checkpoint at step k redoes the steps after k, so the lines the
+    interrupted run logged for them would otherwise appear twice. A last line without its newline was
+    cut short by the interruption and goes too. Kept lines stay byte for byte; no file, no change."""
+    path = Path(path)
+    if not path.is_file():
+        return 0
+    data = path.read_bytes()
+    complete = data[: data.rfind(b"\n") + 1]
+    numbered = _parse_lines(path, complete)
+    lines = complete.decode("utf-8").split("\n")
+    kept = []
+    for number, record in numbered:
+        if not isinstance(record.get("step"), int):
+            raise DataError(path, number, "a training log line needs an integer `step`")
+        if record["step"] <= step:
+            kept.append(lines[number - 1] + "\n")
+    text = "".join(kept)
+    if text.encode("utf-8") != data:
+        _atomic_write_text(path, text)
+    dropped = len(numbered) - len(kept) + (len(complete) < len(data))
+    if dropped:
+        log.info("%s: dropped %d line(s) after step %d, which the resumed run redoes", path, dropped, step)
+    return dropped
 
 
 class AppendLog:

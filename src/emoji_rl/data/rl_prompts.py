@@ -36,7 +36,7 @@ from emoji_rl.data.jsonl import Record, read_jsonl, write_json, write_jsonl
 from emoji_rl.data.prompts import Prompt, held_out, read_prompts
 from emoji_rl.emoji.alphabet import MAX_EMOJI, MIN_EMOJI, SEPARATOR, parse_message
 from emoji_rl.errors import UserError
-from emoji_rl.rl.judge import JudgeInput, JudgeKind, JudgeView, make_judge
+from emoji_rl.rl.judge import JudgeConfig, JudgeInput
 
 if TYPE_CHECKING:
     from emoji_rl.generate import Reply
@@ -51,7 +51,7 @@ STATS_FILE = "rl_prompts_stats.json"
 
 
 @dataclass
-class Config:
+class Config(JudgeConfig):
     """Keep the prompts whose one-turn round trip (SFT sender -> judge) is similar enough; split them."""
 
     # --- core
@@ -83,15 +83,7 @@ class Config:
         default=None, metadata={"help": "score at most this many candidates (a seeded sample); none: all"}
     )
     seed: int = field(default=0, metadata={"help": "seed of the sample, the sender's sampling and the split"})
-    # --- judge and scoring
-    judge: JudgeKind = field(
-        default="hf", metadata={"help": "hf: an LLM judge in this process; lexicon: the emoji names, no LLM"}
-    )
-    judge_view: JudgeView = field(
-        default="gloss",
-        metadata={"help": "raw emoji, or each emoji with its name (gloss: small judges, DESIGN §3)"},
-    )
-    judge_model: str = field(default=models.SMOLLM2, metadata={"help": "model spec of the hf judge"})
+    # --- scoring (and the judge_* fields)
     embedder: str = field(
         default=models.MINILM, metadata={"help": "sentence embedder spec for the similarity"}
     )
@@ -107,6 +99,7 @@ class Config:
     max_emoji: int = field(default=MAX_EMOJI, metadata={"help": "most emoji in a message (DESIGN §2)"})
 
     def __post_init__(self) -> None:
+        super().__post_init__()
         if not 0 < self.eval_fraction < 1:
             raise ValueError(f"eval_fraction={self.eval_fraction} must be in (0, 1)")
         if not -1 <= self.min_similarity <= 1:
@@ -251,7 +244,7 @@ def main(cfg: Config) -> None:
         progress=True,
     )
     del sender  # the judge may be another copy of a model: hold one at a time
-    judge = make_judge(cfg.judge, cfg.judge_view, cfg.judge_model, runtime=runtime, batch_size=cfg.batch_size)
+    judge = cfg.build_judge(runtime, cfg.batch_size)
     similarity = Similarity(models.load_embedder(cfg.embedder, device=runtime.device))
     trips = round_trips([p.text for p in chosen], replies, judge, similarity, cfg.min_emoji, cfg.max_emoji)
     describe = {"sender": f"{cfg.model} + {cfg.adapter or 'no adapter'}", "judge": judge.describe()}

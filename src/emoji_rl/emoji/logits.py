@@ -30,6 +30,38 @@ def _check_width(scores: torch.Tensor, width: int) -> None:
         )
 
 
+_BITS = torch.arange(32, dtype=torch.int32)
+
+
+def allowed_positions(bitmask: torch.Tensor, width: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """(rows, token ids) of the set bits of xgrammar's packed bitmask [B, W] (bit j%32 of word j//32
+    = token j), ids below `width` only, as `xgr.apply_token_bitmask_inplace` reads it.
+
+    Reads only the nonzero words: the emoji grammar allows a handful of a vocabulary's 49K-248K ids.
+    """
+    rows, words = bitmask.nonzero(as_tuple=True)
+    # `>>` on int32 copies bit 31 (the sign) down; `& 1` keeps only the bit shifted to position 0.
+    hit, bit = ((bitmask[rows, words].unsqueeze(-1) >> _BITS) & 1).nonzero(as_tuple=True)
+    ids = words[hit] * 32 + bit
+    inside = ids < width
+    return rows[hit][inside], ids[inside]
+
+
+def mask_logits_(scores: torch.Tensor, bitmask: torch.Tensor) -> torch.Tensor:
+    """In place: -inf wherever the (CPU) bitmask's bit is clear; `xgr.apply_token_bitmask_inplace`,
+    cheaper when few tokens are allowed.
+
+    xgrammar's CPU kernel tests every logit's bit: 4-13 ms a step at batch 16 on SmolLM2's 49K
+    vocabulary (2 shared cores), ten times the grammar matchers' fill and accept. Copying out the few
+    allowed logits, filling the rows with -inf and writing them back took 0.3-0.9 ms.
+    """
+    rows, ids = (t.to(scores.device) for t in allowed_positions(bitmask, scores.shape[-1]))
+    kept = scores[rows, ids]
+    scores.fill_(float("-inf"))
+    scores[rows, ids] = kept
+    return scores
+
+
 class EmojiLogitsProcessor(LogitsProcessor):
     """Masks to -inf every token the emoji grammar does not allow next, one matcher per batch row.
 
@@ -74,6 +106,8 @@ class EmojiLogitsProcessor(LogitsProcessor):
             self._accept(input_ids[:, -1].tolist())
         self._length = length
         active = [not m.is_terminated() for m in self._matchers]
+        # A Python loop: fill and accept took ~1 ms a step at batch 16, ~1% of a decode step, and
+        # xgr.BatchGrammarMatcher measured no faster (its threads compete with torch's on 2 cores).
         for row, matcher in enumerate(self._matchers):
             if active[row]:
                 matcher.fill_next_token_bitmask(self._bitmask, row)
@@ -81,8 +115,7 @@ class EmojiLogitsProcessor(LogitsProcessor):
                 self._bitmask[row] = self._ended_row
         if self.record_masks:
             self._recorded.append((self._bitmask.clone(), active))
-        xgr.apply_token_bitmask_inplace(scores, self._bitmask.to(scores.device))
-        return scores
+        return mask_logits_(scores, self._bitmask)
 
     def _accept(self, sampled: list[int]) -> None:
         for row, (matcher, token_id) in enumerate(zip(self._matchers, sampled, strict=True)):

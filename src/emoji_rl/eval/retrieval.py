@@ -19,7 +19,7 @@ import random
 from collections.abc import Iterator, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Literal
+from typing import TYPE_CHECKING
 
 import torch
 
@@ -31,7 +31,7 @@ from emoji_rl.eval.report import bar_figure, format_table
 from emoji_rl.eval.stats import reply_stats
 from emoji_rl.generate import MAX_NEW_TOKENS
 from emoji_rl.rl.games.retrieval import SUCCESS_THRESHOLDS, RetrievalBuilder, RetrievalRules
-from emoji_rl.rl.judge import JudgeKind
+from emoji_rl.rl.judge import JudgeConfig
 from emoji_rl.rl.rollout.hf import HFSampler
 from emoji_rl.rl.rollout.play import play
 from emoji_rl.rl.types import Episode
@@ -43,7 +43,7 @@ if TYPE_CHECKING:
 
 
 @dataclass
-class Config:
+class Config(JudgeConfig):
     """Evaluate senders on the retrieval game: base vs SFT vs RL."""
 
     model: str = field(default=models.SMOLLM2, metadata={"help": "base model spec of every system"})
@@ -65,24 +65,12 @@ class Config:
     max_new_tokens: int = field(default=MAX_NEW_TOKENS, metadata={"help": "token budget of one sender turn"})
     min_emoji: int = field(default=MIN_EMOJI, metadata={"help": "fewest emoji in a valid turn"})
     max_emoji: int = field(default=MAX_EMOJI, metadata={"help": "most emoji in a valid turn"})
-    judge: JudgeKind = field(
-        default="hf",
-        metadata={"help": "judge kind: lexicon (emoji names), hf (in-process), openai (a vLLM server)"},
-    )
-    judge_view: Literal["raw", "gloss"] = field(default="gloss", metadata={"help": "what an LLM judge sees"})
-    judge_model: str = field(default=models.SMOLLM2, metadata={"help": "model spec of an LLM judge"})
-    judge_url: str = field(
-        default="http://127.0.0.1:8001",
-        metadata={"help": "base URL of an openai judge (launch/serve_judge.sh)"},
-    )
-    judge_api_key_env: str | None = field(
-        default="JUDGE_API_KEY", metadata={"help": "env var holding the judge server's key; unset sends none"}
-    )
     similarity_model: str = field(default=models.MINILM, metadata={"help": "sentence embedder"})
     batch_size: int = field(default=32, metadata={"help": "episodes per generate call"})
     seed: int = field(default=0, metadata={"help": "seed for sampling and distractor choice"})
 
     def __post_init__(self) -> None:
+        super().__post_init__()
         if self.distractors < 2:
             raise ValueError(
                 f"distractors={self.distractors} must be >= 2: retrieval ranks the target among them"
@@ -178,7 +166,7 @@ def summarize(
 
 
 def main(cfg: Config) -> None:
-    from emoji_rl.rl.judge import NAMES_CAVEAT, make_judge
+    from emoji_rl.rl.judge import NAMES_CAVEAT
     from emoji_rl.rl.reward import Similarity
 
     torch.manual_seed(cfg.seed)
@@ -190,14 +178,7 @@ def main(cfg: Config) -> None:
     tokenizer = models.load_tokenizer(cfg.model)
     systems = parse_systems(cfg.systems)
     model = load_systems(models.load_causal_lm(cfg.model, runtime), systems)
-    judge = make_judge(
-        cfg.judge,
-        cfg.judge_view,
-        cfg.judge_model,
-        runtime=runtime,
-        url=cfg.judge_url,
-        api_key_env=cfg.judge_api_key_env,
-    )
+    judge = cfg.build_judge(runtime)
     similarity = Similarity(models.load_embedder(cfg.similarity_model, device=runtime.device))
     sampler = HFSampler(
         model,
@@ -234,7 +215,6 @@ def main(cfg: Config) -> None:
         "top10_share",
     ]
     table = format_table(rows, columns)
-    uses_names = cfg.judge == "lexicon" or cfg.judge_view == "gloss"
     write_json(
         out / "retrieval.json",
         {
@@ -242,7 +222,7 @@ def main(cfg: Config) -> None:
             "data": cfg.data,
             "examples": len(records),
             "rows": rows,
-            "caveat": NAMES_CAVEAT if uses_names else None,
+            "caveat": NAMES_CAVEAT if cfg.judge_reads_names else None,
         },
     )
     figure = bar_figure(
@@ -254,6 +234,6 @@ def main(cfg: Config) -> None:
         path=out / "retrieval.png",
     )
     print(f"\njudge: {judge.describe()}; {len(records)} held-out targets\n{table}\n")
-    if uses_names:
+    if cfg.judge_reads_names:
         print(NAMES_CAVEAT)
     print(f"report: {out / 'retrieval.json'}\nplot:   {figure}")

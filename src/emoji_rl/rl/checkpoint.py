@@ -1,21 +1,37 @@
-"""GRPO checkpoints: adapter, optimizer, scheduler, RNG states and the data cursor, written whole or
-not at all, so `--resume` goes on exactly where a run stopped."""
+"""GRPO checkpoints: adapter, optimizer, scheduler, RNG states, the data cursor and the game's run
+state (the Wordle curriculum), written whole or not at all, so `--resume` goes on exactly where a run
+stopped. Under `accelerate launch` the main process writes it, with every process's RNG states (they
+differ: each samples its own rollouts), and each process restores its own."""
 
 from __future__ import annotations
 
+import logging
 import random
 import shutil
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 import numpy as np
 import torch
 
+from emoji_rl.errors import UserError
+
 if TYPE_CHECKING:
     from peft import PeftModel
 
+log = logging.getLogger(__name__)
+
 ADAPTER = "default"
+
+
+class Stateful(Protocol):
+    """State of a run outside the model and the optimizer that a resume must restore, such as the
+    Wordle curriculum's phase: without it a resumed run would start the curriculum over."""
+
+    def state_dict(self) -> dict[str, object]: ...
+
+    def load_state_dict(self, state: dict[str, object]) -> None: ...
 
 
 @dataclass
@@ -46,25 +62,27 @@ def save_checkpoint(
     policy: PeftModel,
     optimizer: torch.optim.Optimizer,
     scheduler: torch.optim.lr_scheduler.LRScheduler,
+    game: Stateful | None = None,
+    adapter_state: dict[str, torch.Tensor] | None = None,
+    rng_states: list[dict[str, object]] | None = None,
     keep: int = 2,
 ) -> Path:
-    """Write `checkpoints/step-NNNNNN` through a temporary directory, then point `latest` at it."""
+    """Write `checkpoints/step-NNNNNN` through a temporary directory, then point `latest` at it.
+    `adapter_state`: the adapter's gathered weights (`distributed.adapter_state_dict`; default: the
+    policy's own, right for one process); `rng_states`: every process's `rng_state()`, in rank order
+    (default: this process's)."""
     root = checkpoint_dir(run_dir)
     name = f"step-{state.step:06d}"
     tmp, final = root / f".{name}.tmp", root / name
     shutil.rmtree(tmp, ignore_errors=True)
-    policy.save_pretrained(str(tmp / "adapter"), selected_adapters=[ADAPTER])
+    policy.save_pretrained(str(tmp / "adapter"), selected_adapters=[ADAPTER], state_dict=adapter_state)
     torch.save(
         {
             "state": asdict(state),
             "optimizer": optimizer.state_dict(),
             "scheduler": scheduler.state_dict(),
-            "rng": {
-                "python": random.getstate(),
-                "numpy": np.random.get_state(),
-                "torch": torch.get_rng_state(),
-                "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else [],
-            },
+            "game": game.state_dict() if game is not None else None,
+            "rng": rng_states if rng_states is not None else [rng_state()],
         },
         tmp / "trainer_state.pt",
     )
@@ -83,8 +101,11 @@ def load_checkpoint(
     policy: PeftModel,
     optimizer: torch.optim.Optimizer,
     scheduler: torch.optim.lr_scheduler.LRScheduler,
+    game: Stateful | None = None,
+    rank: int = 0,
 ) -> TrainState:
-    """Restore everything `save_checkpoint` wrote; returns the state to continue from."""
+    """Restore everything `save_checkpoint` wrote, with process `rank`'s RNG states; returns the state
+    to continue from."""
     from peft import set_peft_model_state_dict
     from safetensors.torch import load_file
 
@@ -93,10 +114,35 @@ def load_checkpoint(
     saved = torch.load(path / "trainer_state.pt", weights_only=False)
     optimizer.load_state_dict(saved["optimizer"])
     scheduler.load_state_dict(saved["scheduler"])
-    rng = saved["rng"]
+    if game is not None:
+        if saved.get("game") is None:
+            # The run that wrote it had no such state (e.g. --curriculum false): say so, start it afresh.
+            log.warning("%s holds no game state (curriculum): it starts from the beginning", path)
+        else:
+            game.load_state_dict(saved["game"])
+    rngs = saved["rng"]
+    if rank >= len(rngs):
+        raise UserError(
+            f"{path} was written by {len(rngs)} process(es) and cannot seed process {rank}: resume with "
+            f"--num_processes {len(rngs)}"
+        )
+    set_rng_state(rngs[rank])
+    return TrainState(**saved["state"])
+
+
+def rng_state() -> dict[str, object]:
+    """This process's random generators, as a checkpoint stores them."""
+    return {
+        "python": random.getstate(),
+        "numpy": np.random.get_state(),
+        "torch": torch.get_rng_state(),
+        "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else [],
+    }
+
+
+def set_rng_state(rng: dict[str, object]) -> None:
     random.setstate(rng["python"])
     np.random.set_state(rng["numpy"])
     torch.set_rng_state(rng["torch"])
     if rng["cuda"] and torch.cuda.is_available():
         torch.cuda.set_rng_state_all(rng["cuda"])
-    return TrainState(**saved["state"])

@@ -26,7 +26,7 @@ import asyncio
 import re
 from abc import ABC, abstractmethod
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Literal
 
 import emoji as emoji_pkg
@@ -43,6 +43,9 @@ JudgeView = Literal["raw", "gloss"]
 UNKNOWN = "[unknown]"
 TEMPERATURE = 0.3
 MAX_NEW_TOKENS = 40
+BATCH_SIZE = 16  # hf judge: episodes per generate call
+JUDGE_URL = "http://127.0.0.1:8001"  # launch/serve_judge.sh's default host and port
+JUDGE_API_KEY_ENV = "JUDGE_API_KEY"
 
 _GAME = "We play a guessing game. A friend wrote a short everyday message and sent it to you as emoji. "
 JUDGE_SYSTEM = {
@@ -212,7 +215,7 @@ class HFJudge(Judge):
         tokenizer: PreTrainedTokenizerBase,
         view: JudgeView,
         name: str,
-        batch_size: int = 16,
+        batch_size: int = BATCH_SIZE,
         temperature: float = TEMPERATURE,
         max_new_tokens: int = MAX_NEW_TOKENS,
     ) -> None:
@@ -264,24 +267,29 @@ class HFJudge(Judge):
         return f"hf({self.name}, view={self.view})"
 
 
+def check_view(kind: JudgeKind, view: JudgeView) -> None:
+    """The lexicon judge reads emoji names, so only the gloss view describes what it sees."""
+    if kind == "lexicon" and view != "gloss":
+        raise UserError(
+            f"judge_view={view} does not apply to judge=lexicon, which reads emoji names: "
+            "use judge_view=gloss with it, or an LLM judge (hf, openai) for raw emoji"
+        )
+
+
 def make_judge(
     kind: JudgeKind,
     view: JudgeView = "gloss",
     model_spec: str = models.SMOLLM2,
     *,
     runtime: models.Runtime | None = None,
-    batch_size: int = 16,
-    url: str = "http://127.0.0.1:8001",
-    api_key_env: str | None = "JUDGE_API_KEY",
+    batch_size: int = BATCH_SIZE,
+    url: str = JUDGE_URL,
+    api_key_env: str | None = JUDGE_API_KEY_ENV,
 ) -> Judge:
     """Build a judge once, for the game or a check to hold; `model_spec` and `view` serve LLM judges.
     For `openai`, `model_spec` is the served model name at `url` (launch/serve_judge.sh: `judge`)."""
+    check_view(kind, view)
     if kind == "lexicon":
-        if view != "gloss":
-            raise UserError(
-                f"view={view!r} does not apply to the lexicon judge, which reads emoji names: "
-                "use the gloss view with it, or an LLM judge (hf) for raw emoji"
-            )
         return LexiconJudge()
     if kind == "hf":
         model = models.load_causal_lm(model_spec, runtime)
@@ -294,3 +302,62 @@ def make_judge(
         wait_for_server(url, timeout_s=900.0)
         return OpenAIJudge(Endpoint(url, api_key_env), model_spec, view)
     raise UserError(f"judge kind {kind!r} is unknown; kinds: lexicon, hf, openai")
+
+
+# --- stage config ----------------------------------------------------------------------------------
+
+
+@dataclass
+class JudgeConfig:
+    """The judge fields of every stage that asks a judge (grpo, rl-prompts, judge-check, eval-sft,
+    eval-retrieval, play-game): stage configs inherit them, so the flags, defaults and help texts are
+    the same everywhere. A stage whose default differs overrides that field (eval-sft: no judge)."""
+
+    judge: JudgeKind = field(
+        default="hf",
+        metadata={
+            "help": "judge kind: hf (an LLM in this process), openai (an OpenAI-compatible server such as "
+            "vLLM, launch/serve_judge.sh) or lexicon (the emoji names, no LLM: seconds, and the floor an "
+            "LLM judge should beat)"
+        },
+    )
+    judge_view: JudgeView = field(
+        default="gloss",
+        metadata={
+            "help": "what an LLM judge is shown: gloss (each emoji with its name; SmolLM2-135M needs it, "
+            "issue 8) or raw (emoji alone: for judges that read emoji, the gpu default)"
+        },
+    )
+    judge_model: str = field(
+        default=models.SMOLLM2,
+        metadata={
+            "help": "hf judge: model spec (hub id, path or embedded:NAME); openai: the served model name"
+        },
+    )
+    judge_url: str = field(
+        default=JUDGE_URL, metadata={"help": "base URL of an openai judge (launch/serve_judge.sh)"}
+    )
+    judge_api_key_env: str | None = field(
+        default=JUDGE_API_KEY_ENV,
+        metadata={"help": "env var holding the openai judge server's key; unset sends none"},
+    )
+
+    def __post_init__(self) -> None:
+        check_view(self.judge, self.judge_view)
+
+    def build_judge(self, runtime: models.Runtime | None, batch_size: int = BATCH_SIZE) -> Judge:
+        """The judge these fields describe; `runtime` places an hf judge, `batch_size` is its chunk."""
+        return make_judge(
+            self.judge,
+            self.judge_view,
+            self.judge_model,
+            runtime=runtime,
+            batch_size=batch_size,
+            url=self.judge_url,
+            api_key_env=self.judge_api_key_env,
+        )
+
+    @property
+    def judge_reads_names(self) -> bool:
+        """Whether the judge sees emoji names (lexicon, or the gloss view): reports add NAMES_CAVEAT."""
+        return self.judge == "lexicon" or self.judge_view == "gloss"

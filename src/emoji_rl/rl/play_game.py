@@ -22,15 +22,15 @@ from emoji_rl.data.jsonl import read_jsonl
 from emoji_rl.emoji.alphabet import MAX_EMOJI, MIN_EMOJI, parse_message
 from emoji_rl.generate import stop_token_id
 from emoji_rl.rl.games.retrieval import RetrievalBuilder, RetrievalRules
-from emoji_rl.rl.judge import Guess, Judge, JudgeInput, clean_guess, make_judge, render_turn
+from emoji_rl.rl.judge import Guess, Judge, JudgeConfig, JudgeInput, clean_guess, render_turn
 from emoji_rl.rl.reward import Similarity
 from emoji_rl.rl.rollout.hf import HFSampler
 from emoji_rl.rl.rollout.play import Sample, play
 
 
 @dataclass
-class Config:
-    """Play the retrieval game against the model."""
+class Config(JudgeConfig):
+    """Play the retrieval game against the model (the judge_* fields: role sender)."""
 
     role: Literal["sender", "judge"] = field(default="sender", metadata={"help": "the part you play"})
     target: str | None = field(
@@ -39,9 +39,6 @@ class Config:
     data: str = field(default="data/rl_eval.jsonl", metadata={"help": "where random messages come from"})
     model: str = field(default=models.SMOLLM2, metadata={"help": "sender model spec (role judge)"})
     adapter: str | None = field(default=None, metadata={"help": "sender adapter (role judge)"})
-    judge: Literal["lexicon", "hf"] = field(default="hf", metadata={"help": "judge kind (role sender)"})
-    judge_view: Literal["raw", "gloss"] = field(default="gloss", metadata={"help": "what an LLM judge sees"})
-    judge_model: str = field(default=models.SMOLLM2, metadata={"help": "judge model spec (role sender)"})
     max_turns: int = field(default=5, metadata={"help": "turns before the game ends"})
     tau: float = field(default=0.85, metadata={"help": "similarity that wins the game"})
     temperature: float = field(default=1.0, metadata={"help": "model sampling temperature"})
@@ -95,7 +92,7 @@ def main(cfg: Config) -> None:
     similarity_model = models.load_embedder(device=runtime.device)
     tokenizer = models.load_tokenizer(cfg.model)
     if cfg.role == "sender":
-        judge: Judge = make_judge(cfg.judge, cfg.judge_view, cfg.judge_model, runtime=runtime)
+        judge: Judge = cfg.build_judge(runtime)
         sampler = HumanSender(tokenizer)
     else:
         judge = HumanJudge()

@@ -5,6 +5,8 @@ the terminal reward, turns rewards into group advantages, drops groups with no s
 no signal; `dynamic_sampling` draws more prompts to refill), and takes one clipped policy-gradient
 step on the LoRA adapter, with a k3 KL to the reference: the starting (SFT) adapter kept frozen as a
 second PEFT adapter, or the base model via `disable_adapter()`, never a second copy of the weights.
+Here: the config, the update and the loop; what game is played with which sampler is wired in
+`rl/setup.py`, and what a step's rollouts report is in `rl/rollout/metrics.py`.
 
     emoji-rl grpo --config configs/cpu/grpo.yaml
     accelerate launch --num_processes 4 -m emoji_rl.cli grpo --config configs/gpu/grpo.yaml
@@ -12,12 +14,12 @@ second PEFT adapter, or the base model via `disable_adapter()`, never a second c
 
 from __future__ import annotations
 
-import asyncio
+import contextlib
 import logging
 import math
 import random
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Literal
@@ -27,33 +29,35 @@ from tqdm.auto import tqdm
 
 from emoji_rl import models
 from emoji_rl.config import save_config
-from emoji_rl.data.jsonl import AppendLog, read_jsonl
+from emoji_rl.data.jsonl import AppendLog, drop_steps_after
 from emoji_rl.emoji.alphabet import MAX_EMOJI, MIN_EMOJI
 from emoji_rl.errors import UserError
-from emoji_rl.generate import MAX_NEW_TOKENS, Constraint
+from emoji_rl.generate import MAX_NEW_TOKENS
 from emoji_rl.metrics import MetricsWriter
 from emoji_rl.rl import grpo
 from emoji_rl.rl.batch import Batch, collate, token_logprobs
-from emoji_rl.rl.checkpoint import ADAPTER, TrainState, latest_checkpoint, load_checkpoint, save_checkpoint
-from emoji_rl.rl.judge import JudgeKind
+from emoji_rl.rl.checkpoint import TrainState, latest_checkpoint, load_checkpoint, rng_state, save_checkpoint
+from emoji_rl.rl.distributed import adapter_state_dict, fsdp_ignored, gather, save_adapter, without_cuda
+from emoji_rl.rl.judge import JudgeConfig
 from emoji_rl.rl.policy import build_policy, reference_mode
-from emoji_rl.rl.rollout.collect import PromptStream, collect
+from emoji_rl.rl.rollout.collect import PromptStream, Rollouts, collect
+from emoji_rl.rl.rollout.metrics import ROLLOUTS_FILE, log_rollouts, rollout_metrics
 from emoji_rl.rl.rollout.play import Sampler
-from emoji_rl.rl.types import Episode, EpisodeGroup, Game
+from emoji_rl.rl.setup import GameSetup, build_sampler, retrieval_setup, wordle_setup
+from emoji_rl.rl.types import Episode
 
 if TYPE_CHECKING:
     from accelerate import Accelerator
     from peft import PeftModel
 
-    from emoji_rl.emoji.constraint import EmojiConstraint
     from emoji_rl.rl.rollout.vllm import AdapterSync
 
 log = logging.getLogger("emoji_rl.grpo")
 
 
 @dataclass
-class Config:
-    """Multi-turn GRPO of the emoji sender on the retrieval game."""
+class Config(JudgeConfig):
+    """Multi-turn GRPO of the emoji sender on the retrieval game (the judge_* fields: retrieval only)."""
 
     # --- core ---
     model: str = field(default=models.SMOLLM2, metadata={"help": "base model spec of the sender"})
@@ -107,22 +111,6 @@ class Config:
     turn_cost: float = field(default=0.1, metadata={"help": "reward subtracted per turn used"})
     format_penalty: float = field(default=0.5, metadata={"help": "reward subtracted for an invalid turn"})
     repetition_penalty: float = field(default=0.3, metadata={"help": "times (1 - unique/total emoji)"})
-    judge: JudgeKind = field(
-        default="hf",
-        metadata={"help": "judge kind: lexicon (emoji names), hf (in-process), openai (a vLLM server)"},
-    )
-    judge_view: Literal["raw", "gloss"] = field(
-        default="gloss",
-        metadata={"help": "what an LLM judge sees: raw emoji, or emoji with names (small judges)"},
-    )
-    judge_model: str = field(default=models.SMOLLM2, metadata={"help": "model spec of an LLM judge"})
-    judge_url: str = field(
-        default="http://127.0.0.1:8001",
-        metadata={"help": "base URL of an openai judge (launch/serve_judge.sh)"},
-    )
-    judge_api_key_env: str | None = field(
-        default="JUDGE_API_KEY", metadata={"help": "env var holding the judge server's key; unset sends none"}
-    )
     similarity_model: str = field(
         default=models.MINILM, metadata={"help": "sentence embedder for the reward"}
     )
@@ -157,10 +145,10 @@ class Config:
         metadata={"help": "seconds to wait at start for the server (it refuses connections while loading)"},
     )
     # --- advanced ---
-    std_scaling: Literal["group", "batch", "none"] = field(
+    std_scaling: grpo.StdScaling = field(
         default="group", metadata={"help": "advantage scaling: group std (GRPO), batch std, none (Dr. GRPO)"}
     )
-    aggregation: Literal["token_mean", "seq_mean", "constant"] = field(
+    aggregation: grpo.Aggregation = field(
         default="token_mean",
         metadata={"help": "loss reduction: token_mean (DAPO), seq_mean (GRPO), constant (Dr. GRPO)"},
     )
@@ -187,6 +175,7 @@ class Config:
     resume: bool = field(default=False, metadata={"help": "continue from the last checkpoint in output_dir"})
 
     def __post_init__(self) -> None:
+        super().__post_init__()
         if self.group_size < 2:
             raise ValueError(
                 f"group_size={self.group_size} must be >= 2: the advantage is reward minus the group mean"
@@ -211,16 +200,17 @@ class Config:
 # --- update ------------------------------------------------------------------------------------------
 
 
-def _shares(batch: Batch, cfg: Config) -> Iterator[tuple[Batch, float]]:
-    """Micro-batches and the weight of each in the full batch's aggregate, so that accumulating
-    micro-batch losses gives exactly the loss of the whole batch."""
-    total_tokens = batch.mask_D_T.sum().item()
+def _size(batch: Batch, cfg: Config) -> float:
+    """What the loss aggregate averages over: tokens (token_mean) or episodes."""
+    return batch.mask_D_T.sum().item() if cfg.aggregation == "token_mean" else float(batch.size)
+
+
+def _shares(batch: Batch, cfg: Config, total: float) -> Iterator[tuple[Batch, float]]:
+    """Micro-batches and the weight of each in the aggregate over `total` (`_size` of the whole step,
+    on every process), so that accumulating micro-batch losses gives exactly the loss of the step."""
     for start in range(0, batch.size, cfg.per_device_train_batch_size):
         micro = batch.rows(start, start + cfg.per_device_train_batch_size)
-        if cfg.aggregation == "token_mean":
-            yield micro, micro.mask_D_T.sum().item() / total_tokens
-        else:
-            yield micro, micro.size / batch.size
+        yield micro, _size(micro, cfg) / total
 
 
 def update(
@@ -230,13 +220,22 @@ def update(
     optimizer: torch.optim.Optimizer,
     batch: Batch,
     use_importance_weights: bool,
+    contributes: bool = True,
 ) -> dict[str, float]:
-    """One clipped policy-gradient step over the batch; returns the optimizer metrics."""
+    """One clipped policy-gradient step over the whole step's batch, of which this process holds
+    `batch`; returns the optimizer metrics of the whole step. A process whose groups all had zero
+    spread passes `contributes=False` with any batch: it runs the passes at weight 0, as DDP and FSDP
+    all-reduce gradients at every backward and so need as many on every process."""
     unwrapped = accelerator.unwrap_model(policy)
     sums = {"loss": 0.0, "kl": 0.0, "clip_frac": 0.0, "sampler_kl": 0.0}
     max_tokens = cfg.max_new_tokens * cfg.max_turns
+    micro_size = cfg.per_device_train_batch_size
+    counts = gather((_size(batch, cfg) if contributes else 0.0, math.ceil(batch.size / micro_size)))
+    total = sum(size for size, _ in counts)
+    shares = [(micro, weight if contributes else 0.0) for micro, weight in _shares(batch, cfg, total)]
+    shares += [(batch.rows(0, micro_size), 0.0)] * (max(n for _, n in counts) - len(shares))
     optimizer.zero_grad(set_to_none=True)
-    for micro, weight in _shares(batch, cfg):
+    for micro, weight in shares:
         micro = micro.to(accelerator.device)
         logp = token_logprobs(policy, micro, cfg.temperature)
         # One update per batch: the policy that sampled is the policy being updated, so the old
@@ -253,10 +252,13 @@ def update(
             per_token = per_token + cfg.beta * kl
             sums["kl"] += weight * grpo.masked_mean(kl.detach(), micro.mask_D_T).item()
         loss = grpo.aggregate(per_token, micro.mask_D_T, cfg.aggregation, max_tokens) * weight
-        accelerator.backward(loss)
+        # The weights split the step's aggregate between the processes; DDP and FSDP average the
+        # processes' gradients, so each contributes its part times their number.
+        accelerator.backward(loss * accelerator.num_processes)
         sums["loss"] += loss.item()
         sums["clip_frac"] += weight * grpo.masked_mean(clipped, micro.mask_D_T).item()
         sums["sampler_kl"] += weight * grpo.masked_mean(micro.sampler_logp_D_T - old, micro.mask_D_T).item()
+    sums = {key: sum(part[key] for part in gather(sums)) for key in sums}
     params = [p for p in policy.parameters() if p.requires_grad]
     grad_norm = float(accelerator.clip_grad_norm_(params, cfg.max_grad_norm))
     return {
@@ -266,82 +268,77 @@ def update(
     }
 
 
-# --- metrics and logs ----------------------------------------------------------------------------------
-
-
-def rollout_metrics(played: Sequence[EpisodeGroup], kept: int) -> dict[str, float]:
-    episodes = [e for g in played for e in g.episodes]
-    rewards = torch.tensor([e.reward for e in episodes], dtype=torch.float)
-    final = [e.turns[-1].result.metrics for e in episodes]
-    keys = sorted({k for m in final for k in m})
-    metrics = {
-        "reward/mean": rewards.mean().item(),
-        "reward/std": rewards.std().item() if len(rewards) > 1 else 0.0,
-        "group/frac_zero_std": 1.0 - kept / len(played),
-        "group/played": float(len(played)),
-        "group/kept": float(kept),
-        "tokens/sampled": float(sum(len(t.action_ids) for e in episodes for t in e.turns)),
-    }
-    for key in keys:
-        values = [m[key] for m in final if key in m]
-        name = f"{key}/mean" if key.startswith("reward/") else f"game/{key}"
-        metrics[name] = sum(values) / len(values)
-    return metrics
-
-
-def log_rollouts(log_file: AppendLog, step: int, groups: Sequence[EpisodeGroup], cfg: Config) -> None:
-    for group in groups:
-        rewards = torch.tensor([group.rewards], dtype=torch.float)
-        advantages = grpo.group_advantages(rewards, cfg.std_scaling)[0].tolist()
-        for g, (episode, advantage) in enumerate(zip(group.episodes, advantages, strict=True)):
-            log_file.append(
-                {
-                    "step": step,
-                    "prompt_id": group.prompt_id,
-                    "rollout": g,
-                    "reward": episode.reward,
-                    "advantage": advantage,
-                    "turns": [{**turn.result.log, **turn.result.metrics} for turn in episode.turns],
-                }
-            )
-
-
 # --- the loop ------------------------------------------------------------------------------------------
 
 
 def _sync_weights(
     sync: AdapterSync | None, accelerator: Accelerator, model: torch.nn.Module, step: int
 ) -> None:
-    """Save the adapter and load it on the vLLM server (main process); the others follow its name."""
+    """Save the adapter and load it on the vLLM server (main process); the others follow its name.
+    Every process gathers the adapter's weights first: under FSDP each holds only a shard."""
     if sync is None:
         return
+    state = adapter_state_dict(model)
     if accelerator.is_main_process:
-        policy = accelerator.unwrap_model(model)
-        sync.publish(step, lambda path: policy.save_pretrained(str(path), selected_adapters=[ADAPTER]))
+        sync.publish(step, lambda path: save_adapter(model, path, state))
     accelerator.wait_for_everyone()
     if not accelerator.is_main_process:
         sync.follow(step)
+
+
+def _step_metrics(rollouts: Rollouts, services: dict[str, float], kept: int) -> dict[str, float]:
+    """What the step's rollouts report, over every process's (gathered) `Rollouts`: `kept` groups
+    in all, and times (`services`: seconds per service) of the slowest process, which the step waits for."""
+    metrics = rollout_metrics(rollouts.played, kept)
+    for key, seconds in services.items():
+        metrics[f"time/{key}_s"] = seconds
+    metrics["time/rollout_s"] = rollouts.seconds
+    metrics["throughput/tokens_per_s"] = metrics["tokens/sampled"] / max(rollouts.seconds, 1e-9)
+    return metrics
+
+
+def _gather_rollouts(rollouts: Rollouts, services: dict[str, float]) -> tuple[Rollouts, dict[str, float]]:
+    """Every process's rollouts of this step as one (a collective): groups in rank order, the
+    slowest process's seconds."""
+    parts = gather((rollouts, services))
+    played = [group for part, _ in parts for group in part.played]
+    kept = [group for part, _ in parts for group in part.kept]
+    seconds = max(part.seconds for part, _ in parts)
+    keys = {key for _, times in parts for key in times}
+    slowest = {key: max(times.get(key, 0.0) for _, times in parts) for key in sorted(keys)}
+    return Rollouts(kept, played, seconds), slowest
 
 
 def train(
     cfg: Config,
     policy: PeftModel,
     tokenizer,
-    constraint: EmojiConstraint | None,
+    game: GameSetup,
     sampler: Sampler,
-    make_game: Callable[[dict[str, str]], Game],
-    records: Sequence[dict[str, str]],
-    extra_seconds: Callable[[], dict[str, float]] = dict,
     weight_sync: AdapterSync | None = None,
 ) -> TrainState:
-    """The GRPO loop, for any game; returns the final state. `extra_seconds` reports time spent in
-    services (judge, similarity) since the start, for the time/ metrics. With `weight_sync` (a vLLM
-    sampler), every new adapter is published to the server before the next rollout, and the update
-    uses truncated importance weights for the sampler/trainer mismatch."""
+    """The GRPO loop, for any game; returns the final state. With `weight_sync` (a vLLM sampler),
+    every new adapter is published to the server before the next rollout, and the update uses
+    truncated importance weights for the sampler/trainer mismatch.
+
+    Under `accelerate launch` every process plays `batch_size` prompts of its own and the gradients
+    are all-reduced; the main process logs metrics and rollouts of all processes and writes the
+    checkpoints and the adapter."""
     from accelerate import Accelerator
     from transformers import get_scheduler
 
-    accelerator = Accelerator()
+    accelerator = Accelerator(cpu=without_cuda())
+    is_main, rank = accelerator.is_main_process, accelerator.process_index
+    log.info(
+        "distributed: %s, %d process(es), %d prompts per step",
+        accelerator.distributed_type.value,
+        accelerator.num_processes,
+        cfg.batch_size * accelerator.num_processes,
+    )
+    if fsdp_ignored(accelerator.distributed_type):
+        log.warning(
+            "FSDP was asked for, but accelerate runs %s here: no sharding", accelerator.distributed_type.value
+        )
     run_dir = Path(cfg.output_dir)
     optimizer = torch.optim.AdamW([p for p in policy.parameters() if p.requires_grad], lr=cfg.learning_rate)
     scheduler = get_scheduler(cfg.lr_scheduler_type, optimizer, cfg.warmup_steps, cfg.max_steps)
@@ -350,43 +347,66 @@ def train(
     if cfg.resume and checkpoint is None:
         log.warning("--resume: no checkpoint in %s, starting from step 0", run_dir)
     if checkpoint is not None:
-        state = load_checkpoint(checkpoint, policy, optimizer, scheduler)
+        state = load_checkpoint(checkpoint, policy, optimizer, scheduler, game.state, rank)
         log.info("resumed from %s at step %d", checkpoint, state.step)
+    elif rank > 0:
+        # main() seeded every process alike, so that a fresh adapter starts the same everywhere; the
+        # processes' samples must not be the same draws.
+        torch.manual_seed(cfg.seed + rank)
+        random.seed(cfg.seed + rank)
     model, optimizer = accelerator.prepare(policy, optimizer)
-    if weight_sync is not None and accelerator.is_main_process:
+    if weight_sync is not None and is_main:
         weight_sync.clear_stale()
     _sync_weights(weight_sync, accelerator, model, state.step)
-    stream = PromptStream(records, cfg.seed + accelerator.process_index, state)
+    stream = PromptStream(game.records, cfg.seed, state, rank)
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
-    with (
-        MetricsWriter(run_dir, resume_from_step=state.step) as writer,
-        AppendLog(run_dir / "rollouts.jsonl") as rollout_log,
-    ):
-        bar = tqdm(range(state.step, cfg.max_steps), initial=state.step, total=cfg.max_steps, desc="grpo")
+    if is_main:
+        # The steps after the checkpoint are redone: drop their lines (MetricsWriter does the same for
+        # metrics.jsonl), before the log is opened.
+        drop_steps_after(run_dir / ROLLOUTS_FILE, state.step)
+    # Metrics, TensorBoard and rollouts come from the main process, gathered from all.
+    main_only = contextlib.nullcontext
+    metrics_log = MetricsWriter(run_dir, resume_from_step=state.step) if is_main else main_only()
+    rollouts_log = AppendLog(run_dir / ROLLOUTS_FILE) if is_main else main_only()
+    with metrics_log as writer, rollouts_log as rollout_log:
+        steps = range(state.step, cfg.max_steps)
+        bar = tqdm(steps, initial=state.step, total=cfg.max_steps, desc="grpo", disable=not is_main)
         for step in bar:
-            services_before = extra_seconds()
+            services_before = game.seconds()
             rounds = cfg.max_resample_rounds if cfg.dynamic_sampling else 0
-            rollouts = collect(stream, make_game, sampler, cfg.batch_size, cfg.group_size, rounds)
-            metrics = rollout_metrics(rollouts.played, len(rollouts.kept))
-            for key, seconds in extra_seconds().items():
-                metrics[f"time/{key}_s"] = seconds - services_before.get(key, 0.0)
-            metrics["time/rollout_s"] = rollouts.seconds
-            metrics["throughput/tokens_per_s"] = metrics["tokens/sampled"] / max(rollouts.seconds, 1e-9)
-            log_rollouts(rollout_log, step + 1, rollouts.played, cfg)
+            rollouts = collect(stream, game.make_game, sampler, cfg.batch_size, cfg.group_size, rounds)
+            services = {k: v - services_before.get(k, 0.0) for k, v in game.seconds().items()}
+            everyone, slowest = _gather_rollouts(rollouts, services)
+            metrics = _step_metrics(everyone, slowest, len(everyone.kept))
+            if rollout_log is not None:
+                log_rollouts(rollout_log, step + 1, everyone.played, cfg.std_scaling)
             start = time.perf_counter()
-            if rollouts.kept:
-                rewards_P_G = torch.tensor([g.rewards for g in rollouts.kept], dtype=torch.float)
+            if everyone.kept:
+                # This process's groups; with none kept, its played ones stand in at weight 0.
+                groups = rollouts.kept or rollouts.played
+                rewards_P_G = torch.tensor([g.rewards for g in groups], dtype=torch.float)
                 advantages_D = grpo.group_advantages(rewards_P_G, cfg.std_scaling).flatten()
-                episodes: list[Episode] = [e for g in rollouts.kept for e in g.episodes]
-                batch = collate(episodes, advantages_D, pad_id, constraint)
-                metrics.update(update(cfg, accelerator, model, optimizer, batch, weight_sync is not None))
+                episodes: list[Episode] = [e for g in groups for e in g.episodes]
+                batch = collate(episodes, advantages_D, pad_id, game.constraint)
+                metrics.update(
+                    update(
+                        cfg,
+                        accelerator,
+                        model,
+                        optimizer,
+                        batch,
+                        weight_sync is not None,
+                        bool(rollouts.kept),
+                    )
+                )
                 finite = math.isfinite(metrics["optim/loss"]) and math.isfinite(metrics["optim/grad_norm"])
             else:
                 # Never a silent no-op: say so, and count it.
                 log.warning("step %d: every group had zero reward spread; no update", step + 1)
                 finite = True
-            metrics["optim/skipped"] = float(not rollouts.kept or not finite)
-            if rollouts.kept and finite:
+            updated = bool(everyone.kept) and finite
+            metrics["optim/skipped"] = float(not updated)
+            if updated:
                 optimizer.step()
                 state.nan_streak = 0
             elif not finite:
@@ -397,13 +417,13 @@ def train(
                     step + 1,
                     state.nan_streak,
                 )
-            if rollouts.kept and finite:
+            if updated:
                 scheduler.step()  # the schedule counts updates, so skipped steps do not shorten it
                 _sync_weights(weight_sync, accelerator, model, step + 1)
             metrics["optim/lr"] = scheduler.get_last_lr()[0]
             metrics["time/update_s"] = time.perf_counter() - start
             state.step = step + 1
-            if accelerator.is_main_process:
+            if writer is not None:
                 writer.write(state.step, metrics)
             bar.set_postfix(
                 reward=f"{metrics['reward/mean']:.3f}", sim=f"{metrics.get('game/similarity', 0):.3f}"
@@ -414,120 +434,49 @@ def train(
                     f"{cfg.nan_patience}); lower learning_rate or check the data. The last checkpoint in "
                     f"{run_dir / 'checkpoints'} is intact."
                 )
-            if accelerator.is_main_process and (
-                state.step % cfg.save_steps == 0 or state.step == cfg.max_steps
-            ):
-                save_checkpoint(run_dir, state, accelerator.unwrap_model(model), optimizer, scheduler)
-    if accelerator.is_main_process:
-        accelerator.unwrap_model(model).save_pretrained(str(run_dir / "adapter"), selected_adapters=[ADAPTER])
+            if state.step % cfg.save_steps == 0 or state.step == cfg.max_steps:
+                _save(accelerator, run_dir, state, model, optimizer, scheduler, game)
+    adapter = adapter_state_dict(model)
+    if is_main:
+        save_adapter(model, run_dir / "adapter", adapter)
+    accelerator.wait_for_everyone()
     return state
 
 
-def build_sampler(
-    cfg: Config, policy: PeftModel, tokenizer, constraint: Constraint
-) -> tuple[Sampler, AdapterSync | None]:
-    """The in-process sampler, or a vLLM server's with the adapter sync that keeps it current."""
-    from emoji_rl.generate import stop_token_id
-    from emoji_rl.rl.rollout.hf import HFSampler
-
-    if cfg.engine == "hf":
-        sampler = HFSampler(
-            policy,
-            tokenizer,
-            constraint,
-            cfg.temperature,
-            cfg.max_new_tokens,
-            cfg.batch_size * cfg.group_size,
-            cfg.min_emoji,
-            cfg.max_emoji,
-        )
-        return sampler, None
-    from emoji_rl.rl.endpoint import Endpoint, wait_for_server
-    from emoji_rl.rl.rollout.vllm import AdapterSync, VLLMSampler
-
-    wait_for_server(cfg.vllm_url, cfg.vllm_wait_s)
-    endpoint = Endpoint(cfg.vllm_url, cfg.vllm_api_key_env, cfg.vllm_timeout_s)
-    sampler = VLLMSampler(
-        endpoint,
-        cfg.vllm_served_name,
-        stop_token_id(tokenizer),
-        temperature=cfg.temperature,
-        max_new_tokens=cfg.max_new_tokens,
-        min_emoji=cfg.min_emoji,
-        max_emoji=cfg.max_emoji,
-    )
-    asyncio.run(sampler.verify())
-    return sampler, AdapterSync(sampler, cfg.output_dir, cfg.vllm_served_name, cfg.vllm_adapter_keep)
-
-
-@dataclass
-class GameSetup:
-    """What the loop needs of a game: a builder of games, the records it reads, the constraint the
-    sender samples under (None: free text), and the seconds spent in its services."""
-
-    make_game: Callable[[dict[str, str]], Game]
-    records: list[dict[str, str]]
-    constraint: EmojiConstraint | None
-    seconds: Callable[[], dict[str, float]]
-    description: str
-
-
-def _records(path: str, key: str, hint: str) -> list[dict[str, str]]:
-    records = read_jsonl(path, hint=hint)
-    for number, record in enumerate(records, start=1):
-        if not isinstance(record.get(key), str) or not record[key].strip():
-            raise UserError(f"{path}:{number}: record has no non-empty string `{key}`")
-    return records
-
-
-def retrieval_setup(cfg: Config, tokenizer, runtime: models.Runtime, vocab_size: int) -> GameSetup:
-    from emoji_rl.emoji.constraint import compile_emoji_grammar
-    from emoji_rl.rl.games.retrieval import RetrievalBuilder, RetrievalRules
-    from emoji_rl.rl.judge import make_judge
-    from emoji_rl.rl.reward import RewardWeights, Similarity
-
-    records = _records(cfg.train_data, "target", "make it with `emoji-rl rl-prompts`")
-    constraint = compile_emoji_grammar(tokenizer, cfg.min_emoji, cfg.max_emoji, vocab_size=vocab_size)
-    judge = make_judge(
-        cfg.judge,
-        cfg.judge_view,
-        cfg.judge_model,
-        runtime=runtime,
-        url=cfg.judge_url,
-        api_key_env=cfg.judge_api_key_env,
-    )
-    similarity = Similarity(models.load_embedder(cfg.similarity_model, device=runtime.device))
-    weights = RewardWeights(cfg.success_bonus, cfg.turn_cost, cfg.format_penalty, cfg.repetition_penalty)
-    rules = RetrievalRules(cfg.max_turns, cfg.tau, cfg.min_emoji, cfg.max_emoji, weights)
-    builder = RetrievalBuilder(tokenizer, judge, similarity, rules)
-    return GameSetup(
-        builder, records, constraint, lambda: dict(builder.seconds), f"retrieval, judge {judge.describe()}"
-    )
-
-
-def wordle_setup(cfg: Config, tokenizer) -> GameSetup:
-    from emoji_rl.rl.games.wordle import WordleBuilder, WordleRules
-    from emoji_rl.rl.games.wordle_reward import Curriculum, CurriculumTracker
-
-    records = _records(cfg.train_data, "answer", "make it with `emoji-rl wordle-data`")
-    tracker = (
-        CurriculumTracker(Curriculum(threshold=cfg.curriculum_threshold, window=cfg.curriculum_window))
-        if cfg.curriculum
-        else None
-    )
-    builder = WordleBuilder(tokenizer, WordleRules(max_turns=cfg.max_turns), tracker)
-    return GameSetup(builder, records, None, dict, "wordle" + (" with curriculum" if cfg.curriculum else ""))
+def _save(
+    accelerator: Accelerator,
+    run_dir: Path,
+    state: TrainState,
+    model: torch.nn.Module,
+    optimizer: torch.optim.Optimizer,
+    scheduler: torch.optim.lr_scheduler.LRScheduler,
+    game: GameSetup,
+) -> None:
+    """A checkpoint: every process gathers the adapter and its RNG states, the main process writes."""
+    adapter = adapter_state_dict(model)
+    rngs = gather(rng_state())
+    if accelerator.is_main_process:
+        unwrapped = accelerator.unwrap_model(model)
+        save_checkpoint(run_dir, state, unwrapped, optimizer, scheduler, game.state, adapter, rngs)
+    accelerator.wait_for_everyone()
 
 
 def main(cfg: Config) -> None:
+    from accelerate import PartialState
+
     torch.manual_seed(cfg.seed)
     random.seed(cfg.seed)
     run_dir = Path(cfg.output_dir)
+    # The process group under `accelerate launch` (one process otherwise), shared with train()'s Accelerator.
+    processes = PartialState(cpu=without_cuda())
     if run_dir.exists() and any(run_dir.iterdir()) and not cfg.resume:
         raise UserError(
             f"{run_dir} already holds a run: pass --resume true to continue it, or another --output_dir"
         )
-    save_config(cfg, run_dir)
+    # Every process looks before the main one writes: a fresh run must not find its own config.
+    processes.wait_for_everyone()
+    if processes.is_main_process:
+        save_config(cfg, run_dir)
     runtime = models.pick_runtime()
     log.info("runtime: %s", runtime.describe())
     tokenizer = models.load_tokenizer(cfg.model)
@@ -548,17 +497,7 @@ def main(cfg: Config) -> None:
     )
     sampler, weight_sync = build_sampler(cfg, policy, tokenizer, "grammar" if game.constraint else "none")
     log.info("%s; %d prompts; B=%d G=%d", game.description, len(game.records), cfg.batch_size, cfg.group_size)
-    state = train(
-        cfg,
-        policy,
-        tokenizer,
-        game.constraint,
-        sampler,
-        game.make_game,
-        game.records,
-        game.seconds,
-        weight_sync,
-    )
+    state = train(cfg, policy, tokenizer, game, sampler, weight_sync)
     print(
         f"grpo: {state.step} steps; adapter in {run_dir / 'adapter'}, metrics in {run_dir / 'metrics.jsonl'}"
     )

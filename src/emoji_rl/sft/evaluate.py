@@ -22,7 +22,7 @@ import json
 import logging
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Literal, cast
+from typing import TYPE_CHECKING, cast
 
 from emoji_rl import models
 from emoji_rl.config import to_dict
@@ -31,7 +31,7 @@ from emoji_rl.errors import UserError
 from emoji_rl.eval.report import bar_figure, format_table
 from emoji_rl.eval.stats import compliant_emoji, reply_stats
 from emoji_rl.generate import MAX_NEW_TOKENS, Constraint, generate_replies
-from emoji_rl.rl.judge import NAMES_CAVEAT, Judge, JudgeInput, make_judge
+from emoji_rl.rl.judge import NAMES_CAVEAT, Judge, JudgeConfig, JudgeInput, JudgeKind
 from emoji_rl.sft.data import ChatRecord, load_chat_records
 
 if TYPE_CHECKING:
@@ -56,7 +56,7 @@ SAMPLES_KEPT = 20
 
 
 @dataclass
-class Config:
+class Config(JudgeConfig):
     """Base vs SFT on the SFT test split: compliance and emoji statistics, table + JSON + PNG."""
 
     # --- core ---
@@ -71,18 +71,16 @@ class Config:
         default_factory=lambda: ["none", "grammar"],
         metadata={"help": f"decodings to compare, from {', '.join(DECODINGS)} (none = unconstrained)"},
     )
-    judge: Literal["lexicon", "hf"] | None = field(
-        default=None, metadata={"help": "single-turn judge for guess similarity; none: skip it"}
+    # The one stage whose judge is off by default: compliance and emoji statistics need none.
+    judge: JudgeKind | None = field(
+        default=None,
+        metadata={"help": "single-turn judge for guess similarity (hf, openai or lexicon); none: skip it"},
     )
     output_dir: str | None = field(
         default=None, metadata={"help": "where eval_sft.json and .png go; none: <adapter>/../eval-sft"}
     )
 
     # --- advanced ---
-    judge_view: Literal["raw", "gloss"] = field(
-        default="gloss", metadata={"help": "what an hf judge is shown: raw emoji, or each with its name"}
-    )
-    judge_model: str = field(default=models.SMOLLM2, metadata={"help": "model spec of an hf judge"})
     temperature: float = field(
         default=0.0,
         metadata={
@@ -95,6 +93,7 @@ class Config:
     seed: int = field(default=0, metadata={"help": "sampling seed; every system and decoding uses it"})
 
     def __post_init__(self) -> None:
+        super().__post_init__()
         if not self.adapter:
             raise ValueError("--adapter is required: the SFT adapter directory (e.g. runs/sft/adapter)")
         unknown = sorted(set(self.decodings) - set(DECODINGS))
@@ -156,9 +155,7 @@ def main(cfg: Config) -> None:
         from emoji_rl.rl.reward import Similarity  # imports torch: only when a judge is asked for
 
         targets = targets_of(records, cfg.data)
-        judge = make_judge(
-            cfg.judge, cfg.judge_view, cfg.judge_model, runtime=runtime, batch_size=cfg.batch_size
-        )
+        judge = cfg.build_judge(runtime, cfg.batch_size)
         judged = (judge, Similarity(models.load_embedder(device=runtime.device)), targets)
 
     # --- sample: the same prompts, seed and decoding for both systems; base = the adapter disabled
@@ -201,7 +198,7 @@ def main(cfg: Config) -> None:
         for i, r in enumerate(records[:SAMPLES_KEPT])
     ]
     print(format_table(rows, COLUMNS))
-    if cfg.judge == "lexicon" or (cfg.judge == "hf" and cfg.judge_view == "gloss"):
+    if cfg.judge is not None and cfg.judge_reads_names:
         print(NAMES_CAVEAT)
     write_json(
         output_dir / "eval_sft.json",

@@ -34,13 +34,14 @@ import yaml
 
 from emoji_rl import models
 from emoji_rl.config import save_config
+from emoji_rl.data.jsonl import drop_steps_after
 from emoji_rl.errors import UserError
 from emoji_rl.sft.data import Overlong, encode_file, to_dataset
 
 if TYPE_CHECKING:
     from peft import LoraConfig
     from transformers import PreTrainedModel, TrainerCallback
-    from trl import SFTConfig
+    from trl import SFTConfig, SFTTrainer
 
 logger = logging.getLogger(__name__)
 
@@ -245,20 +246,31 @@ def build_sft_config(cfg: Config, runtime: models.Runtime, world_size: int) -> S
         "logging_steps": cfg.logging_steps,
         "eval_strategy": "steps" if has_eval and cfg.eval_steps else "no",
         "eval_steps": cfg.eval_steps,
-        "eval_on_start": has_eval,
+        # A fresh run only: on resume the Trainer would evaluate again at the checkpoint's step, a line
+        # the uninterrupted run does not have.
+        "eval_on_start": has_eval and not cfg.resume,
         "save_strategy": "steps",
         "save_steps": cfg.save_steps,
         "save_total_limit": cfg.save_total_limit,
         "report_to": ["tensorboard"],
         "seed": cfg.seed,
         "data_seed": cfg.seed,
+        # Every LoRA weight takes part in every forward pass; the Trainer's default (True without
+        # activation checkpointing) costs DDP an extra autograd traversal per step, and a warning.
+        "ddp_find_unused_parameters": False,
     }
     aliases = {"gradient_checkpointing", "gradient_checkpointing_kwargs"}
     overrides = parse_sft_overrides(cfg.sft_overrides or [], managed.keys() | aliases)
     try:
-        return SFTConfig(**managed, **overrides)
+        args = SFTConfig(**managed, **overrides)
     except (ValueError, TypeError) as err:
         raise UserError(f"TRL's SFTConfig rejected the settings: {err}") from err
+    # Without bf16/fp16 the Trainer takes mixed precision from ACCELERATE_MIXED_PRECISION, which
+    # configs/accelerate/*.yaml set to bf16: a CPU run would autocast to bf16 (~15x slower) while
+    # `dtype` chose fp32. `dtype` decides.
+    if not (args.bf16 or args.fp16):
+        args.mixed_precision = "no"
+    return args
 
 
 def lora_config(cfg: Config, model: PreTrainedModel) -> LoraConfig:
@@ -297,7 +309,8 @@ def metric_key(key: str) -> str:
 
 
 def jsonl_metrics_callback(path: Path) -> TrainerCallback:
-    """A callback that appends each Trainer log (train and eval) as one JSON line, on the main process."""
+    """A callback that appends each Trainer log (train and eval) as one JSON line, on the main process.
+    On resume, `main` first drops the lines after the checkpoint (`drop_steps_after`)."""
     from transformers import TrainerCallback
 
     class JsonlMetrics(TrainerCallback):
@@ -329,6 +342,28 @@ def checkpoint_to_resume(output_dir: Path, resume: bool) -> str | None:
     return last
 
 
+def _trainer_state(checkpoint: str) -> dict:
+    return json.loads((Path(checkpoint) / "trainer_state.json").read_text())
+
+
+def resumed_step(checkpoint: str | None) -> int:
+    """The last step whose log lines a run keeps: its checkpoint's, or -1 for a fresh run, which keeps
+    none (not even the step-0 eval of an earlier attempt that died before its first checkpoint)."""
+    return -1 if checkpoint is None else _trainer_state(checkpoint)["global_step"]
+
+
+def restore_token_count(trainer: SFTTrainer, checkpoint: str) -> None:
+    """TRL (1.16, pinned) counts `num_tokens` from the start of the process, not of the run, so a
+    resumed run would log it from 0 again; start it at the count the checkpoint's log history ends with."""
+    if not hasattr(trainer, "_total_train_tokens"):
+        raise RuntimeError("TRL renamed SFTTrainer._total_train_tokens: update restore_token_count")
+    counts = [
+        entry["num_tokens"] for entry in _trainer_state(checkpoint)["log_history"] if "num_tokens" in entry
+    ]
+    if counts:
+        trainer._total_train_tokens = counts[-1]
+
+
 def main(cfg: Config) -> None:
     from transformers import AutoModelForCausalLM
     from trl import SFTTrainer
@@ -352,6 +387,8 @@ def main(cfg: Config) -> None:
     )
     if is_main:
         save_config(cfg, output_dir)
+        # The steps after the checkpoint are redone, so the lines a dead run logged for them go.
+        drop_steps_after(output_dir / METRICS_FILE, resumed_step(checkpoint))
 
     # --- data: validated and tokenized up front, so a bad line fails before the model loads
     tokenizer = models.load_tokenizer(cfg.model)
@@ -376,12 +413,26 @@ def main(cfg: Config) -> None:
         peft_config=lora_config(cfg, model),
         callbacks=[jsonl_metrics_callback(output_dir / METRICS_FILE)],
     )
+    state = trainer.accelerator.state
+    logger.info(
+        "distributed: %s, %d process(es), mixed precision %s",
+        state.distributed_type.value,
+        state.num_processes,
+        state.mixed_precision,
+    )
+    if os.environ.get("ACCELERATE_USE_FSDP", "").lower() == "true" and state.distributed_type != "FSDP":
+        # accelerate turns FSDP on only over accelerators (GPUs); on CPUs it runs DDP instead, silently.
+        logger.warning(
+            "FSDP was asked for, but accelerate runs %s here: no sharding", state.distributed_type.value
+        )
     trainable = sum(p.numel() for p in trainer.model.parameters() if p.requires_grad)
     logger.info(
         "LoRA r=%d on %s: %.2fM trainable parameters", cfg.lora_r, cfg.lora_target_modules, trainable / 1e6
     )
 
     # --- train, evaluate, save
+    if checkpoint is not None:
+        restore_token_count(trainer, checkpoint)
     start = time.monotonic()
     result = trainer.train(resume_from_checkpoint=checkpoint)
     seconds = time.monotonic() - start

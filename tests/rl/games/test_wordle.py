@@ -11,6 +11,7 @@ import pytest
 from emoji_rl.generate import stop_token_id
 from emoji_rl.rl.games.wordle import WordleBuilder, WordleRules
 from emoji_rl.rl.games.wordle_reward import (
+    FORMAT_PHASE,
     STRATEGY_PHASE,
     Curriculum,
     CurriculumTracker,
@@ -144,6 +145,20 @@ def test_curriculum_switches_once_format_is_learned(caplog):
     assert "phase 0 -> 1" in caplog.text
     assert STRATEGY_PHASE.format < WordleWeights().format
     assert STRATEGY_PHASE.info_gain > WordleWeights().info_gain
+
+
+def test_a_restored_tracker_continues_where_it_was():
+    third = WordleWeights(repeat=2.0)
+    curriculum = Curriculum(phases=(FORMAT_PHASE, STRATEGY_PHASE, third), threshold=0.9, window=4)
+    tracker = CurriculumTracker(curriculum)
+    for share in (1.0,) * 7:  # phase 1 after four episodes, then three of the next window
+        tracker.record(share)
+    restored = CurriculumTracker(curriculum)
+    restored.load_state_dict(tracker.state_dict())
+    assert restored.phase == 1 and restored.weights == STRATEGY_PHASE
+    restored.record(1.0)  # the fourth of the window it took over: the next phase starts
+    assert restored.phase == 2 and restored.weights == third
+    assert restored.state_dict() == {"phase": 2, "recent": []}
 
 
 def test_builder_games_take_the_curriculum_weights(smollm2_tokenizer):

@@ -99,6 +99,7 @@ class CurriculumTracker:
 
     Fed by the game builder as episodes finish, so it needs no hook in the trainer; the phase only
     advances, and the weights a game uses are fixed when it is built, so the G games of a group share them.
+    The trainer checkpoints it (`state_dict`), so a resumed run goes on in the phase it had reached.
     """
 
     def __init__(self, curriculum: Curriculum) -> None:
@@ -128,3 +129,14 @@ class CurriculumTracker:
             )
             self.phase = phase
             self._recent.clear()
+
+    def state_dict(self) -> dict[str, object]:
+        return {"phase": self.phase, "recent": list(self._recent)}
+
+    def load_state_dict(self, state: dict[str, object]) -> None:
+        phase, recent = state["phase"], state["recent"]
+        assert isinstance(phase, int) and 0 <= phase < len(self.curriculum.phases), state
+        assert isinstance(recent, list), state
+        self.phase = phase
+        # A changed curriculum_window keeps the newest flags that fit.
+        self._recent = deque(recent, maxlen=self.curriculum.window)

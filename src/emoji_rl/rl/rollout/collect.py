@@ -1,5 +1,6 @@
 """What one GRPO step plays: B prompts x G games, groups with no reward spread set aside, and
-with dynamic sampling (DAPO) more prompts drawn until B groups carry signal."""
+with dynamic sampling (DAPO) more prompts drawn until B groups carry signal. Under `accelerate launch`
+every process plays B prompts of its own, drawn from one order shared by all processes."""
 
 from __future__ import annotations
 
@@ -13,19 +14,40 @@ import torch
 
 from emoji_rl.rl import grpo
 from emoji_rl.rl.checkpoint import TrainState
+from emoji_rl.rl.distributed import gather
 from emoji_rl.rl.rollout.play import Sampler, play
 from emoji_rl.rl.types import EpisodeGroup, Game
 
 
 class PromptStream:
-    """Prompts in a seeded shuffled order, epoch after epoch; the position is part of the checkpoint."""
+    """Prompts in a seeded shuffled order, epoch after epoch; the position is part of the checkpoint.
 
-    def __init__(self, records: Sequence[dict[str, str]], seed: int, state: TrainState) -> None:
+    Every process holds the same stream (same seed) and draws the requests of all processes in rank
+    order, keeping its own slice: no two processes play the same prompt in a step, and every
+    process's cursor stays the one the main process checkpoints. `take` is therefore a collective."""
+
+    def __init__(
+        self,
+        records: Sequence[dict[str, str]],
+        seed: int,
+        state: TrainState,
+        rank: int = 0,
+        gather_counts: Callable[[int], list[int]] = gather,
+    ) -> None:
         self.records = records
         self.seed = seed
         self.state = state
+        self.rank = rank
+        self.gather_counts = gather_counts
 
     def take(self, n: int) -> list[dict[str, str]]:
+        """This process's `n` prompts; every process must call it, with its own `n` (0 included)."""
+        counts = self.gather_counts(n)
+        drawn = self._draw(sum(counts))
+        start = sum(counts[: self.rank])
+        return drawn[start : start + n]
+
+    def _draw(self, n: int) -> list[dict[str, str]]:
         out = []
         while len(out) < n:
             order = random.Random(self.seed + self.state.epoch).sample(
@@ -56,12 +78,15 @@ def collect(
     resample_rounds: int = 0,
 ) -> Rollouts:
     """Play `group_size` games per prompt for `batch_size` prompts; groups whose rewards are all equal
-    carry no signal and are not kept. `resample_rounds` > 0 draws new prompts to replace them."""
+    carry no signal and are not kept. `resample_rounds` > 0 draws new prompts to replace them.
+    Every round runs on every process, even one already full (it draws 0), as `take` is a collective."""
     start = time.perf_counter()
     kept: list[EpisodeGroup] = []
     played: list[EpisodeGroup] = []
     for _ in range(1 + resample_rounds):
         records = stream.take(batch_size - len(kept))
+        if not records:
+            continue
         games = [make_game(record) for record in records for _ in range(group_size)]
         episodes = asyncio.run(play(games, sampler))
         for p, record in enumerate(records):
@@ -71,6 +96,4 @@ def collect(
             played.append(group)
             if not grpo.zero_spread_groups(torch.tensor([group.rewards], dtype=torch.float)).item():
                 kept.append(group)
-        if len(kept) == batch_size:
-            break
     return Rollouts(kept, played, time.perf_counter() - start)

@@ -1,0 +1,434 @@
+"""The GRPO rows of `make bench` (issue #5, point 9), each measured side by side in one run on the
+embedded SmolLM2:
+
+- `bench_rollout_throughput`: episodes/s of the hf engine playing B x G = 16 retrieval games in one
+  batch (the collector) vs the same games one at a time, both through `HFSampler` with the grammar.
+  The judge is the lexicon judge (emoji names, no LLM), so sampling is what is timed, not judging.
+- `bench_grpo_step_vs_trl`: one step (rollout + update) of our trainer vs one `trl.GRPOTrainer` step
+  on one single-turn setting: the same LoRA policy, prompts, B, G, token budget and reward function.
+  Both sample unconstrained: TRL cannot take our grammar processor, and the grammar changes how many
+  tokens are sampled, so only the unconstrained step compares like with like.
+- `bench_kl_reference_memory`: peak RSS of the same update steps with the KL reference (the starting
+  adapter frozen beside the trained one, as the configs ship) vs beta = 0, each in a fresh process.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import torch
+from transformers import TrainerCallback
+
+from emoji_rl import models
+from emoji_rl.bench import Row
+from emoji_rl.emoji.alphabet import ALPHABET
+from emoji_rl.generate import stop_token_id
+from emoji_rl.prompts import sender_messages
+from emoji_rl.rl import grpo
+from emoji_rl.rl import train as grpo_train
+from emoji_rl.rl.batch import collate
+from emoji_rl.rl.checkpoint import TrainState
+from emoji_rl.rl.policy import build_policy
+from emoji_rl.rl.rollout.collect import PromptStream, collect
+from emoji_rl.rl.rollout.hf import HFSampler
+from emoji_rl.rl.rollout.play import play
+from emoji_rl.rl.types import Episode, Game, StepResult, Turn
+
+if TYPE_CHECKING:
+    from peft import PeftModel
+    from transformers import PreTrainedTokenizerBase
+    from trl import GRPOTrainer
+
+# Short prompts keep every measurement to seconds; four of them x G = 4 is the issue's B x G = 16.
+TARGETS = (
+    "Let's grab pizza tonight",
+    "I missed the train again",
+    "Happy birthday, have fun",
+    "It's snowing, stay warm",
+)
+GROUP_SIZE = 4
+MAX_NEW_TOKENS = 24
+# At most 4 emoji, so a turn fits in 24 tokens: a longer one would end the episode as a violation.
+MAX_EMOJI = 4
+LORA_R, LORA_ALPHA = 16, 32
+MICRO_BATCH = 8  # episodes per forward/backward pass, our default and TRL's per-device batch
+LEARNING_RATE = 1e-4
+
+
+def _records(prompts: int) -> list[dict[str, str]]:
+    if not 1 <= prompts <= len(TARGETS):
+        raise ValueError(f"prompts={prompts} must be between 1 and {len(TARGETS)} (the bench's TARGETS)")
+    return [{"id": f"t{i}", "target": t} for i, t in enumerate(TARGETS[:prompts])]
+
+
+def _fresh_policy() -> PeftModel:
+    torch.manual_seed(0)  # the fresh LoRA adapter's initialization draws from it
+    return build_policy(models.SMOLLM2, models.pick_runtime("cpu"), None, None, LORA_R, LORA_ALPHA)
+
+
+# --- episodes/s: batched vs one at a time ------------------------------------------------------------
+
+
+def bench_rollout_throughput(
+    prompts: int = len(TARGETS),
+    group_size: int = GROUP_SIZE,
+    max_turns: int = 2,
+    max_new_tokens: int = MAX_NEW_TOKENS,
+) -> list[Row]:
+    """The same retrieval games (lexicon judge, `max_turns` turns as the cpu config) played as one
+    batch by the collector vs one episode at a time through the same sampler code."""
+    from emoji_rl.rl.games.retrieval import RetrievalBuilder, RetrievalRules
+    from emoji_rl.rl.judge import LexiconJudge
+    from emoji_rl.rl.reward import Similarity
+
+    tokenizer = models.load_tokenizer(models.SMOLLM2)
+    policy = _fresh_policy()
+    rules = RetrievalRules(max_turns=max_turns, max_emoji=MAX_EMOJI)
+    builder = RetrievalBuilder(tokenizer, LexiconJudge(), Similarity(models.load_embedder()), rules)
+    records = _records(prompts)
+    episodes = prompts * group_size
+
+    def sampler(batch_size: int) -> HFSampler:
+        return HFSampler(policy, tokenizer, "grammar", 1.0, max_new_tokens, batch_size, max_emoji=MAX_EMOJI)
+
+    batched, single = sampler(episodes), sampler(1)
+    asyncio.run(play([builder(records[0])], single))  # warm-up: grammar compile, first kernels
+
+    def play_batched() -> tuple[float, int]:
+        torch.manual_seed(0)
+        rollouts = collect(
+            PromptStream(records, seed=0, state=TrainState()), builder, batched, prompts, group_size
+        )
+        return rollouts.seconds, sum(len(e.turns) for g in rollouts.played for e in g.episodes)
+
+    def play_one_at_a_time() -> tuple[float, int]:
+        torch.manual_seed(0)
+        start = time.perf_counter()
+        played = [asyncio.run(play([builder(r)], single))[0] for r in records for _ in range(group_size)]
+        return time.perf_counter() - start, sum(len(e.turns) for e in played)
+
+    # Batched before and after, averaged: on a shared machine, load that drifts evenly cancels out.
+    before, (single_s, turns_single), after = play_batched(), play_one_at_a_time(), play_batched()
+    batched_s = (before[0] + after[0]) / 2
+    print(
+        f"  rollout: batched {episodes} episodes, {before[1]} and {after[1]} turns in {before[0]:.1f} and "
+        f"{after[0]:.1f} s; one at a time {turns_single} turns in {single_s:.1f} s"
+    )
+    rate_batched, rate_single = episodes / batched_s, episodes / single_s
+    ratio = rate_batched / rate_single
+    return [
+        Row(
+            f"hf rollout ep/s, BxG={episodes}: batched / one at a time",
+            f"{rate_batched:.2f} ep/s",
+            f"{rate_single:.2f} ep/s",
+            ratio,
+            ">= 4x",
+            ratio >= 4,
+        )
+    ]
+
+
+# --- one GRPO step: ours vs TRL ------------------------------------------------------------------------
+
+
+def distinct_share(text: str) -> float:
+    """The toy reward of the step comparison: distinct characters / characters (0 for no text).
+    Continuous, so groups almost never have zero spread: our trainer skips such groups (less work),
+    TRL trains on them, and the comparison must not hinge on that."""
+    return len(set(text)) / len(text) if text else 0.0
+
+
+class OneTurnGame(Game):
+    """One sender turn on `target`, rewarded by `distinct_share` of what it wrote."""
+
+    def __init__(self, tokenizer: PreTrainedTokenizerBase, target: str) -> None:
+        self.tokenizer = tokenizer
+        self.target = target
+
+    async def start(self) -> tuple[int, ...]:
+        return tuple(models.chat_ids(self.tokenizer, sender_messages(self.target)))
+
+    async def step(self, action_ids: tuple[int, ...]) -> StepResult:
+        text = self.tokenizer.decode(action_ids, skip_special_tokens=True)
+        return StepResult(done=True, reward=distinct_share(text))
+
+
+def _trl_reward(completions: list[list[dict[str, str]]], **_: object) -> list[float]:
+    return [distinct_share(completion[0]["content"]) for completion in completions]
+
+
+class _OurStep:
+    """Each call takes one step of our trainer on the one-turn game, as `train.train` does (collect,
+    group advantages, collate, `update`, optimizer step) and returns its seconds. Metrics, logs and
+    checkpoints are left out, as the TRL side's timed step leaves out its logging."""
+
+    def __init__(self, records: list[dict[str, str]], group_size: int, max_new_tokens: int) -> None:
+        from accelerate import Accelerator
+
+        self.cfg = grpo_train.Config(
+            batch_size=len(records),
+            group_size=group_size,
+            max_new_tokens=max_new_tokens,
+            max_turns=1,
+            beta=0.0,
+            lora_r=LORA_R,
+            lora_alpha=LORA_ALPHA,
+            learning_rate=LEARNING_RATE,
+            per_device_train_batch_size=MICRO_BATCH,
+        )
+        self.tokenizer = models.load_tokenizer(self.cfg.model)
+        policy = _fresh_policy()
+        episodes = len(records) * group_size
+        self.sampler = HFSampler(
+            policy, self.tokenizer, "none", self.cfg.temperature, max_new_tokens, episodes
+        )
+        self.accelerator = Accelerator(cpu=True)
+        optimizer = torch.optim.AdamW([p for p in policy.parameters() if p.requires_grad], lr=LEARNING_RATE)
+        self.model, self.optimizer = self.accelerator.prepare(policy, optimizer)
+        self.stream = PromptStream(records, seed=0, state=TrainState())
+        self.tokens_per_episode: list[float] = []
+        self.groups_kept: list[int] = []
+
+    def __call__(self) -> float:
+        start = time.perf_counter()
+        rollouts = collect(
+            self.stream,
+            lambda record: OneTurnGame(self.tokenizer, record["target"]),
+            self.sampler,
+            self.cfg.batch_size,
+            self.cfg.group_size,
+        )
+        if rollouts.kept:
+            rewards_P_G = torch.tensor([g.rewards for g in rollouts.kept], dtype=torch.float)
+            advantages_D = grpo.group_advantages(rewards_P_G, self.cfg.std_scaling).flatten()
+            episodes = [e for g in rollouts.kept for e in g.episodes]
+            batch = collate(episodes, advantages_D, self.tokenizer.pad_token_id, None)
+            grpo_train.update(self.cfg, self.accelerator, self.model, self.optimizer, batch, False)
+            self.optimizer.step()
+        seconds = time.perf_counter() - start
+        played = [e for g in rollouts.played for e in g.episodes]
+        self.tokens_per_episode.append(sum(len(e.turns[0].action_ids) for e in played) / len(played))
+        self.groups_kept.append(len(rollouts.kept))
+        return seconds
+
+
+class _Alternate(TrainerCallback):
+    """Times each TRL step (generation, reward, forward/backward, optimizer) and, after it, runs and
+    times one of ours: the steps alternate, so load that drifts on a shared machine weighs on both."""
+
+    def __init__(self, our_step: Callable[[], float]) -> None:
+        self.our_step = our_step
+        self.trl_seconds: list[float] = []
+        self.our_seconds: list[float] = []
+        self._start = 0.0
+
+    def on_step_begin(self, args, state, control, **kwargs):
+        self._start = time.perf_counter()
+
+    def on_step_end(self, args, state, control, **kwargs):
+        self.trl_seconds.append(time.perf_counter() - self._start)
+        self.our_seconds.append(self.our_step())
+
+
+def _trl_trainer(
+    records: list[dict[str, str]], group_size: int, max_new_tokens: int, steps: int, output_dir: str
+) -> GRPOTrainer:
+    """TRL's GRPOTrainer on the same setting as `_OurStep`, offline: a local model object, no hub, no
+    reporting, nothing saved."""
+    from datasets import Dataset
+    from trl import GRPOConfig, GRPOTrainer
+
+    episodes = len(records) * group_size
+    micro = min(MICRO_BATCH, episodes)
+    args = GRPOConfig(
+        output_dir=output_dir,
+        max_steps=steps,
+        per_device_train_batch_size=micro,
+        gradient_accumulation_steps=episodes // micro,  # one generation of B x G per optimizer step
+        num_generations=group_size,
+        max_completion_length=max_new_tokens,
+        temperature=1.0,
+        beta=0.0,
+        loss_type="dapo",  # our token_mean
+        scale_rewards="group",
+        learning_rate=LEARNING_RATE,
+        lr_scheduler_type="constant",
+        max_grad_norm=1.0,
+        # CPU: fp32 and no gradient checkpointing, as our trainer runs (TRL's defaults are bf16 and on).
+        bf16=False,
+        gradient_checkpointing=False,
+        use_cpu=True,
+        report_to="none",
+        save_strategy="no",
+        logging_steps=1,
+        disable_tqdm=True,
+        seed=0,
+    )
+    return GRPOTrainer(
+        model=_fresh_policy(),
+        reward_funcs=_trl_reward,
+        args=args,
+        train_dataset=Dataset.from_list([{"prompt": sender_messages(r["target"])} for r in records]),
+        processing_class=models.load_tokenizer(models.SMOLLM2),
+    )
+
+
+def bench_grpo_step_vs_trl(
+    prompts: int = len(TARGETS),
+    group_size: int = GROUP_SIZE,
+    max_new_tokens: int = MAX_NEW_TOKENS,
+    timed_steps: int = 3,
+) -> list[Row]:
+    """Median step time of ours vs TRL's after one warm-up step each (both unconstrained, beta 0,
+    the same fresh LoRA adapter, prompts, B, G, token budget, micro-batch and reward)."""
+    records = _records(prompts)
+    ours = _OurStep(records, group_size, max_new_tokens)
+    with tempfile.TemporaryDirectory() as tmp:
+        trainer = _trl_trainer(records, group_size, max_new_tokens, 1 + timed_steps, tmp)
+        timer = _Alternate(ours)
+        trainer.add_callback(timer)
+        trainer.train()
+    trl_tokens = [
+        log["completions/mean_length"]
+        for log in trainer.state.log_history
+        if "completions/mean_length" in log
+    ]
+    print(
+        f"  grpo step: ours {[round(s, 2) for s in timer.our_seconds]} s, "
+        f"{statistics.mean(ours.tokens_per_episode):.1f} tokens/episode, groups kept {ours.groups_kept}; "
+        f"TRL {[round(s, 2) for s in timer.trl_seconds]} s, {statistics.mean(trl_tokens):.1f} tokens/episode; "
+        "the first step of each is a warm-up"
+    )
+    ours_s, trl_s = statistics.median(timer.our_seconds[1:]), statistics.median(timer.trl_seconds[1:])
+    ratio = ours_s / trl_s
+    return [
+        Row(
+            f"GRPO step, BxG={prompts * group_size}, unconstrained: ours / TRL",
+            f"{ours_s:.2f} s",
+            f"{trl_s:.2f} s",
+            ratio,
+            "<= 1.0x",
+            ratio <= 1.0,
+        )
+    ]
+
+
+# --- peak memory: KL reference vs none -----------------------------------------------------------------
+
+
+def emoji_episodes(tokenizer: PreTrainedTokenizerBase, count: int, group_size: int) -> list[Episode]:
+    """`count` one-turn episodes as if sampled: a prompt, 2-MAX_EMOJI alphabet emoji and end of turn,
+    rewards varied within each group. The same tensors in every process that updates on them."""
+    # One code point each (3 SmolLM2 tokens), so a turn is as long as a sampled one under the 24-token
+    # budget; ZWJ sequences and skin tones take up to 27 tokens each.
+    short = [e for e in ALPHABET if len(e) == 1]
+    stop = stop_token_id(tokenizer)
+    episodes = []
+    for i in range(count):
+        prompt = tuple(models.chat_ids(tokenizer, sender_messages(TARGETS[(i // group_size) % len(TARGETS)])))
+        emoji = " ".join(short[(97 * i + 13 * j) % len(short)] for j in range(2 + i % (MAX_EMOJI - 1)))
+        action = (*tokenizer(emoji, add_special_tokens=False)["input_ids"], stop)
+        result = StepResult(done=True, reward=float(i % group_size))
+        episodes.append(Episode((Turn(prompt, action, (0.0,) * len(action), result),)))
+    return episodes
+
+
+def _peak_rss_mb() -> float:
+    """This process's peak resident set (MB), from Linux's VmHWM. Not `ru_maxrss`: that one survives
+    exec, so a child started from a large process reports the parent's size at fork."""
+    status = Path("/proc/self/status")
+    for line in status.read_text().splitlines():
+        if line.startswith("VmHWM:"):
+            return int(line.split()[1]) / 1024  # kB
+    raise RuntimeError(f"no VmHWM line in {status}: the memory row needs Linux")
+
+
+def update_peak_rss(
+    init_adapter: str, beta: float, episodes: int, group_size: int, steps: int
+) -> tuple[float, float]:
+    """Peak RSS (MB) once the policy is loaded, and after `steps` updates through the trainer's
+    `update` on `emoji_episodes`; the reference is built only when beta > 0, as `train.main` does.
+    Meant for a fresh process (`_in_fresh_process`): RSS peaks never go down."""
+    from accelerate import Accelerator
+
+    from emoji_rl.emoji.constraint import compile_emoji_grammar
+
+    cfg = grpo_train.Config(
+        init_adapter=init_adapter,
+        reference="init",
+        beta=beta,
+        group_size=group_size,
+        max_new_tokens=MAX_NEW_TOKENS,
+        max_emoji=MAX_EMOJI,
+        per_device_train_batch_size=MICRO_BATCH,
+    )
+    tokenizer = models.load_tokenizer(cfg.model)
+    policy = build_policy(
+        cfg.model, models.pick_runtime("cpu"), init_adapter, cfg.reference if beta > 0 else None
+    )
+    width = policy.get_output_embeddings().weight.shape[0]
+    constraint = compile_emoji_grammar(tokenizer, cfg.min_emoji, cfg.max_emoji, vocab_size=width)
+    played = emoji_episodes(tokenizer, episodes, group_size)
+    rewards_P_G = torch.tensor([e.reward for e in played]).view(-1, group_size)
+    batch = collate(played, grpo.group_advantages(rewards_P_G).flatten(), tokenizer.pad_token_id, constraint)
+    accelerator = Accelerator(cpu=True)
+    optimizer = torch.optim.AdamW([p for p in policy.parameters() if p.requires_grad], lr=cfg.learning_rate)
+    model, optimizer = accelerator.prepare(policy, optimizer)
+    loaded = _peak_rss_mb()
+    for _ in range(steps):
+        grpo_train.update(cfg, accelerator, model, optimizer, batch, use_importance_weights=False)
+        optimizer.step()
+    return loaded, _peak_rss_mb()
+
+
+def _in_fresh_process(
+    init_adapter: str, beta: float, episodes: int, group_size: int, steps: int
+) -> tuple[float, float]:
+    """`update_peak_rss` in a new interpreter: a peak never goes down, and this process has loaded
+    other models already."""
+    call = (
+        "from emoji_rl.rl.bench import update_peak_rss; "
+        f"print(*update_peak_rss({init_adapter!r}, {beta!r}, {episodes}, {group_size}, {steps}))"
+    )
+    done = subprocess.run([sys.executable, "-c", call], capture_output=True, text=True)
+    if done.returncode != 0:
+        raise RuntimeError(f"the memory probe (beta={beta}) failed:\n{done.stderr[-3000:]}")
+    loaded, peak = done.stdout.split()[-2:]
+    return float(loaded), float(peak)
+
+
+def bench_kl_reference_memory(
+    episodes: int = len(TARGETS) * GROUP_SIZE,
+    group_size: int = GROUP_SIZE,
+    steps: int = 2,
+    beta: float = 0.01,
+) -> list[Row]:
+    """Peak RSS of `steps` updates on the same B x G episodes, from a starting adapter, with the KL
+    reference (that adapter again, frozen) vs beta = 0."""
+    with tempfile.TemporaryDirectory() as tmp:
+        _fresh_policy().save_pretrained(tmp)  # stands in for the SFT adapter
+        with_kl = _in_fresh_process(tmp, beta, episodes, group_size, steps)
+        without = _in_fresh_process(tmp, 0.0, episodes, group_size, steps)
+    print(
+        f"  kl memory: loaded {with_kl[0]:.0f} / {without[0]:.0f} MB, peak {with_kl[1]:.0f} / {without[1]:.0f} MB "
+        f"(with / without the reference)"
+    )
+    ratio = with_kl[1] / without[1]
+    return [
+        Row(
+            f"peak RSS, {steps} updates BxG={episodes}: KL ref / beta 0",
+            f"{with_kl[1]:.0f} MB",
+            f"{without[1]:.0f} MB",
+            ratio,
+            "<= 1.3x",
+            ratio <= 1.3,
+        )
+    ]

@@ -1,0 +1,76 @@
+"""What GRPO's processes share under `accelerate launch`: values gathered from every rank, and the
+adapter's full weights, gathered before the main process saves them.
+
+Under FSDP a rank holds only its shard of each parameter (a DTensor): `save_pretrained` on the main
+process alone would write that shard. The adapter's parameters are gathered on every rank first (a
+collective: every rank must call it, in the same order), then written by the main process.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from emoji_rl.rl.checkpoint import ADAPTER
+
+if TYPE_CHECKING:
+    from peft import PeftModel
+
+
+def without_cuda() -> bool:
+    """Pass as `cpu=` to accelerate's `PartialState`/`Accelerator`. Without it, under `accelerate
+    launch` on a machine without CUDA, accelerate 1.15 joins the gloo process group yet reports one
+    process (DistributedType.NO): every rank would be the main one, play the same prompts and write
+    the same files. With it, the ranks are MULTI_CPU."""
+    return not torch.cuda.is_available()
+
+
+def fsdp_ignored(distributed_type: str) -> bool:
+    """FSDP was asked for (fsdp.yaml) but accelerate runs `distributed_type` instead: accelerate turns
+    FSDP on only over accelerators (GPUs); on CPUs it runs DDP, silently."""
+    return os.environ.get("ACCELERATE_USE_FSDP", "").lower() == "true" and distributed_type != "FSDP"
+
+
+def gather(value: Any) -> list[Any]:
+    """Every rank's `value`, in rank order (a collective); `[value]` without a process group."""
+    import torch.distributed as dist
+
+    if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() == 1:
+        return [value]
+    out: list[Any] = [None] * dist.get_world_size()
+    dist.all_gather_object(out, value)
+    return out
+
+
+def unwrap(model: torch.nn.Module) -> PeftModel:
+    """The PEFT model inside a DDP wrapper (FSDP2 shards in place and wraps nothing)."""
+    return model.module if isinstance(model, torch.nn.parallel.DistributedDataParallel) else model
+
+
+def adapter_state_dict(model: torch.nn.Module) -> dict[str, torch.Tensor]:
+    """The trainable adapter's entries of the model's state dict, each a whole tensor on every rank.
+
+    A collective under FSDP (each sharded entry is all-gathered): call it on every rank. Only the
+    trainable parameters are gathered, never the frozen base, so publishing stays as cheap as the
+    adapter is small. The keys are the model's own (`...lora_A.default.weight`), as PEFT's
+    `save_pretrained(state_dict=...)` expects them."""
+    from torch.distributed.tensor import DTensor
+
+    peft_model = unwrap(model)
+    trainable = {name for name, p in peft_model.named_parameters() if p.requires_grad}
+    if not trainable:
+        raise ValueError(f"the model has no trainable parameters: no adapter {ADAPTER!r} to save")
+    state = peft_model.state_dict()
+    return {
+        name: (value.full_tensor() if isinstance(value, DTensor) else value).detach().cpu()
+        for name, value in state.items()
+        if name in trainable
+    }
+
+
+def save_adapter(model: torch.nn.Module, path: Path, state: dict[str, torch.Tensor]) -> None:
+    """Write the adapter from its gathered `state` (`adapter_state_dict`) as an ordinary PEFT directory."""
+    unwrap(model).save_pretrained(str(path), selected_adapters=[ADAPTER], state_dict=state)

@@ -1,0 +1,57 @@
+"""What a GRPO step's rollouts report: aggregated numbers for `metrics.jsonl` (`reward/`, `game/`,
+`group/`, `tokens/`) and one record per episode for `rollouts.jsonl` (read by `emoji-rl debug-rollout`).
+The two stay apart: numbers to plot, text to read."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+
+from emoji_rl.data.jsonl import AppendLog
+from emoji_rl.rl import grpo
+from emoji_rl.rl.types import EpisodeGroup
+
+ROLLOUTS_FILE = "rollouts.jsonl"
+
+
+def rollout_metrics(played: Sequence[EpisodeGroup], kept: int) -> dict[str, float]:
+    """Reward, group and token counts over every played episode, and the mean of each metric the
+    games report on their last turn (`reward/<term>` -> `reward/<term>/mean`, others -> `game/<key>`)."""
+    episodes = [e for g in played for e in g.episodes]
+    rewards = torch.tensor([e.reward for e in episodes], dtype=torch.float)
+    final = [e.turns[-1].result.metrics for e in episodes]
+    keys = sorted({k for m in final for k in m})
+    metrics = {
+        "reward/mean": rewards.mean().item(),
+        "reward/std": rewards.std().item() if len(rewards) > 1 else 0.0,
+        "group/frac_zero_std": 1.0 - kept / len(played),
+        "group/played": float(len(played)),
+        "group/kept": float(kept),
+        "tokens/sampled": float(sum(len(t.action_ids) for e in episodes for t in e.turns)),
+    }
+    for key in keys:
+        values = [m[key] for m in final if key in m]
+        name = f"{key}/mean" if key.startswith("reward/") else f"game/{key}"
+        metrics[name] = sum(values) / len(values)
+    return metrics
+
+
+def log_rollouts(
+    log_file: AppendLog, step: int, groups: Sequence[EpisodeGroup], std_scaling: grpo.StdScaling
+) -> None:
+    """One record per episode: its reward, its advantage in its group, and every turn's log and metrics."""
+    for group in groups:
+        rewards = torch.tensor([group.rewards], dtype=torch.float)
+        advantages = grpo.group_advantages(rewards, std_scaling)[0].tolist()
+        for g, (episode, advantage) in enumerate(zip(group.episodes, advantages, strict=True)):
+            log_file.append(
+                {
+                    "step": step,
+                    "prompt_id": group.prompt_id,
+                    "rollout": g,
+                    "reward": episode.reward,
+                    "advantage": advantage,
+                    "turns": [{**turn.result.log, **turn.result.metrics} for turn in episode.turns],
+                }
+            )

@@ -1,0 +1,121 @@
+"""The wiring of a GRPO run: which game it plays (records, judge, embedder, constraint, curriculum) and
+which sampler plays it (in-process, or a vLLM server kept current by an adapter sync). The loop in
+`rl/train.py` receives what is built here and knows no game or engine."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from emoji_rl import models
+from emoji_rl.data.jsonl import read_jsonl
+from emoji_rl.errors import UserError
+from emoji_rl.generate import Constraint
+
+if TYPE_CHECKING:
+    from peft import PeftModel
+
+    from emoji_rl.emoji.constraint import EmojiConstraint
+    from emoji_rl.rl.checkpoint import Stateful
+    from emoji_rl.rl.rollout.play import Sampler
+    from emoji_rl.rl.rollout.vllm import AdapterSync
+    from emoji_rl.rl.train import Config
+    from emoji_rl.rl.types import Game
+
+
+@dataclass
+class GameSetup:
+    """What the loop needs of a game: a builder of games, the records it reads, the constraint the
+    sender samples under (None: free text), the seconds spent in its services since the start, and
+    any state of the run beyond the model that a checkpoint must hold (the Wordle curriculum)."""
+
+    make_game: Callable[[dict[str, str]], Game]
+    records: list[dict[str, str]]
+    constraint: EmojiConstraint | None
+    description: str
+    seconds: Callable[[], dict[str, float]] = dict
+    state: Stateful | None = None
+
+
+def read_records(path: str, key: str, hint: str) -> list[dict[str, str]]:
+    """The training records, each with a non-empty string `key` (checked here, before any model loads)."""
+    records = read_jsonl(path, hint=hint)
+    for number, record in enumerate(records, start=1):
+        if not isinstance(record.get(key), str) or not record[key].strip():
+            raise UserError(f"{path}:{number}: record has no non-empty string `{key}`")
+    return records
+
+
+def retrieval_setup(cfg: Config, tokenizer, runtime: models.Runtime, vocab_size: int) -> GameSetup:
+    from emoji_rl.emoji.constraint import compile_emoji_grammar
+    from emoji_rl.rl.games.retrieval import RetrievalBuilder, RetrievalRules
+    from emoji_rl.rl.reward import RewardWeights, Similarity
+
+    records = read_records(cfg.train_data, "target", "make it with `emoji-rl rl-prompts`")
+    constraint = compile_emoji_grammar(tokenizer, cfg.min_emoji, cfg.max_emoji, vocab_size=vocab_size)
+    judge = cfg.build_judge(runtime)
+    similarity = Similarity(models.load_embedder(cfg.similarity_model, device=runtime.device))
+    weights = RewardWeights(cfg.success_bonus, cfg.turn_cost, cfg.format_penalty, cfg.repetition_penalty)
+    rules = RetrievalRules(cfg.max_turns, cfg.tau, cfg.min_emoji, cfg.max_emoji, weights)
+    builder = RetrievalBuilder(tokenizer, judge, similarity, rules)
+    return GameSetup(
+        builder,
+        records,
+        constraint,
+        f"retrieval, judge {judge.describe()}",
+        seconds=lambda: dict(builder.seconds),
+    )
+
+
+def wordle_setup(cfg: Config, tokenizer) -> GameSetup:
+    from emoji_rl.rl.games.wordle import WordleBuilder, WordleRules
+    from emoji_rl.rl.games.wordle_reward import Curriculum, CurriculumTracker
+
+    records = read_records(cfg.train_data, "answer", "make it with `emoji-rl wordle-data`")
+    tracker = (
+        CurriculumTracker(Curriculum(threshold=cfg.curriculum_threshold, window=cfg.curriculum_window))
+        if cfg.curriculum
+        else None
+    )
+    builder = WordleBuilder(tokenizer, WordleRules(max_turns=cfg.max_turns), tracker)
+    description = "wordle" + (" with curriculum" if tracker else "")
+    return GameSetup(builder, records, None, description, state=tracker)
+
+
+def build_sampler(
+    cfg: Config, policy: PeftModel, tokenizer, constraint: Constraint
+) -> tuple[Sampler, AdapterSync | None]:
+    """The in-process sampler, or a vLLM server's with the adapter sync that keeps it current."""
+    from emoji_rl.generate import stop_token_id
+    from emoji_rl.rl.rollout.hf import HFSampler
+
+    if cfg.engine == "hf":
+        sampler = HFSampler(
+            policy,
+            tokenizer,
+            constraint,
+            cfg.temperature,
+            cfg.max_new_tokens,
+            cfg.batch_size * cfg.group_size,
+            cfg.min_emoji,
+            cfg.max_emoji,
+        )
+        return sampler, None
+    from emoji_rl.rl.endpoint import Endpoint, wait_for_server
+    from emoji_rl.rl.rollout.vllm import AdapterSync, VLLMSampler
+
+    wait_for_server(cfg.vllm_url, cfg.vllm_wait_s)
+    endpoint = Endpoint(cfg.vllm_url, cfg.vllm_api_key_env, cfg.vllm_timeout_s)
+    sampler = VLLMSampler(
+        endpoint,
+        cfg.vllm_served_name,
+        stop_token_id(tokenizer),
+        temperature=cfg.temperature,
+        max_new_tokens=cfg.max_new_tokens,
+        min_emoji=cfg.min_emoji,
+        max_emoji=cfg.max_emoji,
+    )
+    asyncio.run(sampler.verify())
+    return sampler, AdapterSync(sampler, cfg.output_dir, cfg.vllm_served_name, cfg.vllm_adapter_keep)

@@ -1,0 +1,48 @@
+"""GRPO checkpoints carry the game's run state (the Wordle curriculum) with the rest, on a tiny model."""
+
+import logging
+
+import torch
+from peft import LoraConfig, get_peft_model
+from transformers import LlamaConfig, LlamaForCausalLM
+
+from emoji_rl.rl.checkpoint import TrainState, latest_checkpoint, load_checkpoint, save_checkpoint
+from emoji_rl.rl.games.wordle_reward import Curriculum, CurriculumTracker
+
+
+def _tiny_run():
+    """A one-layer random LM with a LoRA adapter, its optimizer and scheduler: seconds, no model files."""
+    config = LlamaConfig(
+        vocab_size=32,
+        hidden_size=16,
+        intermediate_size=32,
+        num_hidden_layers=1,
+        num_attention_heads=2,
+        num_key_value_heads=2,
+    )
+    policy = get_peft_model(LlamaForCausalLM(config), LoraConfig(r=2, target_modules=["q_proj", "v_proj"]))
+    optimizer = torch.optim.AdamW([p for p in policy.parameters() if p.requires_grad], lr=1e-3)
+    scheduler = torch.optim.lr_scheduler.ConstantLR(optimizer, factor=1.0, total_iters=0)
+    return policy, optimizer, scheduler
+
+
+def test_a_checkpoint_restores_the_curriculum_where_it_was(tmp_path):
+    tracker = CurriculumTracker(Curriculum(window=4))
+    tracker.phase = 1
+    for share in (1.0, 0.5):
+        tracker.record(share)
+    save_checkpoint(tmp_path, TrainState(step=3, cursor=2), *_tiny_run(), game=tracker)
+
+    restored = CurriculumTracker(Curriculum(window=4))
+    state = load_checkpoint(latest_checkpoint(tmp_path), *_tiny_run(), game=restored)
+    assert state == TrainState(step=3, cursor=2)
+    assert restored.state_dict() == {"phase": 1, "recent": [1.0, 0.5]}
+
+
+def test_a_checkpoint_without_game_state_says_the_game_starts_afresh(tmp_path, caplog):
+    save_checkpoint(tmp_path, TrainState(step=1), *_tiny_run())
+    tracker = CurriculumTracker(Curriculum(window=4))
+    with caplog.at_level(logging.WARNING):
+        load_checkpoint(latest_checkpoint(tmp_path), *_tiny_run(), game=tracker)
+    assert tracker.state_dict() == {"phase": 0, "recent": []}
+    assert "holds no game state" in caplog.text
