@@ -118,6 +118,15 @@ def test_compiled_grammar_is_cached_per_vocabulary_and_bounds(byte_level_tokeniz
     assert compile_emoji_grammar(tokenizer, use_cache=False) is not first
 
 
+def test_a_tokenizer_that_grows_gets_a_new_grammar(byte_level_tokenizer) -> None:
+    tokenizer = copy.deepcopy(byte_level_tokenizer)
+    first = compile_emoji_grammar(tokenizer)
+    tokenizer.add_tokens(["<extra>"])  # the vocabulary read for the cache key is read again
+    grown = compile_emoji_grammar(tokenizer)
+    assert grown is not first
+    assert (first.vocab_size, grown.vocab_size) == (257, 258)
+
+
 def test_tokenizer_without_emoji_bytes_fails_at_compile_time(word_level_tokenizer) -> None:
     with pytest.raises(
         UserError, match=r"cannot express the emoji grammar: it has no single-byte token for 69"

@@ -77,7 +77,8 @@ def test_processes_draw_disjoint_prompts_from_one_order_and_keep_one_cursor():
 
 def test_micro_batch_weights_split_the_whole_step_between_processes():
     from emoji_rl.rl.batch import Batch
-    from emoji_rl.rl.train import Config, _shares
+    from emoji_rl.rl.train import Config
+    from emoji_rl.rl.update import _shares
 
     # This process: 2 episodes of 3 and 1 sender tokens; the other process holds 4 more: 8 in all.
     mask = torch.tensor([[1, 1, 1, 0], [1, 0, 0, 0]], dtype=torch.bool)

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import functools
 import sys
+import weakref
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
@@ -152,6 +153,23 @@ def _compile(
     return EmojiConstraint(compiled, info.vocab_size, tuple(info.stop_token_ids), min_emoji, max_emoji)
 
 
+_FINGERPRINTS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+def _vocab_fingerprint(tokenizer: PreTrainedTokenizerBase) -> tuple[int, int]:
+    """(hash of the vocabulary, its width), the cache key's part, once per tokenizer object while its
+    size stays the same: reading and hashing the vocabulary took 250-650 ms on a loaded machine, and
+    every generate call (every rollout turn) asks for the grammar."""
+    size = len(tokenizer)
+    memo = _FINGERPRINTS.get(tokenizer)
+    if memo is None or memo[0] != size:
+        vocab = tokenizer.get_vocab()
+        # hash(): an in-process key, stable while the tokenizer is unchanged.
+        memo = (size, hash(frozenset(vocab.items())), max(len(vocab), max(vocab.values()) + 1))
+        _FINGERPRINTS[tokenizer] = memo
+    return memo[1], memo[2]
+
+
 def compile_emoji_grammar(
     tokenizer: PreTrainedTokenizerBase,
     min_emoji: int = MIN_EMOJI,
@@ -169,10 +187,9 @@ def compile_emoji_grammar(
     _check_bounds(min_emoji, max_emoji)
     name = getattr(tokenizer, "name_or_path", "") or type(tokenizer).__name__
     stops = tuple(stop_token_ids) if stop_token_ids is not None else end_of_turn_ids(tokenizer)
-    vocab = tokenizer.get_vocab()
-    width = vocab_size or max(len(vocab), max(vocab.values()) + 1)
-    # hash() of the vocabulary: an in-process cache key, stable while the tokenizer is unchanged.
-    key = ("hf", type(tokenizer).__name__, hash(frozenset(vocab.items())), width, stops, min_emoji, max_emoji)
+    vocab_hash, vocab_width = _vocab_fingerprint(tokenizer)
+    width = vocab_size or vocab_width
+    key = ("hf", type(tokenizer).__name__, vocab_hash, width, stops, min_emoji, max_emoji)
     if use_cache and key in _CACHE:
         return _CACHE[key]
     _check_stops(stops, width, name)

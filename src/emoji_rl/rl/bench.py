@@ -41,6 +41,7 @@ from emoji_rl.rl.rollout.collect import PromptStream, collect
 from emoji_rl.rl.rollout.hf import HFSampler
 from emoji_rl.rl.rollout.play import play
 from emoji_rl.rl.types import Episode, Game, StepResult, Turn
+from emoji_rl.rl.update import update
 
 if TYPE_CHECKING:
     from peft import PeftModel
@@ -211,7 +212,7 @@ class _OurStep:
             advantages_D = grpo.group_advantages(rewards_P_G, self.cfg.std_scaling).flatten()
             episodes = [e for g in rollouts.kept for e in g.episodes]
             batch = collate(episodes, advantages_D, self.tokenizer.pad_token_id, None)
-            grpo_train.update(self.cfg, self.accelerator, self.model, self.optimizer, batch, False)
+            update(self.cfg, self.accelerator, self.model, self.optimizer, batch, False)
             self.optimizer.step()
         seconds = time.perf_counter() - start
         played = [e for g in rollouts.played for e in g.episodes]
@@ -384,7 +385,7 @@ def update_peak_rss(
     model, optimizer = accelerator.prepare(policy, optimizer)
     loaded = _peak_rss_mb()
     for _ in range(steps):
-        grpo_train.update(cfg, accelerator, model, optimizer, batch, use_importance_weights=False)
+        update(cfg, accelerator, model, optimizer, batch, use_importance_weights=False)
         optimizer.step()
     return loaded, _peak_rss_mb()
 
