@@ -85,7 +85,11 @@ def bench_rollout_throughput(
     max_new_tokens: int = MAX_NEW_TOKENS,
 ) -> list[Row]:
     """The same retrieval games (lexicon judge, `max_turns` turns as the cpu config) played as one
-    batch by the collector vs one episode at a time through the same sampler code."""
+    batch by the collector vs one episode at a time through the same sampler code.
+
+    On 2 CPU cores batching pays for decoding, not for reading the prompt: per row, a decode step
+    took 41 ms at batch 1 and 5.6 ms at batch 16, but the 61-token prefill 138 ms and 70 ms. A turn
+    reads 61-120 prompt tokens to write ~14, so the ratio measured 2.65x on a quiet machine."""
     from emoji_rl.rl.games.retrieval import RetrievalBuilder, RetrievalRules
     from emoji_rl.rl.judge import LexiconJudge
     from emoji_rl.rl.reward import Similarity
