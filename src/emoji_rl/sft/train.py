@@ -36,6 +36,7 @@ from emoji_rl import models
 from emoji_rl.config import save_config
 from emoji_rl.data.jsonl import drop_steps_after
 from emoji_rl.errors import UserError
+from emoji_rl.rl.distributed import fsdp_ignored
 from emoji_rl.sft.data import Overlong, encode_file, to_dataset
 
 if TYPE_CHECKING:
@@ -420,8 +421,7 @@ def main(cfg: Config) -> None:
         state.num_processes,
         state.mixed_precision,
     )
-    if os.environ.get("ACCELERATE_USE_FSDP", "").lower() == "true" and state.distributed_type != "FSDP":
-        # accelerate turns FSDP on only over accelerators (GPUs); on CPUs it runs DDP instead, silently.
+    if fsdp_ignored(state.distributed_type):
         logger.warning(
             "FSDP was asked for, but accelerate runs %s here: no sharding", state.distributed_type.value
         )
