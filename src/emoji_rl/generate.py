@@ -10,14 +10,14 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 from tqdm.auto import tqdm
 
 from emoji_rl.models import chat_ids
+from emoji_rl.prefill import prefill_inputs
 
 if TYPE_CHECKING:
-    import torch
     from transformers import LogitsProcessor, PreTrainedModel, PreTrainedTokenizerBase
 
 Constraint = Literal["grammar", "static", "none"]
@@ -66,18 +66,6 @@ def make_processor(
     return emoji_logits.EmojiLogitsProcessor(compiled)
 
 
-def _left_pad(prompts: Sequence[Sequence[int]], pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
-    import torch
-
-    width = max(map(len, prompts))
-    ids = torch.full((len(prompts), width), pad_id, dtype=torch.long)
-    mask = torch.zeros((len(prompts), width), dtype=torch.long)
-    for row, prompt in enumerate(prompts):
-        ids[row, width - len(prompt) :] = torch.tensor(prompt, dtype=torch.long)
-        mask[row, width - len(prompt) :] = 1
-    return ids, mask
-
-
 def generate_from_ids(
     model: PreTrainedModel,
     tokenizer: PreTrainedTokenizerBase,
@@ -92,7 +80,8 @@ def generate_from_ids(
     progress: bool = False,
     return_logprobs: bool = False,
 ) -> list[Reply]:
-    """Sample one reply per prompt (token ids), `batch_size` prompts per `generate` call."""
+    """Sample one reply per prompt (token ids), `batch_size` prompts per `generate` call; a prefix
+    that rows of a call share is read once (`emoji_rl.prefill`)."""
     import torch
     from transformers import GenerationConfig
 
@@ -119,11 +108,12 @@ def generate_from_ids(
     for start in tqdm(starts, desc="generate", unit="batch", disable=not progress):
         chunk = prompts[start : start + batch_size]
         processor = make_processor(tokenizer, constraint, vocab_size, min_emoji, max_emoji)
-        ids, mask = _left_pad(chunk, pad_id)
+        ids, mask, cache = prefill_inputs(model, chunk, pad_id)
         with torch.no_grad():
             out = model.generate(
                 input_ids=ids.to(device),
                 attention_mask=mask.to(device),
+                past_key_values=cache,
                 generation_config=generation_config,
                 logits_processor=[processor] if processor is not None else None,
             )
@@ -156,27 +146,9 @@ def generate_replies(
     model: PreTrainedModel,
     tokenizer: PreTrainedTokenizerBase,
     conversations: Sequence[list[dict[str, str]]],
-    constraint: Constraint = "grammar",
-    temperature: float = 1.0,
-    max_new_tokens: int = MAX_NEW_TOKENS,
-    batch_size: int = 16,
-    seed: int | None = None,
-    min_emoji: int = 2,
-    max_emoji: int = 8,
-    progress: bool = False,
+    **options: Any,
 ) -> list[Reply]:
-    """Sample one assistant reply per chat, through the shared chat template."""
+    """Sample one assistant reply per chat, through the shared chat template; `options` are
+    `generate_from_ids`'s."""
     prompts = [chat_ids(tokenizer, conversation) for conversation in conversations]
-    return generate_from_ids(
-        model,
-        tokenizer,
-        prompts,
-        constraint=constraint,
-        temperature=temperature,
-        max_new_tokens=max_new_tokens,
-        batch_size=batch_size,
-        seed=seed,
-        min_emoji=min_emoji,
-        max_emoji=max_emoji,
-        progress=progress,
-    )
+    return generate_from_ids(model, tokenizer, prompts, **options)
