@@ -1,3 +1,4 @@
+import logging
 import subprocess
 import sys
 
@@ -52,3 +53,17 @@ def test_every_stage_config_file_parses():
         assert stage in cli.STAGES, f"{path} names no stage"
         module = importlib.import_module(cli.STAGES[stage][0])
         parse_config(module.Config, ["--config", str(path)], prog=f"emoji-rl {stage}")
+
+
+def test_info_lines_come_from_the_main_process_only():
+    def line(environ: dict[str, str], level: int) -> str | None:
+        options = cli.logging_options(environ)
+        if level < options["level"]:
+            return None
+        record = logging.LogRecord("emoji_rl.sft", level, __file__, 1, "step %d", (3,), None)
+        return logging.Formatter(options["format"], options["datefmt"]).format(record)
+
+    assert line({}, logging.INFO).endswith(" emoji_rl.sft: step 3")
+    assert line({"RANK": "0", "WORLD_SIZE": "2"}, logging.INFO).endswith(" emoji_rl.sft: step 3")
+    assert line({"RANK": "1", "WORLD_SIZE": "2"}, logging.INFO) is None
+    assert line({"RANK": "1", "WORLD_SIZE": "2"}, logging.WARNING).endswith(" [rank 1] emoji_rl.sft: step 3")

@@ -8,7 +8,9 @@ from __future__ import annotations
 
 import importlib
 import logging
+import os
 import sys
+from collections.abc import Mapping
 
 from emoji_rl.config import parse_config
 from emoji_rl.errors import UserError
@@ -52,6 +54,18 @@ def _usage() -> str:
     )
 
 
+def logging_options(environ: Mapping[str, str]) -> dict[str, object]:
+    """Under `accelerate launch` or torchrun every process runs the stage: info from the main
+    process only, so each line shows once; warnings from every process, tagged with its rank."""
+    rank = int(environ.get("RANK", "0"))
+    tag = f"[rank {rank}] " if rank else ""
+    return {
+        "level": logging.INFO if rank == 0 else logging.WARNING,
+        "format": f"%(asctime)s {tag}%(name)s: %(message)s",
+        "datefmt": "%H:%M:%S",
+    }
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if not argv or argv[0] in {"-h", "--help"}:
@@ -61,7 +75,7 @@ def main(argv: list[str] | None = None) -> int:
     if stage not in STAGES:
         print(f"emoji-rl: unknown stage {stage!r}\n\n{_usage()}", file=sys.stderr)
         return 2
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s", datefmt="%H:%M:%S")
+    logging.basicConfig(**logging_options(os.environ))
     try:
         module = importlib.import_module(STAGES[stage][0])
         cfg = parse_config(module.Config, rest, prog=f"emoji-rl {stage}")
