@@ -6,7 +6,13 @@ import torch
 from peft import LoraConfig, get_peft_model
 from transformers import LlamaConfig, LlamaForCausalLM
 
-from emoji_rl.rl.checkpoint import TrainState, latest_checkpoint, load_checkpoint, save_checkpoint
+from emoji_rl.rl.checkpoint import (
+    TrainState,
+    follow_schedule,
+    latest_checkpoint,
+    load_checkpoint,
+    save_checkpoint,
+)
 from emoji_rl.rl.games.wordle_reward import Curriculum, CurriculumTracker
 
 
@@ -46,3 +52,30 @@ def test_a_checkpoint_without_game_state_says_the_game_starts_afresh(tmp_path, c
         load_checkpoint(latest_checkpoint(tmp_path), *_tiny_run(), game=tracker)
     assert tracker.state_dict() == {"phase": 0, "recent": []}
     assert "holds no game state" in caplog.text
+
+
+def test_a_longer_resumed_run_follows_its_own_schedule():
+    from transformers import get_scheduler
+
+    def run(max_steps: int):
+        optimizer = torch.optim.AdamW([torch.nn.Parameter(torch.zeros(2))], lr=1e-3)
+        return optimizer, get_scheduler("linear", optimizer, 0, max_steps)
+
+    optimizer, scheduler = run(2)
+    for _ in range(2):
+        optimizer.step()
+        scheduler.step()
+    assert optimizer.param_groups[0]["lr"] == 0.0  # the end of a 2-step linear decay
+    longer, longer_scheduler = run(4)
+    longer.load_state_dict(optimizer.state_dict())
+    longer_scheduler.load_state_dict(scheduler.state_dict())
+    follow_schedule(longer, longer_scheduler)
+    # Step 3 of 4 trains at 1e-3 x 2/4, as a fresh 4-step run would, and that is what gets logged.
+    assert longer.param_groups[0]["lr"] == longer_scheduler.get_last_lr()[0] == 5e-4
+
+    # The same schedule: the rate the checkpoint holds, exactly.
+    same, same_scheduler = run(2)
+    same.load_state_dict(optimizer.state_dict())
+    same_scheduler.load_state_dict(scheduler.state_dict())
+    follow_schedule(same, same_scheduler)
+    assert same.param_groups[0]["lr"] == 0.0

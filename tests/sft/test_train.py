@@ -68,15 +68,15 @@ def _lines(run):
     return [{k: v for k, v in r.items() if not any(s in k for s in session)} for r in rows]
 
 
-def test_resume_after_a_crash_logs_each_step_once(tmp_path, monkeypatch):
-    # Tiny chats (no system prompt) keep each step to about a second: this is about checkpoints and logs.
+def _tiny_run(tmp_path) -> dict:
+    """Config fields for tiny chats (no system prompt), about a second a step: for checkpoint tests."""
     data = tmp_path / "tiny.jsonl"
     rows = [
         {"messages": [{"role": "user", "content": f"say {e}"}, {"role": "assistant", "content": f"{e} {e}"}]}
         for e in ["🍕", "🎉", "🐱", "🌧️"]
     ]
     data.write_text("".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows), encoding="utf-8")
-    common = dict(
+    return dict(
         train_data=str(data),
         eval_data=str(data),
         per_device_train_batch_size=2,
@@ -84,8 +84,23 @@ def test_resume_after_a_crash_logs_each_step_once(tmp_path, monkeypatch):
         lora_r=4,
         logging_steps=1,
         save_steps=2,
-        max_steps=3,
     )
+
+
+def test_resume_with_more_steps_follows_the_new_schedule(tmp_path):
+    common = dict(_tiny_run(tmp_path), output_dir=str(tmp_path / "run"), learning_rate=1e-3)
+    train.main(train.Config(max_steps=2, **common))
+    train.main(train.Config(max_steps=4, resume=True, **common))
+    rates = {
+        r["step"]: r["train/learning_rate"] for r in _lines(tmp_path / "run") if "train/learning_rate" in r
+    }
+    # Linear decay over 4 steps from 1e-3, as a fresh 4-step run: step 3 trains at 1e-3 x 2/4, not at
+    # the 2-step schedule's end (0), which the restored optimizer held.
+    assert rates == pytest.approx({1: 1e-3, 2: 5e-4, 3: 5e-4, 4: 2.5e-4})
+
+
+def test_resume_after_a_crash_logs_each_step_once(tmp_path, monkeypatch):
+    common = dict(_tiny_run(tmp_path), max_steps=3)
     train.main(train.Config(output_dir=str(tmp_path / "full"), **common))
 
     # The first attempt dies right after logging step 3, before its checkpoint: the last is step 2's.

@@ -325,6 +325,21 @@ def jsonl_metrics_callback(path: Path) -> TrainerCallback:
     return JsonlMetrics()
 
 
+def scheduled_lr_callback() -> TrainerCallback:
+    """A callback that sets the learning rate from this run's schedule at the step a run resumes from
+    (`follow_schedule`): the Trainer restores the optimizer's rate as the checkpoint's run left it."""
+    from transformers import TrainerCallback
+
+    from emoji_rl.rl.checkpoint import follow_schedule
+
+    class ScheduledLR(TrainerCallback):
+        def on_train_begin(self, args, state, control, optimizer=None, lr_scheduler=None, **kwargs):
+            if optimizer is not None and lr_scheduler is not None:
+                follow_schedule(optimizer, lr_scheduler)
+
+    return ScheduledLR()
+
+
 # --- stage ------------------------------------------------------------------------------------------
 
 
@@ -412,7 +427,7 @@ def main(cfg: Config) -> None:
         eval_dataset=eval_set,
         processing_class=tokenizer,
         peft_config=lora_config(cfg, model),
-        callbacks=[jsonl_metrics_callback(output_dir / METRICS_FILE)],
+        callbacks=[jsonl_metrics_callback(output_dir / METRICS_FILE), scheduled_lr_callback()],
     )
     state = trainer.accelerator.state
     logger.info(
