@@ -306,9 +306,11 @@ def test_lora_load_use_and_unload(server, tmp_path):
     cards = httpx.get(server.url + "/v1/models", headers=server.auth).json()["data"]
     assert [c["id"] for c in cards] == ["policy", "policy-v3"]
     assert (cards[1]["parent"], cards[1]["root"], cards[1]["max_model_len"]) == ("policy", path, None)
-    base = completion(server, prompt=[[1, 2, 3]], seed=1, return_token_ids=True)["choices"][0]["token_ids"]
-    adapted = completion(server, model="policy-v3", seed=1, return_token_ids=True)
-    assert adapted["model"] == "policy-v3" and adapted["choices"][0]["token_ids"] != base
+    base = completion(server, seed=1, logprobs=0)["choices"][0]["logprobs"]["token_logprobs"]
+    adapted = completion(server, model="policy-v3", seed=1, logprobs=0)
+    # The adapter's logits differ from the base model's; the sampled tokens may still coincide (the
+    # fake keys its logits by the adapter's tmp path, new each run), their log-probs cannot.
+    assert adapted["model"] == "policy-v3" and adapted["choices"][0]["logprobs"]["token_logprobs"] != base
     unloaded = post(server, "/v1/unload_lora_adapter", {"lora_name": "policy-v3"})
     assert unloaded.text == "Success: LoRA adapter 'policy-v3' removed successfully."
     assert_error(post(server, "/v1/completions", {"model": "policy-v3", "prompt": [1]}), 404, "model")

@@ -4,6 +4,7 @@ game with the lexicon judge."""
 
 import asyncio
 import json
+import zlib
 
 import pytest
 import torch
@@ -192,11 +193,13 @@ def test_vllm_engine_trains_through_versioned_adapters(tmp_path, monkeypatch):
         sync = AdapterSync(sampler, cfg.output_dir, "policy", keep=2)
         records = [{"id": "p0", "target": PROMPT}]
 
-        # The fake server's model is not the policy: any reward its samples vary in will do.
-        def parity(emoji):
-            return float(ord(emoji[0][0]) % 2)
+        # The fake server's model is not the policy: any reward its samples vary in will do. A hash of
+        # the message gives a group no spread only if all its samples are the same message (a parity of
+        # the first emoji once left both steps without an update).
+        def message_hash(emoji):
+            return zlib.crc32("".join(emoji).encode()) / 2**32
 
-        setup = favorite_setup(tokenizer, constraint, records, parity)
+        setup = favorite_setup(tokenizer, constraint, records, message_hash)
         state = grpo_train.train(cfg, policy, tokenizer, setup, sampler, weight_sync=sync)
         loads = [body["lora_name"] for body in server.bodies("/v1/load_lora_adapter")]
         completions = server.bodies("/v1/completions")
