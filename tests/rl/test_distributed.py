@@ -101,7 +101,8 @@ def test_grpo_over_two_cpu_processes_shares_the_batch_and_the_weights(tmp_path):
 
     first = accelerate_launch(__file__, [*args, "--max_steps", "1"])
     assert first.returncode == 0, first.stderr[-4000:]
-    assert first.stderr.count("distributed: MULTI_CPU, 2 process(es)") == 2, first.stderr[-4000:]
+    # Info lines come from the main process only: once, not once per rank.
+    assert first.stderr.count("distributed: MULTI_CPU, 2 process(es)") == 1, first.stderr[-4000:]
     resumed = accelerate_launch(__file__, [*args, "--max_steps", "2", "--resume", "true"])
     assert resumed.returncode == 0, resumed.stderr[-4000:]
     assert "resumed from" in resumed.stderr and "at step 1" in resumed.stderr
