@@ -244,3 +244,20 @@ if __name__ == "__main__":
     if sys.argv[1] == "fsdp-publish":
         raise SystemExit(_publish_under_fsdp(sys.argv[2], Path(sys.argv[3])))
     raise SystemExit(_run_stage_recording_each_rank())
+
+
+def test_fsdp_asked_for_but_not_run_is_said(monkeypatch, caplog):
+    import logging
+
+    from emoji_rl.rl.distributed import warn_if_fsdp_ignored
+
+    logger = logging.getLogger("emoji_rl.stage")
+    monkeypatch.delenv("ACCELERATE_USE_FSDP", raising=False)
+    warn_if_fsdp_ignored("MULTI_CPU", logger)  # plain DDP, as asked
+    monkeypatch.setenv("ACCELERATE_USE_FSDP", "true")  # fsdp.yaml
+    warn_if_fsdp_ignored("FSDP", logger)  # as asked, on GPUs
+    assert not caplog.records
+    warn_if_fsdp_ignored("MULTI_CPU", logger)
+    assert [(r.name, r.getMessage()) for r in caplog.records] == [
+        ("emoji_rl.stage", "FSDP was asked for, but accelerate runs MULTI_CPU here: no sharding")
+    ]

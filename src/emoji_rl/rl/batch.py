@@ -14,7 +14,7 @@ import torch
 
 from emoji_rl.emoji.constraint import EmojiConstraint, replay_masks
 from emoji_rl.rl import grpo
-from emoji_rl.rl.types import Episode
+from emoji_rl.rl.types import Episode, EpisodeGroup
 
 if TYPE_CHECKING:
     from transformers import PreTrainedModel
@@ -82,6 +82,18 @@ def collate(
         if constraint is not None:
             allowed.append(torch.cat([replay_masks(constraint, turn.action_ids) for turn in episode.turns]))
     return Batch(ids, attention, mask, sampler_logp, advantages_D.float(), allowed)
+
+
+def collate_groups(
+    groups: Sequence[EpisodeGroup],
+    std_scaling: grpo.StdScaling,
+    pad_id: int,
+    constraint: EmojiConstraint | None,
+) -> Batch:
+    """A step's groups as one batch, each episode with its advantage within its group."""
+    rewards_P_G = torch.tensor([g.rewards for g in groups], dtype=torch.float)
+    advantages_D = grpo.group_advantages(rewards_P_G, std_scaling).flatten()
+    return collate([e for g in groups for e in g.episodes], advantages_D, pad_id, constraint)
 
 
 def token_logprobs(model: PreTrainedModel, batch: Batch, temperature: float) -> torch.Tensor:

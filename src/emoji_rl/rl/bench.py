@@ -34,7 +34,7 @@ from emoji_rl.generate import stop_token_id
 from emoji_rl.prompts import sender_messages
 from emoji_rl.rl import grpo
 from emoji_rl.rl import train as grpo_train
-from emoji_rl.rl.batch import collate
+from emoji_rl.rl.batch import collate, collate_groups
 from emoji_rl.rl.checkpoint import TrainState
 from emoji_rl.rl.policy import build_policy
 from emoji_rl.rl.rollout.collect import PromptStream, collect
@@ -214,10 +214,7 @@ class _OurStep:
             self.cfg.group_size,
         )
         if rollouts.kept:
-            rewards_P_G = torch.tensor([g.rewards for g in rollouts.kept], dtype=torch.float)
-            advantages_D = grpo.group_advantages(rewards_P_G, self.cfg.std_scaling).flatten()
-            episodes = [e for g in rollouts.kept for e in g.episodes]
-            batch = collate(episodes, advantages_D, self.tokenizer.pad_token_id, None)
+            batch = collate_groups(rollouts.kept, self.cfg.std_scaling, self.tokenizer.pad_token_id, None)
             update(self.cfg, self.accelerator, self.model, self.optimizer, batch, False)
             self.optimizer.step()
         seconds = time.perf_counter() - start

@@ -8,6 +8,7 @@ collective: every rank must call it, in the same order), then written by the mai
 
 from __future__ import annotations
 
+import logging
 import os
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -28,10 +29,12 @@ def without_cuda() -> bool:
     return not torch.cuda.is_available()
 
 
-def fsdp_ignored(distributed_type: str) -> bool:
-    """FSDP was asked for (fsdp.yaml) but accelerate runs `distributed_type` instead: accelerate turns
-    FSDP on only over accelerators (GPUs); on CPUs it runs DDP, silently."""
-    return os.environ.get("ACCELERATE_USE_FSDP", "").lower() == "true" and distributed_type != "FSDP"
+def warn_if_fsdp_ignored(distributed_type: str, logger: logging.Logger) -> None:
+    """Warn on `logger` (the stage's) when FSDP was asked for (fsdp.yaml) but accelerate runs
+    `distributed_type` instead: accelerate turns FSDP on only over accelerators (GPUs); on CPUs it
+    runs DDP, silently."""
+    if os.environ.get("ACCELERATE_USE_FSDP", "").lower() == "true" and distributed_type != "FSDP":
+        logger.warning("FSDP was asked for, but accelerate runs %s here: no sharding", distributed_type)
 
 
 def gather(value: Any) -> list[Any]:

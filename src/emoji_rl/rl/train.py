@@ -34,16 +34,21 @@ from emoji_rl.errors import UserError
 from emoji_rl.generate import MAX_NEW_TOKENS
 from emoji_rl.metrics import MetricsWriter
 from emoji_rl.rl import grpo
-from emoji_rl.rl.batch import collate
+from emoji_rl.rl.batch import collate_groups
 from emoji_rl.rl.checkpoint import TrainState, latest_checkpoint, load_checkpoint, rng_state, save_checkpoint
-from emoji_rl.rl.distributed import adapter_state_dict, fsdp_ignored, gather, save_adapter, without_cuda
+from emoji_rl.rl.distributed import (
+    adapter_state_dict,
+    gather,
+    save_adapter,
+    warn_if_fsdp_ignored,
+    without_cuda,
+)
 from emoji_rl.rl.judge import JudgeConfig
 from emoji_rl.rl.policy import build_policy
 from emoji_rl.rl.rollout.collect import PromptStream, Rollouts, collect
 from emoji_rl.rl.rollout.metrics import ROLLOUTS_FILE, log_rollouts, rollout_metrics
 from emoji_rl.rl.rollout.play import Sampler
 from emoji_rl.rl.setup import GameSetup, build_sampler, retrieval_setup, wordle_setup
-from emoji_rl.rl.types import Episode
 from emoji_rl.rl.update import update
 
 if TYPE_CHECKING:
@@ -215,10 +220,10 @@ def _sync_weights(
         sync.follow(step)
 
 
-def _step_metrics(rollouts: Rollouts, services: dict[str, float], kept: int) -> dict[str, float]:
-    """What the step's rollouts report, over every process's (gathered) `Rollouts`: `kept` groups
-    in all, and times (`services`: seconds per service) of the slowest process, which the step waits for."""
-    metrics = rollout_metrics(rollouts.played, kept)
+def _step_metrics(rollouts: Rollouts, services: dict[str, float]) -> dict[str, float]:
+    """What the step's rollouts report, over every process's (gathered) `Rollouts`, and times
+    (`services`: seconds per service) of the slowest process, which the step waits for."""
+    metrics = rollout_metrics(rollouts.played, len(rollouts.kept))
     for key, seconds in services.items():
         metrics[f"time/{key}_s"] = seconds
     metrics["time/rollout_s"] = rollouts.seconds
@@ -264,10 +269,7 @@ def train(
         accelerator.num_processes,
         cfg.batch_size * accelerator.num_processes,
     )
-    if fsdp_ignored(accelerator.distributed_type):
-        log.warning(
-            "FSDP was asked for, but accelerate runs %s here: no sharding", accelerator.distributed_type.value
-        )
+    warn_if_fsdp_ignored(accelerator.distributed_type.value, log)
     run_dir = Path(cfg.output_dir)
     optimizer = torch.optim.AdamW([p for p in policy.parameters() if p.requires_grad], lr=cfg.learning_rate)
     scheduler = get_scheduler(cfg.lr_scheduler_type, optimizer, cfg.warmup_steps, cfg.max_steps)
@@ -306,17 +308,14 @@ def train(
             rollouts = collect(stream, game.make_game, sampler, cfg.batch_size, cfg.group_size, rounds)
             services = {k: v - services_before.get(k, 0.0) for k, v in game.seconds().items()}
             everyone, slowest = _gather_rollouts(rollouts, services)
-            metrics = _step_metrics(everyone, slowest, len(everyone.kept))
+            metrics = _step_metrics(everyone, slowest)
             if rollout_log is not None:
                 log_rollouts(rollout_log, step + 1, everyone.played, cfg.std_scaling)
             start = time.perf_counter()
             if everyone.kept:
                 # This process's groups; with none kept, its played ones stand in at weight 0.
                 groups = rollouts.kept or rollouts.played
-                rewards_P_G = torch.tensor([g.rewards for g in groups], dtype=torch.float)
-                advantages_D = grpo.group_advantages(rewards_P_G, cfg.std_scaling).flatten()
-                episodes: list[Episode] = [e for g in groups for e in g.episodes]
-                batch = collate(episodes, advantages_D, pad_id, game.constraint)
+                batch = collate_groups(groups, cfg.std_scaling, pad_id, game.constraint)
                 metrics.update(
                     update(
                         cfg,

@@ -36,7 +36,7 @@ from emoji_rl import models
 from emoji_rl.config import save_config
 from emoji_rl.data.jsonl import drop_steps_after
 from emoji_rl.errors import UserError
-from emoji_rl.rl.distributed import fsdp_ignored
+from emoji_rl.rl.distributed import warn_if_fsdp_ignored
 from emoji_rl.sft.data import Overlong, encode_file, to_dataset
 
 if TYPE_CHECKING:
@@ -436,10 +436,7 @@ def main(cfg: Config) -> None:
         state.num_processes,
         state.mixed_precision,
     )
-    if fsdp_ignored(state.distributed_type):
-        logger.warning(
-            "FSDP was asked for, but accelerate runs %s here: no sharding", state.distributed_type.value
-        )
+    warn_if_fsdp_ignored(state.distributed_type.value, logger)
     trainable = sum(p.numel() for p in trainer.model.parameters() if p.requires_grad)
     logger.info(
         "LoRA r=%d on %s: %.2fM trainable parameters", cfg.lora_r, cfg.lora_target_modules, trainable / 1e6
