@@ -120,8 +120,8 @@ def prefill_inputs(
     import torch
     from transformers.cache_utils import DynamicCache
 
-    plan = plan_prefixes(prompts) if can_share_prefixes(model) else None
-    if plan is None:
+    plan = plan_prefixes(prompts)
+    if plan is None or not can_share_prefixes(model):  # the plan first: a batch of one has none
         return (*left_pad(prompts, pad_id), None)
     heads: list[Sequence[int]] = [()] * len(plan.prefix)
     for prompt, c in zip(prompts, plan.cluster, strict=True):
