@@ -7,11 +7,13 @@ import torch
 
 from emoji_rl.prefill import (
     PrefixPlan,
+    RowCache,
     can_share_prefixes,
     left_pad,
     plan_prefixes,
     prefill_inputs,
     prefill_tokens,
+    resume_inputs,
 )
 
 # Two groups of two identical prompts, as turn 1 of B=2, G=2.
@@ -87,10 +89,82 @@ def test_shared_prefix_generation_equals_one_row_at_a_time(smollm2_model, smollm
             temperature=0.0,
             max_new_tokens=12,
             batch_size=batch_size,
-            return_logprobs=True,
         )
 
     shared, alone = sample(len(rows)), sample(1)
     for a, b in zip(shared, alone, strict=True):
+        assert a.token_ids == b.token_ids
+        assert torch.allclose(torch.tensor(a.logprobs), torch.tensor(b.logprobs), atol=1e-4)
+
+
+def _row_cache(tokens: tuple[int, ...], pads_inside: int = 0) -> RowCache:
+    """A 2-layer cache of `tokens` with `pads_inside` masked columns after the first token; the keys
+    and values hold each column's id, so where a column lands can be read back."""
+    ids = torch.tensor([tokens[0], *[0] * pads_inside, *tokens[1:]])
+    mask = (torch.arange(len(ids)) == 0) | (torch.arange(len(ids)) > pads_inside)
+    kv = ids.float().view(1, -1, 1).expand(1, -1, 2)
+    return RowCache(ids, mask.long(), ((kv, -kv), (kv + 100, -kv - 100)))
+
+
+def test_resumed_rows_read_only_what_follows_their_own_cache():
+    from transformers import LlamaConfig
+
+    model = SimpleNamespace(config=LlamaConfig(num_hidden_layers=2))
+    caches = [_row_cache((1, 2, 3)), _row_cache((4, 5), pads_inside=2)]
+    prompts = [(1, 2, 3, 7), (4, 5, 8, 9)]
+    resumed = resume_inputs(model, prompts, caches, pad_id=0)
+    assert resumed is not None
+    ids, mask, cache = resumed
+    # [pad | cache | pad | rest]: the caches are 3 and 4 columns wide, the rests 1 and 2.
+    assert ids.tolist() == [[0, 1, 2, 3, 0, 7], [4, 0, 0, 5, 8, 9]]
+    assert mask.tolist() == [[0, 1, 1, 1, 0, 1], [1, 0, 0, 1, 1, 1]]
+    assert cache.get_seq_length() == 4
+    assert cache.layers[0].keys[:, 0, :, 0].tolist() == [[0, 1, 2, 3], [4, 0, 0, 5]]
+    assert cache.layers[1].values[:, 0, :, 0].tolist() == [[0, -101, -102, -103], [-104, -100, -100, -105]]
+    for row, prompt in enumerate(prompts):
+        assert ids[row][mask[row].bool()].tolist() == list(prompt)
+
+
+def test_no_resuming_unless_every_prompt_goes_on_from_its_cache():
+    from transformers import LlamaConfig
+
+    model = SimpleNamespace(config=LlamaConfig(num_hidden_layers=2))
+    cache = _row_cache((1, 2))
+    assert resume_inputs(model, [(1, 2, 3), (1, 2, 4)], [cache, None], 0) is None  # a row without one
+    assert resume_inputs(model, [(1, 5, 3)], [cache], 0) is None  # another episode
+    assert resume_inputs(model, [(1, 2)], [cache], 0) is None  # nothing left to read for the first logits
+    assert resume_inputs(model, [(1, 2, 3)], [cache], 0) is not None
+
+
+@pytest.mark.slow
+def test_a_turn_resumed_from_the_kept_caches_equals_one_read_from_scratch(smollm2_model, smollm2_tokenizer):
+    from emoji_rl.generate import generate_from_ids
+    from emoji_rl.models import chat_ids
+
+    def prompt(text: str) -> tuple[int, ...]:
+        return tuple(chat_ids(smollm2_tokenizer, [{"role": "user", "content": text}]))
+
+    def sample(prompts, max_new_tokens=12, **options):
+        return generate_from_ids(
+            smollm2_model,
+            smollm2_tokenizer,
+            prompts,
+            temperature=0.0,
+            max_new_tokens=max_new_tokens,
+            **options,
+        )
+
+    first = [prompt("I missed the train again"), prompt("I missed the train again"), prompt("Pizza tonight?")]
+    # Keep a row that runs out of tokens too: its cache ends one token before its reply does.
+    replies = sample(first, keep_caches=True) + sample(first[:1], keep_caches=True, max_new_tokens=3)
+    assert not replies[-1].stopped and all(r.cache is not None for r in replies)
+    feedback = [
+        tuple(smollm2_tokenizer(f"\nguess {i}: not quite", add_special_tokens=False)["input_ids"])
+        for i in range(4)
+    ]
+    second = [(*p, *r.token_ids, *f) for p, r, f in zip([*first, first[0]], replies, feedback, strict=True)]
+    resumed = sample(second, caches=[r.cache for r in replies])
+    fresh = sample(second)
+    for a, b in zip(resumed, fresh, strict=True):
         assert a.token_ids == b.token_ids
         assert torch.allclose(torch.tensor(a.logprobs), torch.tensor(b.logprobs), atol=1e-4)

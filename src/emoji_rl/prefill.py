@@ -1,14 +1,18 @@
-"""How a batch of prompts is laid out before `generate` decodes it, and how a prefix that several rows
+"""How a batch of prompts is laid out before it is decoded, and how a prefix that several rows
 share is read once instead of once per row.
 
 A GRPO group's G episodes start from one prompt and keep it as the head of every later turn, and
 every chat of an evaluation starts with the same system prompt. Batched prefill would read such a
 prefix once per row: on 2 CPU cores a 61-token prompt cost 70 ms per row even at batch 16, as much
 as the ~14 tokens decoded after it. So the rows are clustered by common prefix, each cluster's
-prefix is run once into a KV cache, the cache is copied out to the cluster's rows, and `generate`
+prefix is run once into a KV cache, the cache is copied out to the cluster's rows, and decoding
 reads only what follows. A row is laid out as [pad | prefix | pad | rest]: every prefix ends at the
-same column, the pads are masked out, and generate takes position ids from the attention mask, so
-each row attends to exactly its own prompt at its own positions.
+same column, the pads are masked out, and `emoji_rl.generate.decode` takes position ids from the
+attention mask, so each row attends to exactly its own prompt at its own positions.
+
+A later turn of an episode goes further: the rows of the last turn's batch are cut out of its KV
+cache as they stop (`cut_rows`) and the next turn reads only what the game wrote since
+(`resume_inputs`), laid out the same way with the row's own cache as its prefix.
 """
 
 from __future__ import annotations
@@ -21,7 +25,7 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:
     import torch
     from transformers import PreTrainedModel
-    from transformers.cache_utils import DynamicCache
+    from transformers.cache_utils import Cache, DynamicCache
 
 # Sharing costs an extra forward pass and a copy of the cache: below this share of prefill tokens
 # saved it is not worth it.
@@ -62,7 +66,7 @@ def plan_prefixes(prompts: Sequence[Sequence[int]], min_saving: float = MIN_SAVI
     between its neighbours. Splitting the sorted rows wherever neighbours share fewer than t tokens,
     for every t that occurs, covers both a batch of G-row groups (large t) and a batch of chats that
     share only a system prompt (small t). A row keeps at least its last token out of the prefix:
-    generate must read one token to give the first logits.
+    decoding must read one token to give the first logits.
     """
     n = len(prompts)
     if n < 2:
@@ -103,23 +107,97 @@ def left_pad(
     return ids, mask
 
 
+def full_attention(cache: Cache) -> bool:
+    """True when every layer's cache is plain full attention, the only kind a prefix can be moved in
+    and out of. The masked gap between prefix and rest would count toward a sliding window, and a
+    linear-attention layer (Qwen3.5's Gated DeltaNet) would run its recurrence over it."""
+    from transformers.cache_utils import DynamicLayer
+
+    return all(type(layer) is DynamicLayer for layer in cache.layers)
+
+
 def can_share_prefixes(model: PreTrainedModel) -> bool:
-    """True when every layer's cache is plain full attention. The masked gap between prefix and rest
-    would count toward a sliding window, and a linear-attention layer (Qwen3.5's Gated DeltaNet)
-    would run its recurrence over it."""
-    from transformers.cache_utils import DynamicCache, DynamicLayer
+    from transformers.cache_utils import DynamicCache
 
-    return all(type(layer) is DynamicLayer for layer in DynamicCache(config=model.config).layers)
+    return full_attention(DynamicCache(config=model.config))
 
 
-def prefill_inputs(
-    model: PreTrainedModel, prompts: Sequence[Sequence[int]], pad_id: int
-) -> tuple[torch.Tensor, torch.Tensor, DynamicCache | None]:
-    """(input ids, attention mask, KV cache of the shared prefixes or None) to pass to `generate`.
-    Without a worthwhile plan (or a model that cannot share), plain left padding and no cache."""
+@dataclass(frozen=True)
+class RowCache:
+    """One row's keys and values as its last decode step left them: every token of the row but the
+    last one sampled, which no forward pass has read yet."""
+
+    ids: torch.Tensor
+    """[W] the ids of the cached columns, pads included."""
+    mask: torch.Tensor
+    """[W] 1 on the row's own tokens, 0 on pads."""
+    layers: tuple[tuple[torch.Tensor, torch.Tensor], ...]
+    """Per layer, keys and values [kv heads, W, head dim]."""
+
+    def tokens(self) -> tuple[int, ...]:
+        return tuple(self.ids[self.mask.bool()].tolist())
+
+
+def cut_rows(cache: Cache, ids: torch.Tensor, mask: torch.Tensor, positions: Sequence[int]) -> list[RowCache]:
+    """Copies of the rows at `positions` of a full-attention `cache` whose columns `ids` and `mask`
+    describe, without their leading pads."""
+    rows = []
+    for p in positions:
+        first = int(mask[p].argmax())  # the first 1
+        layers = tuple(
+            (layer.keys[p, :, first:].clone(), layer.values[p, :, first:].clone()) for layer in cache.layers
+        )
+        rows.append(RowCache(ids[p, first:].clone(), mask[p, first:].clone(), layers))
+    return rows
+
+
+def resume_inputs(
+    model: PreTrainedModel, prompts: Sequence[Sequence[int]], caches: Sequence[RowCache | None], pad_id: int
+) -> tuple[torch.Tensor, torch.Tensor, DynamicCache] | None:
+    """(input ids, attention mask, KV cache) that go on from each row's cache, laid out [pad | cache |
+    pad | rest]; None unless every prompt is its row's cached tokens and more."""
     import torch
     from transformers.cache_utils import DynamicCache
 
+    rows = [cache for cache in caches if cache is not None]
+    heads = [row.tokens() for row in rows]
+    if len(rows) < len(prompts) or any(
+        len(prompt) <= len(head) or tuple(prompt[: len(head)]) != head
+        for prompt, head in zip(prompts, heads, strict=True)
+    ):
+        return None
+    width = max(len(row.ids) for row in rows)
+    head_ids = torch.full((len(rows), width), pad_id, dtype=torch.long)
+    head_mask = torch.zeros((len(rows), width), dtype=torch.long)
+    joined = DynamicCache(config=model.config)
+    for layer, (keys, values) in enumerate(rows[0].layers):
+        shape = (len(rows), keys.shape[0], width, keys.shape[2])
+        all_keys, all_values = keys.new_zeros(shape), values.new_zeros(shape)
+        for i, row in enumerate(rows):
+            start = width - len(row.ids)
+            all_keys[i, :, start:], all_values[i, :, start:] = row.layers[layer]
+            head_ids[i, start:], head_mask[i, start:] = row.ids.cpu(), row.mask.cpu()
+        joined.update(all_keys, all_values, layer)
+    rest_ids, rest_mask = left_pad(
+        [prompt[len(head) :] for prompt, head in zip(prompts, heads, strict=True)], pad_id
+    )
+    return torch.cat([head_ids, rest_ids], 1), torch.cat([head_mask, rest_mask], 1), joined
+
+
+def prefill_inputs(
+    model: PreTrainedModel,
+    prompts: Sequence[Sequence[int]],
+    pad_id: int,
+    caches: Sequence[RowCache | None] | None = None,
+) -> tuple[torch.Tensor, torch.Tensor, DynamicCache | None]:
+    """(input ids, attention mask, KV cache or None) to decode from: going on from each row's cache
+    when every prompt extends it, else reading shared prefixes once. Without a worthwhile plan (or a
+    model that cannot share), plain left padding and no cache."""
+    import torch
+    from transformers.cache_utils import DynamicCache
+
+    if caches is not None and (resumed := resume_inputs(model, prompts, caches, pad_id)) is not None:
+        return resumed
     plan = plan_prefixes(prompts)
     if plan is None or not can_share_prefixes(model):  # the plan first: a batch of one has none
         return (*left_pad(prompts, pad_id), None)
@@ -136,7 +214,7 @@ def prefill_inputs(
         model(
             input_ids=head_ids.to(device),
             attention_mask=head_mask.to(device),
-            # As generate computes them from the whole row's mask, so the cached keys match.
+            # As decode computes them from the whole row's mask, so the cached keys match.
             position_ids=(head_mask.cumsum(-1) - 1).clamp(min=0).to(device),
             past_key_values=cache,
             use_cache=True,

@@ -17,7 +17,7 @@ def prompt(i: int, text: str) -> Prompt:
 
 
 def reply(text: str, stopped: bool = True) -> Reply:
-    return Reply(text, (1, 2, 3), stopped)
+    return Reply(text, (1, 2, 3), stopped, (-0.1, -0.2, -0.3))
 
 
 def test_candidates_leave_out_the_sft_test_split_and_odd_lengths(tmp_path):

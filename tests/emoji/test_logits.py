@@ -1,4 +1,4 @@
-"""The logits processors inside batched `generate`: a tiny random Llama over a one-token-per-byte
+"""The logits processors inside batched decoding (`emoji_rl.generate.decode`): a tiny random Llama over a one-token-per-byte
 vocabulary (fast: it wanders through byte-level paths no trained model takes), then the embedded
 SmolLM2 for the acceptance figures of issue 2, item 4 (slow)."""
 
@@ -30,6 +30,7 @@ from emoji_rl.emoji.logits import (
     static_allowed_ids,
 )
 from emoji_rl.errors import UserError
+from emoji_rl.generate import decode
 from emoji_rl.prompts import sender_messages
 
 TARGETS = [
@@ -59,25 +60,14 @@ def sample(
     width = max(map(len, prompts))
     ids = torch.tensor([[pad_id] * (width - len(p)) + p for p in prompts])
     mask = (torch.arange(width) >= torch.tensor([width - len(p) for p in prompts])[:, None]).long()
-    positions = (mask.cumsum(-1) - 1).clamp(min=0)  # what generate derives from the mask
+    positions = (mask.cumsum(-1) - 1).clamp(min=0)  # what decode derives from the mask
     with torch.no_grad():
         prefill = model(input_ids=ids[:, :-1], attention_mask=mask[:, :-1], position_ids=positions[:, :-1])
-        cache = prefill.past_key_values
-        cache.batch_repeat_interleave(per_prompt)
-        out = model.generate(
-            input_ids=ids.repeat_interleave(per_prompt, 0),
-            attention_mask=mask.repeat_interleave(per_prompt, 0),
-            past_key_values=cache,
-            do_sample=True,
-            temperature=1.0,
-            top_k=0,
-            top_p=1.0,
-            max_new_tokens=max_new_tokens,
-            logits_processor=[processor],
-            pad_token_id=pad_id,
-            eos_token_id=stop_id,
-        )
-    return [row[: row.index(stop_id) + 1] if stop_id in row else row for row in out[:, width:].tolist()]
+    cache = prefill.past_key_values
+    cache.batch_repeat_interleave(per_prompt)
+    ids, mask = ids.repeat_interleave(per_prompt, 0), mask.repeat_interleave(per_prompt, 0)
+    rows = decode(model, ids, mask, cache, processor, 1.0, max_new_tokens, stop_id, pad_id)
+    return [tokens for tokens, _, _ in rows]
 
 
 def check_rows(
@@ -135,11 +125,11 @@ def test_static_mask_only_lets_emoji_pieces_through(byte_level_tokenizer) -> Non
     assert torch.isfinite(scores).sum(-1).tolist() == [len(allowed)] * 2
 
 
-def test_processor_refuses_a_second_generate_call(byte_level_tokenizer) -> None:
+def test_processor_refuses_a_second_batch(byte_level_tokenizer) -> None:
     constraint = compile_emoji_grammar(byte_level_tokenizer)
     processor = EmojiLogitsProcessor(constraint)
     processor(torch.zeros(2, 5, dtype=torch.long), torch.zeros(2, 257))
-    with pytest.raises(RuntimeError, match="create a new processor for each generate call"):
+    with pytest.raises(RuntimeError, match="create a new processor for each batch decoded"):
         processor(torch.zeros(2, 9, dtype=torch.long), torch.zeros(2, 257))
 
 

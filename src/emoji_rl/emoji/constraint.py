@@ -105,7 +105,7 @@ def safe_max_new_tokens(max_emoji: int = MAX_EMOJI) -> int:
     A smaller budget can end before an accepting state: the output is then a prefix of a message (it
     may end mid-emoji, on a space, or short of min_emoji) without the stop token. Only ids that end
     with a stop token are complete; treat the rest as a length violation, not a grammar failure.
-    Batched `generate` stops once every row has ended, so a generous budget costs nothing.
+    In batched decoding a row leaves the batch once it has ended, so a generous budget costs nothing.
     """
     return max_emoji * MAX_EMOJI_BYTES + (max_emoji - 1) + 1
 

@@ -1,7 +1,7 @@
-"""HF `generate` logits processors: the exact grammar mask, and the seed's static mask as a baseline.
+"""Logits processors: the exact grammar mask, and the seed's static mask as a baseline.
 
-Both go in `logits_processor=[...]`; generate runs custom processors before temperature, top-k and
-top-p, so those warpers only ever see allowed tokens.
+HF `LogitsProcessor`s, which `emoji_rl.generate.decode` runs before temperature, so what samples
+only ever sees allowed tokens.
 """
 
 from __future__ import annotations
@@ -65,9 +65,9 @@ def mask_logits_(scores: torch.Tensor, bitmask: torch.Tensor) -> torch.Tensor:
 class EmojiLogitsProcessor(LogitsProcessor):
     """Masks to -inf every token the emoji grammar does not allow next, one matcher per batch row.
 
-    For sampling or greedy `generate` with any batch size and left padding (not beam search, which
-    reorders rows). Use one instance per `generate` call: it learns the prompt length on its first
-    call. A row that has sampled end of turn is allowed only end-of-turn ids from then on (generate
+    For sampling or greedy decoding with any batch size and left padding (not beam search, which
+    reorders rows). Use one instance per batch decoded: it learns the prompt length on its first
+    call. A row that has sampled end of turn is allowed only end-of-turn ids from then on (decoding
     pads it anyway), so no row is ever all -inf. With `record_masks`, `applied_masks(row)` returns
     the masks applied to a row, to check against `replay_masks`.
     """
@@ -100,7 +100,7 @@ class EmojiLogitsProcessor(LogitsProcessor):
         elif length != self._length + 1 or batch != len(self._matchers):
             raise RuntimeError(
                 f"EmojiLogitsProcessor saw {len(self._matchers)} rows of length {self._length}, now "
-                f"{batch} rows of length {length}: create a new processor for each generate call"
+                f"{batch} rows of length {length}: create a new processor for each batch decoded"
             )
         else:
             self._accept(input_ids[:, -1].tolist())

@@ -52,7 +52,9 @@ class HumanSender:
         self.tokenizer = tokenizer
         self.seen = 0
 
-    async def sample(self, prompts: Sequence[tuple[int, ...]]) -> list[Sample]:
+    async def sample(
+        self, prompts: Sequence[tuple[int, ...]], previous: Sequence[Sample | None] | None = None
+    ) -> list[Sample]:
         (prompt,) = prompts
         print("\n" + self.tokenizer.decode(prompt[self.seen :], skip_special_tokens=True).strip())
         while True:

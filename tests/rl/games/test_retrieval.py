@@ -18,15 +18,17 @@ class ScriptedSampler:
 
     def __init__(self, tokenizer, script, end_turn=True):
         self.tokenizer, self.script, self.end_turn = tokenizer, script, end_turn
-        self.prompts = []
+        self.prompts, self.previous, self.samples = [], [], []
 
-    async def sample(self, prompts):
+    async def sample(self, prompts, previous=None):
         self.prompts.append(list(prompts))
+        self.previous.append(list(previous))
         text = self.script[len(self.prompts) - 1]
         ids = tuple(self.tokenizer(text, add_special_tokens=False)["input_ids"])
         if self.end_turn:
             ids += (stop_token_id(self.tokenizer),)
-        return [Sample(ids, tuple(-1.0 for _ in ids)) for _ in prompts]
+        self.samples.append([Sample(ids, tuple(-1.0 for _ in ids)) for _ in prompts])
+        return self.samples[-1]
 
 
 @pytest.fixture(scope="module")
@@ -80,6 +82,16 @@ def test_success_ends_the_game_early(smollm2_tokenizer, similarity):
     [episode] = asyncio.run(play([builder({"target": "pizza"})], sampler))
     assert len(episode.turns) == 1
     assert episode.turns[0].result.metrics["success@0.85"] == 1.0
+
+
+def test_each_turn_hands_the_sampler_the_live_episodes_last_samples(smollm2_tokenizer, similarity):
+    # "pizza" is won on turn 1; the other game goes on, and only its turn-1 sample comes back.
+    builder = _builder(smollm2_tokenizer, similarity, max_turns=2, tau=0.5)
+    sampler = ScriptedSampler(smollm2_tokenizer, ["🍕 🍕", "🎉 🎉"])
+    asyncio.run(play([builder({"target": "pizza"}), builder({"target": "a quiet evening"})], sampler))
+    assert sampler.previous[0] == [None, None]
+    (carried,) = sampler.previous[1]
+    assert carried is sampler.samples[0][1]
 
 
 @pytest.mark.parametrize(("text", "end_turn"), [("I like pizza", True), ("🍕 🎬", False)])

@@ -1,5 +1,6 @@
-"""In-process sampling with `transformers.generate`: every live episode's turn in one batched call,
-emoji-constrained by the grammar processor."""
+"""In-process sampling: every live episode's turn decoded in one batch (`emoji_rl.generate`),
+emoji-constrained by the grammar processor. Each row's KV cache is kept between turns, so a turn
+reads only what the game wrote since the last one."""
 
 from __future__ import annotations
 
@@ -34,7 +35,9 @@ class HFSampler:
         self.min_emoji = min_emoji
         self.max_emoji = max_emoji
 
-    async def sample(self, prompts: Sequence[tuple[int, ...]]) -> list[Sample]:
+    async def sample(
+        self, prompts: Sequence[tuple[int, ...]], previous: Sequence[Sample | None] | None = None
+    ) -> list[Sample]:
         replies = generate_from_ids(
             self.model,
             self.tokenizer,
@@ -45,6 +48,7 @@ class HFSampler:
             batch_size=self.batch_size,
             min_emoji=self.min_emoji,
             max_emoji=self.max_emoji,
-            return_logprobs=True,
+            caches=[p.resume if p is not None else None for p in previous] if previous is not None else None,
+            keep_caches=True,
         )
-        return [Sample(r.token_ids, r.logprobs) for r in replies]
+        return [Sample(r.token_ids, r.logprobs, r.cache) for r in replies]

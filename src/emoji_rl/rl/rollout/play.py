@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Sequence
-from dataclasses import dataclass
-from typing import Protocol
+from dataclasses import dataclass, field
+from typing import Any, Protocol
 
 from emoji_rl.rl.types import Episode, Game, StepResult, Turn
 
@@ -17,11 +17,17 @@ class Sample:
 
     token_ids: tuple[int, ...]
     logprobs: tuple[float, ...]
+    resume: Any = field(default=None, repr=False, compare=False)
+    """What the sampler can go on from in the episode's next turn instead of reading it all again
+    (the hf engine's KV cache of the row), or None."""
 
 
 class Sampler(Protocol):
-    async def sample(self, prompts: Sequence[tuple[int, ...]]) -> list[Sample]:
-        """One sample per prompt (a whole episode so far, as token ids), in order."""
+    async def sample(
+        self, prompts: Sequence[tuple[int, ...]], previous: Sequence[Sample | None] | None = None
+    ) -> list[Sample]:
+        """One sample per prompt (a whole episode so far, as token ids), in order. `previous` is, per
+        prompt, the episode's sample of the turn before (None on its first turn)."""
         ...
 
 
@@ -32,8 +38,10 @@ async def play(games: Sequence[Game], sampler: Sampler) -> list[Episode]:
     sequences = [tuple(obs) for obs in observations]
     turns: list[list[Turn]] = [[] for _ in games]
     live = list(range(len(games)))
+    previous: dict[int, Sample] = {}  # only live episodes': a finished one's KV cache is let go at once
     while live:
-        samples = await sampler.sample([sequences[i] for i in live])
+        samples = await sampler.sample([sequences[i] for i in live], [previous.get(i) for i in live])
+        previous = {}
         results: list[StepResult] = list(
             await asyncio.gather(*(games[i].step(s.token_ids) for i, s in zip(live, samples, strict=True)))
         )
@@ -43,6 +51,7 @@ async def play(games: Sequence[Game], sampler: Sampler) -> list[Episode]:
             if not result.done:
                 observations[i] = result.next_observation_ids
                 sequences[i] = (*sequences[i], *sample.token_ids, *result.next_observation_ids)
+                previous[i] = sample
                 still_live.append(i)
         live = still_live
     return [Episode(tuple(t)) for t in turns]

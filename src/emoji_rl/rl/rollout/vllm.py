@@ -111,7 +111,10 @@ class VLLMSampler:
         limits = httpx.Limits(max_connections=self.max_concurrent_requests)
         return httpx.AsyncClient(timeout=self.endpoint.timeout_s, limits=limits)
 
-    async def sample(self, prompts: Sequence[tuple[int, ...]]) -> list[Sample]:
+    async def sample(
+        self, prompts: Sequence[tuple[int, ...]], previous: Sequence[Sample | None] | None = None
+    ) -> list[Sample]:
+        # `previous` is not needed: the server's prefix cache already holds each episode's last turn.
         step = self.max_prompts_per_request
         chunks = [prompts[start : start + step] for start in range(0, len(prompts), step)]
         gate = asyncio.Semaphore(self.max_concurrent_requests)

@@ -1,0 +1,100 @@
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from emoji_rl.generate import decode, sample_tokens
+from emoji_rl.prefill import left_pad
+
+INF = float("inf")
+
+
+def test_sampling_draws_only_allowed_tokens_even_at_the_ends_of_the_uniform(monkeypatch):
+    # Allowed ids 1 and 3 with probabilities 1/4 and 3/4. u = (1 - rand) x total: rand = 0 puts u at
+    # the very top (id 3, the last allowed), rand just below 1 puts it just above 0 (id 1, the first
+    # allowed): an id whose cumulative sum merely equals u's neighbour, such as the masked id 0 or 4,
+    # must never come out.
+    scores = torch.tensor([[-INF, 0.0, -INF, math.log(3), -INF]])
+    for rand, expected in ((0.0, 3), (1 - 2**-24, 1)):
+        monkeypatch.setattr(torch, "rand", lambda *shape, r=rand, **_: torch.full(shape, r))
+        ids, logprobs = sample_tokens(scores, temperature=1.0)
+        assert ids.tolist() == [expected]
+        assert logprobs.item() == pytest.approx(math.log({1: 0.25, 3: 0.75}[expected]))
+
+
+def test_sampling_follows_the_tempered_distribution():
+    # Scores (0, 2 ln 2, 2 ln 3) at temperature 2 are the probabilities 1 : 2 : 3, i.e. 1/6, 2/6, 3/6.
+    torch.manual_seed(0)
+    scores = torch.tensor([[0.0, 2 * math.log(2), 2 * math.log(3), -INF]]).expand(20000, 4)
+    ids, logprobs = sample_tokens(scores, temperature=2.0)
+    share = torch.bincount(ids, minlength=4).float() / len(ids)
+    assert share.tolist() == pytest.approx([1 / 6, 2 / 6, 3 / 6, 0.0], abs=0.01)
+    assert logprobs[ids == 2].unique().tolist() == pytest.approx([math.log(0.5)])
+
+
+def test_greedy_takes_the_argmax_with_its_log_prob():
+    scores = torch.tensor([[1.0, 3.0, -INF], [0.0, 0.0, 5.0]])
+    ids, logprobs = sample_tokens(scores, temperature=0.0)
+    assert ids.tolist() == [1, 2]
+    assert logprobs[0].item() == pytest.approx(3.0 - math.log(math.exp(1.0) + math.exp(3.0)))
+
+
+def _tiny(config_name: str):
+    import transformers
+
+    config = getattr(transformers, config_name)(
+        vocab_size=64,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=4,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=8,
+    )
+    torch.manual_seed(0)
+    return transformers.AutoModelForCausalLM.from_config(config).eval()
+
+
+@pytest.mark.parametrize("config_name", ["LlamaConfig", "Qwen3_5TextConfig"])
+def test_rows_that_stop_leave_the_batch_without_changing_any_row(config_name):
+    """Greedy decoding equals HF `generate`'s, token for token and log-prob for log-prob, while rows
+    stop at different steps and leave the KV cache: full attention (Llama) and Qwen3.5's mix of Gated
+    DeltaNet and attention layers, whose recurrent state is cut to the live rows too. Only the
+    full-attention model hands back each row's cache."""
+    model = _tiny(config_name)
+    prompts = [(5, 6, 7, 8, 9), (10, 11), (12, 13, 14, 15), (16, 17, 18)]
+    ids, mask = left_pad(prompts, pad_id=0)
+    with torch.no_grad():
+        free = model.generate(
+            input_ids=ids, attention_mask=mask, do_sample=False, max_new_tokens=8, pad_token_id=0
+        )
+    # Stop at a token some row writes early and another row never writes, so rows end apart.
+    written = [row[ids.shape[1] :].tolist() for row in free]
+    stop_id = next(t for t in written[0][:4] if any(t not in w for w in written[1:]))
+    with torch.no_grad():
+        reference = model.generate(
+            input_ids=ids,
+            attention_mask=mask,
+            do_sample=False,
+            max_new_tokens=8,
+            pad_token_id=0,
+            eos_token_id=stop_id,
+            output_scores=True,
+            return_dict_in_generate=True,
+        )
+    steps = torch.stack(reference.scores, dim=1).log_softmax(-1)
+    rows = decode(model, ids, mask, None, None, 0.0, 8, stop_id, pad_id=0, keep_caches=True)
+    lengths = {len(tokens) for tokens, _, _ in rows}
+    assert len(lengths) > 1, "the rows must stop at different steps for the test to mean anything"
+    for i, (tokens, logprobs, cache) in enumerate(rows):
+        # Only full-attention layers can be cut out per row and joined again next turn.
+        assert (cache is not None) == (config_name == "LlamaConfig")
+        if cache is not None:  # every token of the row but the last one sampled, which was never read
+            assert cache.tokens() == (*prompts[i], *tokens[:-1])
+        expected = reference.sequences[i, ids.shape[1] :].tolist()
+        expected = expected[: expected.index(stop_id) + 1] if stop_id in expected else expected
+        assert tokens == expected
+        want = steps[i, torch.arange(len(tokens)), torch.tensor(tokens)]
+        assert torch.allclose(torch.tensor(logprobs), want, atol=1e-5)
