@@ -73,9 +73,9 @@ def bench_constrained_generation() -> list[Row]:
 
     def run(
         mode: str, chunks: list[list[list[dict[str, str]]]], budgets: list[int]
-    ) -> tuple[float, list[int]]:
-        """Seconds, and the steps each chunk's generate call took (its longest reply)."""
-        seconds, steps = 0.0, []
+    ) -> tuple[float, list[int], int]:
+        """Seconds, the steps each chunk took (its longest reply), and the tokens decoded."""
+        seconds, steps, tokens = 0.0, [], 0
         for chunk, budget in zip(chunks, budgets, strict=True):
             start = time.perf_counter()
             replies = generate_replies(
@@ -83,26 +83,26 @@ def bench_constrained_generation() -> list[Row]:
             )
             seconds += time.perf_counter() - start
             steps.append(max(len(r.token_ids) for r in replies))
-        return seconds, steps
+            tokens += sum(len(r.token_ids) for r in replies)
+        return seconds, steps, tokens
 
     rows = []
     for batch in (1, 16):
         conversations = [sender_messages(t) for t in targets[: max(batch, 4)]]
         chunks = [conversations[i : i + batch] for i in range(0, len(conversations), batch)]
-        # Both modes decode the same steps, counted as positions (rows x steps), not tokens kept. The
-        # grammar ends rows after 2-8 emoji while the unconstrained model mostly writes on to
-        # max_new_tokens, so per kept token the grammar was charged for the model's choice to stop:
-        # at batch 1 the prefill (about as long as 24 decode steps) spread over fewer tokens, at batch
-        # 16 ended rows idle until their batch's last row ends (325 vs 373 tokens kept in the same 24
-        # steps). A grammar run, which also warms up, sets each call's max_new_tokens for both modes.
+        # Both modes decode the same steps: a grammar run, which also warms up, sets each call's
+        # max_new_tokens for both, as the grammar ends rows after 2-8 emoji while the unconstrained
+        # model mostly writes on to max_new_tokens. Otherwise at batch 1 the grammar would be charged
+        # for the model's choice to stop (the prefill, about as long as 24 decode steps, spread over
+        # fewer tokens). The rate counts the tokens each mode decoded: a row that ends leaves the
+        # batch, so at batch 16 the grammar's steps run fewer rows, each at a higher cost per row.
         generate_replies(model, tokenizer, chunks[0], constraint="none", max_new_tokens=4, seed=0)
-        _, budgets = run("grammar", chunks, [24] * len(chunks))
+        _, budgets, _ = run("grammar", chunks, [24] * len(chunks))
         rates = dict.fromkeys(modes, 0.0)
         # Modes alternate and each keeps its fastest of 3 runs: other processes only ever slow a run.
         for mode in modes * 3:
-            seconds, steps = run(mode, chunks, budgets)
-            positions = sum(len(chunk) * n for chunk, n in zip(chunks, steps, strict=True))
-            rates[mode] = max(rates[mode], positions / seconds)
+            seconds, _, tokens = run(mode, chunks, budgets)
+            rates[mode] = max(rates[mode], tokens / seconds)
         ratio = rates["grammar"] / rates["none"]
         rows.append(
             Row(

@@ -38,7 +38,7 @@ async def play(games: Sequence[Game], sampler: Sampler) -> list[Episode]:
     sequences = [tuple(obs) for obs in observations]
     turns: list[list[Turn]] = [[] for _ in games]
     live = list(range(len(games)))
-    previous: dict[int, Sample] = {}  # only live episodes': a finished one's KV cache is let go at once
+    previous: dict[int, Sample] = {}
     while live:
         samples = await sampler.sample([sequences[i] for i in live], [previous.get(i) for i in live])
         previous = {}
@@ -54,4 +54,5 @@ async def play(games: Sequence[Game], sampler: Sampler) -> list[Episode]:
                 previous[i] = sample
                 still_live.append(i)
         live = still_live
+        del samples  # the finished episodes' KV caches (`Sample.resume`) go before the next turn decodes
     return [Episode(tuple(t)) for t in turns]
