@@ -5,7 +5,7 @@ import math
 import pytest
 import torch
 
-from emoji_rl.generate import decode, sample_tokens
+from emoji_rl.generate import decode, ids_containing, sample_tokens
 from emoji_rl.prefill import left_pad
 
 INF = float("inf")
@@ -85,7 +85,7 @@ def test_rows_that_stop_leave_the_batch_without_changing_any_row(config_name):
             return_dict_in_generate=True,
         )
     steps = torch.stack(reference.scores, dim=1).log_softmax(-1)
-    rows = decode(model, ids, mask, None, None, 0.0, 8, stop_id, pad_id=0, keep_caches=True)
+    rows = decode(model, ids, mask, None, None, 0.0, 8, [stop_id], pad_id=0, keep_caches=True)
     lengths = {len(tokens) for tokens, _, _ in rows}
     assert len(lengths) > 1, "the rows must stop at different steps for the test to mean anything"
     for i, (tokens, logprobs, cache) in enumerate(rows):
@@ -98,3 +98,32 @@ def test_rows_that_stop_leave_the_batch_without_changing_any_row(config_name):
         assert tokens == expected
         want = steps[i, torch.arange(len(tokens)), torch.tensor(tokens)]
         assert torch.allclose(torch.tensor(logprobs), want, atol=1e-5)
+
+
+def test_ids_containing_finds_every_token_that_writes_a_character(smollm2_tokenizer):
+    ends = ids_containing(smollm2_tokenizer, ".!?\n")
+    for text in (".", "!", "?", "\n", "..."):
+        (token,) = smollm2_tokenizer(text, add_special_tokens=False)["input_ids"]
+        assert token in ends, text
+    pizza = smollm2_tokenizer(" pizza", add_special_tokens=False)["input_ids"]
+    assert not ends & set(pizza)
+
+
+@pytest.mark.slow
+def test_a_reply_ends_at_its_first_sentence_end_and_keeps_its_text(smollm2_model, smollm2_tokenizer):
+    from emoji_rl.generate import generate_from_ids, stop_token_id
+    from emoji_rl.models import chat_ids
+
+    ends = ids_containing(smollm2_tokenizer, ".!?\n")
+    asks = ["Tell me about pizza in three sentences.", "Describe a beach.", "What is a cat?"]
+    prompts = [chat_ids(smollm2_tokenizer, [{"role": "user", "content": ask}]) for ask in asks]
+    replies = generate_from_ids(
+        smollm2_model, smollm2_tokenizer, prompts, "none", temperature=0.0, max_new_tokens=40, stop_ids=ends
+    )
+    assert any(reply.token_ids[-1] in ends for reply in replies), "no reply ended a sentence: a weak test"
+    for reply in replies:
+        assert not ends & set(reply.token_ids[:-1])
+        assert reply.stopped == (reply.token_ids[-1] in ends | {stop_token_id(smollm2_tokenizer)})
+        if reply.token_ids[-1] in ends:  # unlike end of turn, the stop token's text is the reply's end
+            assert reply.text == smollm2_tokenizer.decode(reply.token_ids)
+            assert any(c in reply.text for c in ".!?\n")

@@ -7,7 +7,7 @@ trainer later scores; the grammar mask is the only change to the logits.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal
 
@@ -82,13 +82,16 @@ def generate_from_ids(
     progress: bool = False,
     caches: Sequence[RowCache | None] | None = None,
     keep_caches: bool = False,
+    stop_ids: Collection[int] = (),
 ) -> list[Reply]:
     """Sample one reply per prompt (token ids), `batch_size` prompts decoded together; a prefix that
     rows of a batch share is read once (`emoji_rl.prefill`). `caches`, one per prompt, are the
-    `Reply.cache`s of a previous call (`keep_caches`) whose rows these prompts go on from."""
+    `Reply.cache`s of a previous call (`keep_caches`) whose rows these prompts go on from. A reply
+    ends at end of turn or at any of `stop_ids`, whose text it keeps (see `ids_containing`)."""
     import torch
 
     stop_id = stop_token_id(tokenizer)
+    ends = frozenset((stop_id, *stop_ids))
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else stop_id
     vocab_size = model.get_output_embeddings().weight.shape[0]
     if seed is not None:
@@ -109,11 +112,11 @@ def generate_from_ids(
             processor,
             temperature,
             max_new_tokens,
-            stop_id,
+            ends,
             pad_id,
             keep_caches,
         )
-        replies += [_reply(tokenizer, *row, stop_id) for row in rows]
+        replies += [_reply(tokenizer, *row, stop_id, ends) for row in rows]
     return replies
 
 
@@ -125,11 +128,11 @@ def decode(
     processor: LogitsProcessor | None,
     temperature: float,
     max_new_tokens: int,
-    stop_id: int,
+    stop_ids: Collection[int],
     pad_id: int,
     keep_caches: bool = False,
 ) -> list[tuple[list[int], list[float], RowCache | None]]:
-    """Per row, the sampled ids (up to and including `stop_id`, or `max_new_tokens` of them), their
+    """Per row, the sampled ids (up to and including one of `stop_ids`, or `max_new_tokens` of them), their
     log-probs under the distribution each was drawn from (mask and temperature applied) and, with
     `keep_caches` and a full-attention model, the row's KV cache as it stopped.
 
@@ -147,6 +150,7 @@ def decode(
     logprobs: list[list[float]] = [[] for _ in range(batch)]
     row_caches: list[RowCache | None] = [None] * batch
     keep_caches = keep_caches and full_attention(cache)
+    stops = torch.tensor(sorted(stop_ids), device=ids.device)
     live = torch.arange(batch, device=ids.device)  # rows still writing, in the order of the cache's rows
     seen = ids  # every row's ids so far, stopped rows padded: what the processor reads
     step_ids = ids[:, cached:]
@@ -181,7 +185,7 @@ def decode(
             ):
                 tokens[row].append(token)
                 logprobs[row].append(logprob)
-            going = chosen != stop_id
+            going = ~torch.isin(chosen, stops)
             if keep_caches:
                 keep((~going).nonzero().squeeze(1).tolist())
             if not going.any():
@@ -225,12 +229,20 @@ def _reply(
     logprobs: list[float],
     cache: RowCache | None,
     stop_id: int,
+    ends: Collection[int],
 ) -> Reply:
-    stopped = bool(ids) and ids[-1] == stop_id
-    text_ids = ids[:-1] if stopped else ids
+    stopped = bool(ids) and ids[-1] in ends
+    text_ids = ids[:-1] if stopped and ids[-1] == stop_id else ids
     return Reply(
         tokenizer.decode(text_ids, skip_special_tokens=True), tuple(ids), stopped, tuple(logprobs), cache
     )
+
+
+def ids_containing(tokenizer: PreTrainedTokenizerBase, characters: str) -> frozenset[int]:
+    """The ids whose text holds any of `characters`: as stop ids, a reply ends with the first token
+    that writes one, as HF `generate(stop_strings=...)` ends it for one-character strings."""
+    texts = tokenizer.batch_decode([[i] for i in range(len(tokenizer))])
+    return frozenset(i for i, text in enumerate(texts) if any(c in text for c in characters))
 
 
 def generate_replies(

@@ -66,7 +66,7 @@ def sample(
     cache = prefill.past_key_values
     cache.batch_repeat_interleave(per_prompt)
     ids, mask = ids.repeat_interleave(per_prompt, 0), mask.repeat_interleave(per_prompt, 0)
-    rows = decode(model, ids, mask, cache, processor, 1.0, max_new_tokens, stop_id, pad_id)
+    rows = decode(model, ids, mask, cache, processor, 1.0, max_new_tokens, [stop_id], pad_id)
     return [tokens for tokens, _, _ in rows]
 
 

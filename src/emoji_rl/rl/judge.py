@@ -4,7 +4,7 @@ earlier guesses, never the target, and answers with one plain sentence.
 Kinds:
 - `lexicon`: no LLM; the guess is the names of the emoji sent so far. Deterministic and fast: for
   tests, for the cpu demo when time is short, and as the floor any LLM judge should beat.
-- `hf`: a frozen causal LM in this process, batched `generate`.
+- `hf`: a frozen causal LM in this process, batched decoding.
 - `openai` (lands with issue 5): any OpenAI-compatible server. It subclasses `Judge`, sends
   `judge_messages(...)` to `/v1/chat/completions` with the sampling settings below under a
   semaphore, and passes each answer through `clean_guess`; `Judge.guess` is async for its sake.
@@ -33,6 +33,7 @@ import emoji as emoji_pkg
 from emoji_rl import models
 from emoji_rl.emoji.alphabet import emoji_name
 from emoji_rl.errors import UserError
+from emoji_rl.generate import generate_from_ids, ids_containing
 
 if TYPE_CHECKING:
     from transformers import PreTrainedModel, PreTrainedTokenizerBase
@@ -44,6 +45,9 @@ UNKNOWN = "[unknown]"
 TEMPERATURE = 0.3
 MAX_NEW_TOKENS = 40
 BATCH_SIZE = 16  # hf judge: episodes per generate call
+# The first sentence is the answer (`clean_guess` drops the rest): stopping at the first token that
+# ends one cut a row from 40 generated tokens to about 11.
+SENTENCE_ENDS = ".!?\n"
 JUDGE_URL = "http://127.0.0.1:8001"  # launch/serve_judge.sh's default host and port
 JUDGE_API_KEY_ENV = "JUDGE_API_KEY"
 
@@ -207,7 +211,8 @@ class LexiconJudge(Judge):
 
 
 class HFJudge(Judge):
-    """A frozen causal LM in this process; all pending episodes go through batched `generate` calls."""
+    """A frozen causal LM in this process; all pending episodes are decoded in batches
+    (`emoji_rl.generate`), the judge prompt's system message and examples read once per batch."""
 
     def __init__(
         self,
@@ -226,6 +231,7 @@ class HFJudge(Judge):
         self.batch_size = batch_size
         self.temperature = temperature
         self.max_new_tokens = max_new_tokens
+        self.sentence_ends = ids_containing(tokenizer, SENTENCE_ENDS)
 
     async def guess(self, episodes: Sequence[JudgeInput]) -> list[Guess]:
         prompts = [models.chat_ids(self.tokenizer, judge_messages(ep, self.view)) for ep in episodes]
@@ -234,34 +240,17 @@ class HFJudge(Judge):
         return [clean_guess(answer) for answer in answers]
 
     def _generate(self, prompts: list[list[int]]) -> list[str]:
-        import torch
-
-        answers: list[str] = []
-        pad = self.tokenizer.pad_token_id
-        device = self.model.device
-        for start in range(0, len(prompts), self.batch_size):
-            chunk = prompts[start : start + self.batch_size]
-            width = max(map(len, chunk))
-            # Left padding, built here rather than by flipping the shared tokenizer's padding_side.
-            input_ids = torch.tensor([[pad] * (width - len(p)) + p for p in chunk], device=device)
-            attention = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in chunk], device=device)
-            with torch.inference_mode():
-                out = self.model.generate(
-                    input_ids=input_ids,
-                    attention_mask=attention,
-                    do_sample=True,
-                    temperature=self.temperature,
-                    top_k=0,
-                    top_p=1.0,
-                    max_new_tokens=self.max_new_tokens,
-                    pad_token_id=pad,
-                    # The first sentence is the answer (clean_guess drops the rest): stopping there cut a
-                    # row from 40 generated tokens to about 11.
-                    stop_strings=[".", "!", "?", "\n"],
-                    tokenizer=self.tokenizer,
-                )
-            answers += self.tokenizer.batch_decode(out[:, width:], skip_special_tokens=True)
-        return answers
+        replies = generate_from_ids(
+            self.model,
+            self.tokenizer,
+            prompts,
+            constraint="none",
+            temperature=self.temperature,
+            max_new_tokens=self.max_new_tokens,
+            batch_size=self.batch_size,
+            stop_ids=self.sentence_ends,
+        )
+        return [reply.text for reply in replies]
 
     def describe(self) -> str:
         return f"hf({self.name}, view={self.view})"
