@@ -93,7 +93,7 @@ def bench_rollout_throughput(
     (`emoji_rl.prefill`: 12.0 -> 9.1-9.6 s, 2.75x -> 2.95x), a row leaves the batch when it stops
     and a token is drawn with one uniform instead of `torch.multinomial`'s 49K exponentials
     (`emoji_rl.generate.decode`: 3.8x), and turn 2 goes on from each row's KV cache of turn 1
-    instead of reading the episode again: 4.25-4.39x in four runs on a quiet machine, once both
+    instead of reading the episode again: 4.19-4.62x in four runs on a quiet machine, once both
     paths are warmed up."""
     from emoji_rl.rl.games.retrieval import RetrievalBuilder, RetrievalRules
     from emoji_rl.rl.judge import LexiconJudge
