@@ -13,6 +13,9 @@ die() {
 usage() {
   # The header comment: every line after the shebang up to the first line that is not a comment.
   sed -n '2,/^[^#]/p' "launch/$SCRIPT" | sed -e '/^[^#]/d' -e 's/^# \{0,1\}//'
+  # Then the GPU layout every script here shares, from its comment below.
+  echo
+  sed -n '/^# >>> GPU layout/,/^# <<< GPU layout/p' launch/common.sh | sed -e '1d' -e '$d' -e 's/^# \{0,1\}//'
 }
 
 # Sets DRY_RUN (0|1) and ARGS (the arguments to pass on).
@@ -69,4 +72,138 @@ print_cmd() {
 run() {
   if [[ "$DRY_RUN" == 1 ]]; then print_cmd "$@"; exit 0; fi
   exec "$@"
+}
+
+# >>> GPU layout
+# GPU layout (planned for 80 GB cards; the README's sizing table gives the reasons). The judge
+# server, the policy server and the trainer each get their own GPUs: vLLM claims its
+# --gpu-memory-utilization share of a card when it starts and refuses to start if less is free, and
+# a trainer beside a server runs out of memory mid-run. Defaults, by GPUS (the box's GPU count):
+#
+#   GPUS  JUDGE_GPUS    POLICY_GPUS                     TRAIN_GPUS
+#   1     none          none: GRPO runs --engine hf     0
+#   2     0 (TP 1)      none: GRPO runs --engine hf     1
+#   4     0,1 (TP 2)    2                               3
+#   8     0,1 (TP 2)    2,3 (2 data-parallel)           4,5,6,7 (4 processes: batch_size 32 divides)
+#
+# Another count takes the largest of these that fits and names the GPUs left idle. Set any of
+# JUDGE_GPUS, POLICY_GPUS, TRAIN_GPUS to override it; set but empty, that process has no GPU on this
+# box (its server runs elsewhere, or not at all). Sets that share a GPU are refused before anything
+# starts, and so are JUDGE_TP x JUDGE_DP or POLICY_TP x POLICY_DP other than their GPU count.
+# SFT runs alone, before the servers: launch/train_sft.sh takes every GPU unless TRAIN_GPUS is set.
+# <<< GPU layout
+
+# The judge's 61 GB wants TP on two cards for KV-cache room; the 4B policy fits one card, so more
+# GPUs make replicas. Trainer processes stay a power of two so the step's 32 prompts divide.
+layout_defaults() {  # SIZE: "JUDGE_GPUS POLICY_GPUS TRAIN_GPUS" of that layout, "-" for none
+  case "$1" in
+    1) echo "- - 0" ;;
+    2) echo "0 - 1" ;;
+    4) echo "0,1 2 3" ;;
+    8) echo "0,1 2,3 4,5,6,7" ;;
+  esac
+}
+
+count_list() {  # LIST: the number of comma-separated items
+  local items
+  IFS=, read -r -a items <<< "$1"
+  echo "${#items[@]}"
+}
+
+# Sets and exports GPUS, GPU_LAYOUT (the default layout's size), JUDGE_GPUS, POLICY_GPUS, TRAIN_GPUS
+# and, for a server that has GPUs, its *_TP and *_DP; exits 2 on a layout vLLM or CUDA would reject.
+gpu_layout() {
+  GPUS=${GPUS:-$(count_gpus)}
+  require_int GPUS "$GPUS" 1
+  GPU_LAYOUT=1
+  local size name defaulted=0 defaults
+  for size in 2 4 8; do (( GPUS >= size )) && GPU_LAYOUT=$size; done
+  read -r -a defaults <<< "$(layout_defaults "$GPU_LAYOUT")"
+  local i=0
+  for name in JUDGE_GPUS POLICY_GPUS TRAIN_GPUS; do
+    # Only an unset variable takes the default: set but empty means "no GPU here".
+    if [[ -z "${!name+set}" ]]; then
+      defaulted=1
+      if [[ "${defaults[$i]}" == - ]]; then printf -v "$name" ''; else printf -v "$name" '%s' "${defaults[$i]}"; fi
+    fi
+    i=$((i + 1))
+  done
+  export GPUS GPU_LAYOUT JUDGE_GPUS POLICY_GPUS TRAIN_GPUS
+
+  local -A seen
+  local gpu items
+  for name in JUDGE_GPUS POLICY_GPUS TRAIN_GPUS; do
+    [[ -z "${!name}" || "${!name}" =~ ^[A-Za-z0-9:-]+(,[A-Za-z0-9:-]+)*$ ]] \
+      || die "$name=${!name} must be GPU ids separated by commas, e.g. 0,1 (CUDA_VISIBLE_DEVICES syntax)"
+    seen=()
+    IFS=, read -r -a items <<< "${!name}"
+    for gpu in ${items[@]+"${items[@]}"}; do
+      [[ -z "${seen[$gpu]:-}" ]] || die "$name=${!name} names GPU $gpu twice"
+      seen[$gpu]=1
+    done
+  done
+  local clashes='' pair a b shared
+  for pair in "JUDGE_GPUS POLICY_GPUS" "JUDGE_GPUS TRAIN_GPUS" "POLICY_GPUS TRAIN_GPUS"; do
+    read -r a b <<< "$pair"
+    shared=$(shared_gpus "${!a}" "${!b}")
+    [[ -z "$shared" ]] || clashes+="$a=${!a} and $b=${!b} share GPU $shared; "
+  done
+  [[ -z "$clashes" ]] \
+    || die "${clashes%; }: the judge server, the policy server and the trainer each need GPUs of their own"
+
+  parallel_sizes JUDGE TP
+  parallel_sizes POLICY DP
+
+  if (( defaulted )); then
+    local idle=()
+    for ((i = 0; i < GPUS; i++)); do
+      [[ ",$JUDGE_GPUS,$POLICY_GPUS,$TRAIN_GPUS," == *",$i,"* ]] || idle+=("$i")
+    done
+    if [[ ${#idle[@]} -gt 0 ]]; then
+      local IFS=,
+      echo "$SCRIPT: GPUS=$GPUS: the $GPU_LAYOUT-GPU layout leaves GPU ${idle[*]} idle (set JUDGE_GPUS, POLICY_GPUS, TRAIN_GPUS to use them)" >&2
+    fi
+  fi
+}
+
+shared_gpus() {  # LIST LIST: the GPUs both name, comma-separated
+  local a b left right out=()
+  IFS=, read -r -a left <<< "$1"
+  IFS=, read -r -a right <<< "$2"
+  for a in ${left[@]+"${left[@]}"}; do
+    for b in ${right[@]+"${right[@]}"}; do [[ "$a" == "$b" ]] && out+=("$a"); done
+  done
+  local IFS=,
+  echo "${out[*]}"
+}
+
+# PREFIX_TP x PREFIX_DP must be the number of PREFIX_GPUS: vLLM starts TP x DP workers, one per
+# visible GPU. FILL (TP or DP) is the size derived from the GPU count when it is not set; the
+# other defaults to 1. A server with no GPUs here is not checked.
+parallel_sizes() {  # PREFIX FILL
+  local prefix=$1 fill=$2 other gpus_name="$1_GPUS"
+  [[ -n "${!gpus_name}" ]] || return 0
+  [[ "$fill" == TP ]] && other=DP || other=TP
+  local n fill_name="${prefix}_$fill" other_name="${prefix}_$other"
+  n=$(count_list "${!gpus_name}")
+  printf -v "$other_name" '%s' "${!other_name:-1}"
+  require_int "$other_name" "${!other_name}" 1
+  if [[ -z "${!fill_name:-}" ]]; then
+    (( n % ${!other_name} == 0 )) \
+      || die "$gpus_name=${!gpus_name} ($n GPUs) does not split into $other_name=${!other_name}"
+    printf -v "$fill_name" '%s' "$((n / ${!other_name}))"
+  fi
+  require_int "$fill_name" "${!fill_name}" 1
+  local tp_name="${prefix}_TP" dp_name="${prefix}_DP"
+  (( ${!tp_name} * ${!dp_name} == n )) \
+    || die "$tp_name=${!tp_name} x $dp_name=${!dp_name} = $((${!tp_name} * ${!dp_name})), but $gpus_name=${!gpus_name} lists $n GPU(s): vLLM runs one worker per GPU"
+  export "${prefix}_TP" "${prefix}_DP"
+}
+
+# NGPUS, where a user still sets it, must agree with the trainer's GPUs: one process per GPU.
+check_ngpus() {  # GPU_LIST DESCRIPTION
+  local n
+  n=$(count_list "$1")
+  [[ -z "${NGPUS:-}" || "$NGPUS" == "$n" ]] \
+    || die "NGPUS=$NGPUS, but $2 holds $n GPU(s): the trainer runs one process per GPU; set TRAIN_GPUS instead"
 }

@@ -1,25 +1,23 @@
 #!/usr/bin/env bash
-# GPU smoke test, for a box with GPUs (it cannot run on CPU): starts the judge and policy vLLM
-# servers, waits for both, runs two GRPO steps with the vllm engine and the openai judge, then one
+# GPU smoke test, for a box with GPUs (it cannot run on CPU), on the GPU layout below: starts the
+# judge vLLM server and, where the layout has one, the policy server, waits for them, runs two GRPO
+# steps with the openai judge (the vllm engine, or --engine hf without a policy server), then one
 # retrieval evaluation, and reports PASS / FAIL / SKIP per stage (budget: 15 minutes). Servers are
 # stopped on exit; every stage's output is in SMOKE_DIR/<stage>.log.
 #
-#   launch/gpu_smoke.sh                              # 4 GPUs: judge 0,1 (TP 2), policy 2, trainer 3
-#   JUDGE_GPUS=0 POLICY_GPUS=1 TRAIN_GPUS=1 POLICY_GPU_MEMORY=0.45 launch/gpu_smoke.sh   # 2 GPUs
+#   launch/gpu_smoke.sh                              # this box's layout (GPUS: what nvidia-smi lists)
+#   GPUS=2 launch/gpu_smoke.sh                       # judge 0 (TP 1), trainer 1 with --engine hf
 #   launch/gpu_smoke.sh --dry-run                    # print every command, run nothing
 #
 # Settings (environment, default):
 #   SMOKE_DIR    logs, run directories, summary.txt (emptied first)    (runs/gpu-smoke)
-#   JUDGE_GPUS   GPUs of the judge server                               (0,1)
-#   JUDGE_TP     its tensor-parallel size                               (the number of JUDGE_GPUS)
-#   POLICY_GPUS  GPUs of the policy server                              (2)
-#   TRAIN_GPUS   GPUs of the trainer, one process each                  (3)
+#   GPUS, JUDGE_GPUS, POLICY_GPUS, TRAIN_GPUS, JUDGE_TP, ...   the layout (below), checked first
 #   WAIT_S       seconds to wait for each server to answer /health      (900)
 #   GRPO_CONFIG  config of the two GRPO steps                           (configs/gpu/grpo.yaml)
 #   EVAL_CONFIG  config of the evaluation                               (configs/gpu/eval_retrieval.yaml)
 #   PYTHON       interpreter with emoji-rl installed                    (.venv/bin/python if present, else python3)
-#   and every setting of serve_judge.sh, serve_policy.sh and train_grpo.sh (JUDGE_MODEL, POLICY_MODEL,
-#   JUDGE_PORT, POLICY_PORT, JUDGE_NAME, POLICY_NAME, *_API_KEY, ...), passed on to them.
+#   and every setting of serve_judge.sh, serve_policy.sh, train_grpo.sh and eval_retrieval.sh
+#   (JUDGE_MODEL, POLICY_MODEL, JUDGE_PORT, POLICY_PORT, JUDGE_NAME, POLICY_NAME, *_API_KEY, ...).
 set -uo pipefail  # not -e: a failed stage is recorded and the summary still printed
 cd "$(dirname "$0")/.."
 source launch/common.sh
@@ -30,11 +28,9 @@ SMOKE_DIR=${SMOKE_DIR:-runs/gpu-smoke}
 WAIT_S=${WAIT_S:-900}
 GRPO_CONFIG=${GRPO_CONFIG:-configs/gpu/grpo.yaml}
 EVAL_CONFIG=${EVAL_CONFIG:-configs/gpu/eval_retrieval.yaml}
-export JUDGE_GPUS=${JUDGE_GPUS:-0,1}
-IFS=, read -r -a judge_gpus <<< "$JUDGE_GPUS"
-export JUDGE_TP=${JUDGE_TP:-${#judge_gpus[@]}}
-export POLICY_GPUS=${POLICY_GPUS:-2}
-export TRAIN_GPUS=${TRAIN_GPUS:-3}
+gpu_layout  # exported: the scripts below see the same layout
+[[ -n "$JUDGE_GPUS" ]] || die "the $GPU_LAYOUT-GPU layout (GPUS=$GPUS) has no GPU for the judge server the smoke test starts: set JUDGE_GPUS"
+[[ -n "$TRAIN_GPUS" ]] || die "TRAIN_GPUS is empty: the GRPO and eval stages need a GPU"
 export JUDGE_PORT=${JUDGE_PORT:-8001} POLICY_PORT=${POLICY_PORT:-8002}
 export JUDGE_NAME=${JUDGE_NAME:-judge} POLICY_NAME=${POLICY_NAME:-policy}
 pick_python
@@ -43,40 +39,44 @@ require_int WAIT_S "$WAIT_S" 1
 judge_url="http://127.0.0.1:$JUDGE_PORT"
 policy_url="http://127.0.0.1:$POLICY_PORT"
 POLL_S=5  # how often a dead server is noticed while waiting
-# The trainer reads the keys from the same variables the servers were started with.
-server_flags=(
-  --judge openai --judge_url "$judge_url" --judge_served_name "$JUDGE_NAME" --judge_api_key_env JUDGE_API_KEY
+# The trainer reads the keys from the same variables the servers were started with. For an openai
+# judge, judge_model is the name the server serves.
+judge_flags=(
+  --judge openai --judge_url "$judge_url" --judge_model "$JUDGE_NAME" --judge_api_key_env JUDGE_API_KEY
 )
-grpo_args=(
-  --max_steps 2 --save_steps 2 --output_dir "$SMOKE_DIR/grpo"
-  --engine vllm --vllm_url "$policy_url" --vllm_served_name "$POLICY_NAME" --vllm_api_key_env POLICY_API_KEY
-  "${server_flags[@]}"
-)
-eval_cmd=(
-  env "CUDA_VISIBLE_DEVICES=$TRAIN_GPUS" "$PYTHON" -m emoji_rl.cli eval-retrieval --config "$EVAL_CONFIG"
-  --systems base "rl=$SMOKE_DIR/grpo/adapter" --max_examples 16 --output_dir "$SMOKE_DIR/eval"
-  "${server_flags[@]}"
+servers=(judge-server)
+grpo_args=(--max_steps 2 --save_steps 2 --output_dir "$SMOKE_DIR/grpo" "${judge_flags[@]}")
+if [[ -n "$POLICY_GPUS" ]]; then
+  servers+=(policy-server)
+  grpo_args+=(
+    --engine vllm --vllm_url "$policy_url" --vllm_served_name "$POLICY_NAME" --vllm_api_key_env POLICY_API_KEY
+  )
+fi  # else train_grpo.sh passes --engine hf: rollouts in the trainer's process
+eval_args=(
+  --systems base "rl=$SMOKE_DIR/grpo/adapter" --max_examples 16 --output_dir "$SMOKE_DIR/eval" "${judge_flags[@]}"
 )
 wait_cmd() { print_cmd "$PYTHON" -m emoji_rl.rl.endpoint "$1" --timeout "$POLL_S"; }
 
 if [[ "$DRY_RUN" == 1 ]]; then
   echo "# stage judge-server: in the background, log in $SMOKE_DIR/judge-server.log"
   launch/serve_judge.sh --dry-run
-  echo "# stage policy-server: in the background, log in $SMOKE_DIR/policy-server.log"
-  launch/serve_policy.sh --dry-run
-  echo "# both stages then repeat this while their server lives, up to WAIT_S=$WAIT_S s:"
+  if [[ -n "$POLICY_GPUS" ]]; then
+    echo "# stage policy-server: in the background, log in $SMOKE_DIR/policy-server.log"
+    launch/serve_policy.sh --dry-run
+  fi
+  echo "# each server stage then repeats this while its server lives, up to WAIT_S=$WAIT_S s:"
   wait_cmd "$judge_url"
-  wait_cmd "$policy_url"
+  [[ -z "$POLICY_GPUS" ]] || wait_cmd "$policy_url"
   echo "# stage grpo: log in $SMOKE_DIR/grpo.log"
   CONFIG="$GRPO_CONFIG" launch/train_grpo.sh --dry-run "${grpo_args[@]}"
   echo "# stage eval: log in $SMOKE_DIR/eval.log"
-  print_cmd "${eval_cmd[@]}"
+  CONFIG="$EVAL_CONFIG" launch/eval_retrieval.sh --dry-run "${eval_args[@]}"
   exit 0
 fi
 
 rm -rf "$SMOKE_DIR"
 mkdir -p "$SMOKE_DIR"
-stages=(judge-server policy-server grpo eval)
+stages=("${servers[@]}" grpo eval)
 declare -A result=() took=()
 pids=()
 
@@ -122,14 +122,16 @@ run_stage() {  # NAME COMMAND...
 
 total=$SECONDS
 start_server judge-server launch/serve_judge.sh
-start_server policy-server launch/serve_policy.sh
+[[ -z "$POLICY_GPUS" ]] || start_server policy-server launch/serve_policy.sh
 wait_ready judge-server "$judge_url" "${pids[0]}"
-wait_ready policy-server "$policy_url" "${pids[1]}"
-if [[ "${result[judge-server]}" == PASS && "${result[policy-server]}" == PASS ]]; then
+[[ -z "$POLICY_GPUS" ]] || wait_ready policy-server "$policy_url" "${pids[1]}"
+servers_up=1
+for stage in "${servers[@]}"; do [[ "${result[$stage]}" == PASS ]] || servers_up=0; done
+if [[ "$servers_up" == 1 ]]; then
   run_stage grpo env CONFIG="$GRPO_CONFIG" launch/train_grpo.sh "${grpo_args[@]}"
 fi
 if [[ "${result[grpo]:-}" == PASS ]]; then
-  run_stage eval "${eval_cmd[@]}"
+  run_stage eval env CONFIG="$EVAL_CONFIG" launch/eval_retrieval.sh "${eval_args[@]}"
 fi
 
 failed=0

@@ -4,9 +4,9 @@
 # no --reasoning-parser; --generation-config vllm keeps the model's sampling defaults out, so the
 # client's temperature and token limit are the only ones applied. Extra arguments go to `vllm serve`.
 #
-#   launch/serve_judge.sh                          # Qwen3-30B-A3B-Instruct-2507, TP 2, 127.0.0.1:8001
-#   JUDGE_TP=1 JUDGE_DP=2 launch/serve_judge.sh     # two data-parallel replicas, one GPU each
-#   JUDGE_GPUS=0,1 JUDGE_API_KEY=secret launch/serve_judge.sh
+#   launch/serve_judge.sh                          # Qwen3-30B-A3B-Instruct-2507 on 127.0.0.1:8001, JUDGE_GPUS
+#   JUDGE_DP=2 launch/serve_judge.sh                # two data-parallel replicas, one GPU each
+#   GPUS=4 JUDGE_API_KEY=secret launch/serve_judge.sh
 #   launch/serve_judge.sh --max-num-seqs 512        # any other `vllm serve` flag
 #   launch/serve_judge.sh --dry-run                 # print the command, run nothing
 #
@@ -15,10 +15,12 @@
 #   JUDGE_NAME           served model name the trainer sends  (judge)
 #   JUDGE_HOST           bind address                         (127.0.0.1; 0.0.0.0 exposes it to the network)
 #   JUDGE_PORT           port                                 (8001)
-#   JUDGE_TP             tensor-parallel size                 (2: ~61 GB of bf16 weights on two 80 GB GPUs)
+#   GPUS                 the box's GPU count: picks the layout (what nvidia-smi lists, else 1)
+#   JUDGE_GPUS           CUDA_VISIBLE_DEVICES of the server   (the layout's: 0 on 2 GPUs, 0,1 on 4 and 8)
+#   JUDGE_TP             tensor-parallel size                 (JUDGE_GPUS / JUDGE_DP: ~61 GB of bf16 weights)
 #   JUDGE_DP             data-parallel replicas               (1)
 #   JUDGE_EP             1 = expert parallelism for the MoE layers instead of TP (0)
-#   JUDGE_GPUS           CUDA_VISIBLE_DEVICES of the server   (unset: the first JUDGE_TP x JUDGE_DP GPUs)
+#   POLICY_GPUS, TRAIN_GPUS  checked: none may share a GPU with JUDGE_GPUS
 #   JUDGE_MAX_MODEL_LEN  context length in tokens             (8192; a 5-turn judge chat is under 1K)
 #   JUDGE_GPU_MEMORY     --gpu-memory-utilization, in (0, 1]  (0.90)
 #   JUDGE_API_KEY        key the server requires              (unset: none); passed as VLLM_API_KEY, never printed
@@ -32,25 +34,21 @@ JUDGE_MODEL=${JUDGE_MODEL:-Qwen/Qwen3-30B-A3B-Instruct-2507}
 JUDGE_NAME=${JUDGE_NAME:-judge}
 JUDGE_HOST=${JUDGE_HOST:-127.0.0.1}
 JUDGE_PORT=${JUDGE_PORT:-8001}
-JUDGE_TP=${JUDGE_TP:-2}
-JUDGE_DP=${JUDGE_DP:-1}
 JUDGE_EP=${JUDGE_EP:-0}
 JUDGE_MAX_MODEL_LEN=${JUDGE_MAX_MODEL_LEN:-8192}
 JUDGE_GPU_MEMORY=${JUDGE_GPU_MEMORY:-0.90}
 pick_vllm
+gpu_layout
+[[ -n "$JUDGE_GPUS" ]] || die "the $GPU_LAYOUT-GPU layout (GPUS=$GPUS) has no GPU for the judge: set JUDGE_GPUS to GPUs the trainer does not use, or serve the judge elsewhere (the stages' --judge_url)"
 
 require_int JUDGE_PORT "$JUDGE_PORT" 1
-require_int JUDGE_TP "$JUDGE_TP" 1
-require_int JUDGE_DP "$JUDGE_DP" 1
 require_one_of JUDGE_EP "$JUDGE_EP" 0 1
 
-envs=()
-[[ -n "${JUDGE_GPUS:-}" ]] && envs+=("CUDA_VISIBLE_DEVICES=$JUDGE_GPUS")
 # The key goes through the environment: on the command line `ps` would show it to every user.
 [[ -n "${JUDGE_API_KEY:-}" ]] && export VLLM_API_KEY="$JUDGE_API_KEY"
 
 cmd=(
-  env ${envs[@]+"${envs[@]}"} "$VLLM" serve "$JUDGE_MODEL"
+  env "CUDA_VISIBLE_DEVICES=$JUDGE_GPUS" "$VLLM" serve "$JUDGE_MODEL"
   --host "$JUDGE_HOST"
   --port "$JUDGE_PORT"
   --served-model-name "$JUDGE_NAME"

@@ -4,10 +4,14 @@
 # structured outputs, and log-probs of the distribution actually sampled from (processed_logprobs:
 # the trainer's importance weights compare them with its own masked, temperature-scaled log-probs).
 # No --reasoning-parser: with one, the grammar would not apply until reasoning ends.
+# --language-model-only: Qwen3.5 is a vision-language model; vLLM 0.33 then builds its vision tower
+# as a placeholder and loads no weights for it (the rollouts are text). One API server process even
+# with data parallel: each API process keeps its own table of runtime-loaded adapters (vLLM refuses
+# VLLM_ALLOW_RUNTIME_LORA_UPDATING with more than one, and would default to one per replica).
 # Extra arguments go to `vllm serve`.
 #
-#   launch/serve_policy.sh                          # Qwen3.5-4B on 127.0.0.1:8002
-#   POLICY_GPUS=2 POLICY_MAX_LORA_RANK=64 launch/serve_policy.sh
+#   launch/serve_policy.sh                          # Qwen3.5-4B on 127.0.0.1:8002, POLICY_GPUS
+#   GPUS=8 POLICY_MAX_LORA_RANK=64 launch/serve_policy.sh
 #   launch/serve_policy.sh --dry-run                # print the command, run nothing
 #
 # Settings (environment, default):
@@ -15,8 +19,11 @@
 #   POLICY_NAME           served base name; adapters load as NAME-v<step> (policy)
 #   POLICY_HOST           bind address                              (127.0.0.1)
 #   POLICY_PORT           port                                      (8002)
+#   GPUS                  the box's GPU count: picks the layout     (what nvidia-smi lists, else 1)
+#   POLICY_GPUS           CUDA_VISIBLE_DEVICES of the server        (the layout's: 2 on 4 GPUs, 2,3 on 8; none on 2)
 #   POLICY_TP             tensor-parallel size                      (1)
-#   POLICY_GPUS           CUDA_VISIBLE_DEVICES of the server        (unset: the first POLICY_TP GPUs)
+#   POLICY_DP             data-parallel replicas                    (POLICY_GPUS / POLICY_TP)
+#   JUDGE_GPUS, TRAIN_GPUS  checked: none may share a GPU with POLICY_GPUS
 #   POLICY_MAX_LORA_RANK  >= the adapter's lora_r: 8 16 32 64 128 256 320 512 (32, the gpu lora_r)
 #   POLICY_MAX_LORAS      adapters in one batch                     (2: the new version and the last)
 #   POLICY_MAX_CPU_LORAS  adapters cached in CPU memory, >= the trainer's keep count (4)
@@ -33,31 +40,32 @@ POLICY_MODEL=${POLICY_MODEL:-Qwen/Qwen3.5-4B}
 POLICY_NAME=${POLICY_NAME:-policy}
 POLICY_HOST=${POLICY_HOST:-127.0.0.1}
 POLICY_PORT=${POLICY_PORT:-8002}
-POLICY_TP=${POLICY_TP:-1}
 POLICY_MAX_LORA_RANK=${POLICY_MAX_LORA_RANK:-32}
 POLICY_MAX_LORAS=${POLICY_MAX_LORAS:-2}
 POLICY_MAX_CPU_LORAS=${POLICY_MAX_CPU_LORAS:-4}
 POLICY_MAX_MODEL_LEN=${POLICY_MAX_MODEL_LEN:-4096}
 POLICY_GPU_MEMORY=${POLICY_GPU_MEMORY:-0.90}
 pick_vllm
+gpu_layout
+[[ -n "$POLICY_GPUS" ]] || die "the $GPU_LAYOUT-GPU layout (GPUS=$GPUS) has no policy server: GRPO rolls out in the trainer's process (--engine hf, which launch/train_grpo.sh passes); to serve the policy anyway, set POLICY_GPUS to GPUs the judge and the trainer do not use"
 
 require_int POLICY_PORT "$POLICY_PORT" 1
-require_int POLICY_TP "$POLICY_TP" 1
 require_one_of POLICY_MAX_LORA_RANK "$POLICY_MAX_LORA_RANK" 1 8 16 32 64 128 256 320 512
 require_int POLICY_MAX_LORAS "$POLICY_MAX_LORAS" 1
 require_int POLICY_MAX_CPU_LORAS "$POLICY_MAX_CPU_LORAS" "$POLICY_MAX_LORAS"
 
-envs=(VLLM_ALLOW_RUNTIME_LORA_UPDATING=1)
-[[ -n "${POLICY_GPUS:-}" ]] && envs+=("CUDA_VISIBLE_DEVICES=$POLICY_GPUS")
 # The key goes through the environment: on the command line `ps` would show it to every user.
 [[ -n "${POLICY_API_KEY:-}" ]] && export VLLM_API_KEY="$POLICY_API_KEY"
 
 cmd=(
-  env "${envs[@]}" "$VLLM" serve "$POLICY_MODEL"
+  env VLLM_ALLOW_RUNTIME_LORA_UPDATING=1 "CUDA_VISIBLE_DEVICES=$POLICY_GPUS" "$VLLM" serve "$POLICY_MODEL"
   --host "$POLICY_HOST"
   --port "$POLICY_PORT"
   --served-model-name "$POLICY_NAME"
   --tensor-parallel-size "$POLICY_TP"
+  --data-parallel-size "$POLICY_DP"
+  --api-server-count 1
+  --language-model-only
   --enable-lora
   --max-lora-rank "$POLICY_MAX_LORA_RANK"
   --max-loras "$POLICY_MAX_LORAS"

@@ -1,11 +1,13 @@
 # Pipeline-stage and GPU-box targets; the Makefile includes this file (`include launch/targets.mk`).
 #   PROFILE=cpu (default)  a stage runs in one process on the embedded models, configs/cpu/
 #   PROFILE=gpu            through the launch/ scripts (settings: environment variables, see --help)
-#   NGPUS=N                trainer processes (sft, rl) or the judge's tensor-parallel size (serve-judge)
-#   ARGS="--field value"   overrides passed to the stage
-#   make serve-judge PROFILE=gpu NGPUS=2      make rl PROFILE=gpu NGPUS=4 ARGS="--max_steps 100"
+#   ARGS="--field value"   overrides passed to the stage (ARGS=--dry-run: print the command only)
+# The gpu targets share one GPU layout (launch/common.sh): the judge server on JUDGE_GPUS, the policy
+# server on POLICY_GPUS, GRPO and the evaluation on TRAIN_GPUS, disjoint, picked from GPUS (the
+# box's GPU count, by default what nvidia-smi lists); SFT runs alone on every GPU. These variables
+# reach the scripts as they are, since make exports its command-line variables.
+#   make serve-judge PROFILE=gpu      make rl PROFILE=gpu ARGS="--max_steps 100"      make eval PROFILE=gpu GPUS=8
 PROFILE ?= cpu
-NGPUS ?=
 ARGS ?=
 BIN ?= .venv/bin
 OFFLINE ?= HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 HF_DATASETS_OFFLINE=1 TOKENIZERS_PARALLELISM=false
@@ -23,36 +25,39 @@ endef
 
 .PHONY: serve-judge serve-policy sft rl eval gpu-smoke setup-vllm
 
-serve-judge: ## vLLM judge server, PROFILE=gpu (NGPUS = tensor-parallel size; see launch/serve_judge.sh --help)
+# NGPUS once sized the judge here; the layout does now, and a silent change of meaning would start a
+# judge on other GPUs than the user asked for.
+serve-judge: ## vLLM judge server on JUDGE_GPUS, PROFILE=gpu (launch/serve_judge.sh --help)
 	$(gpu_only)
-	$(if $(NGPUS),JUDGE_TP=$(NGPUS) )launch/serve_judge.sh $(ARGS)
+	@test -z "$(NGPUS)" || { echo "make $@: NGPUS no longer sets the judge's GPUs: set JUDGE_GPUS (its TP size follows; see launch/serve_judge.sh --help)" >&2; exit 2; }
+	launch/serve_judge.sh $(ARGS)
 
-serve-policy: ## vLLM policy server with runtime LoRA loading, PROFILE=gpu (launch/serve_policy.sh --help)
+serve-policy: ## vLLM policy server on POLICY_GPUS with runtime LoRA loading, PROFILE=gpu (launch/serve_policy.sh --help)
 	$(gpu_only)
 	launch/serve_policy.sh $(ARGS)
 
-sft: $(CPU_DEPS) ## LoRA SFT of the sender (gpu: launch/train_sft.sh over NGPUS GPUs)
+sft: $(CPU_DEPS) ## LoRA SFT of the sender (gpu: launch/train_sft.sh, every GPU or NGPUS of them)
 ifeq ($(PROFILE),gpu)
-	$(if $(NGPUS),NGPUS=$(NGPUS) )launch/train_sft.sh $(ARGS)
+	launch/train_sft.sh $(ARGS)
 else
 	$(OFFLINE) $(BIN)/emoji-rl sft --config configs/cpu/sft.yaml $(ARGS)
 endif
 
-rl: $(CPU_DEPS) ## GRPO of the sender (gpu: launch/train_grpo.sh over NGPUS GPUs, vllm servers started first)
+rl: $(CPU_DEPS) ## GRPO of the sender (gpu: launch/train_grpo.sh on TRAIN_GPUS, servers started first)
 ifeq ($(PROFILE),gpu)
-	$(if $(NGPUS),NGPUS=$(NGPUS) )launch/train_grpo.sh $(ARGS)
+	launch/train_grpo.sh $(ARGS)
 else
 	$(OFFLINE) $(BIN)/emoji-rl grpo --config configs/cpu/grpo.yaml $(ARGS)
 endif
 
-eval: $(CPU_DEPS) ## Retrieval evaluation: base vs SFT vs RL on the held-out split
+eval: $(CPU_DEPS) ## Retrieval evaluation: base vs SFT vs RL on the held-out split (gpu: on TRAIN_GPUS)
 ifeq ($(PROFILE),gpu)
-	$(BIN)/emoji-rl eval-retrieval --config configs/gpu/eval_retrieval.yaml $(ARGS)
+	launch/eval_retrieval.sh $(ARGS)
 else
 	$(OFFLINE) $(BIN)/emoji-rl eval-retrieval --config configs/cpu/eval_retrieval.yaml $(ARGS)
 endif
 
-gpu-smoke: ## Both servers, two GRPO steps and one eval on a GPU box; PASS/FAIL per stage
+gpu-smoke: ## The layout's servers, two GRPO steps and one eval on a GPU box; PASS/FAIL per stage
 	launch/gpu_smoke.sh $(ARGS)
 
 setup-vllm: ## The vLLM servers' own venv (.venv-vllm): vllm 0.33 pins a torch the trainer cannot share

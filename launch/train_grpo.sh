@@ -1,17 +1,23 @@
 #!/usr/bin/env bash
-# Multi-turn GRPO over NGPUS GPUs per node and NNODES nodes, with `accelerate launch` (default) or
-# `torchrun`. Each process rolls out its share of the batch and gradients are all-reduced. With the
-# vllm engine, start launch/serve_policy.sh and launch/serve_judge.sh first, on other GPUs (see
-# TRAIN_GPUS). Extra arguments go to `emoji-rl grpo` and win over the config file.
+# Multi-turn GRPO on TRAIN_GPUS, one process per GPU, over NNODES nodes, with `accelerate launch`
+# (default) or `torchrun`. Each process rolls out its share of the batch and gradients are
+# all-reduced. Start launch/serve_judge.sh and launch/serve_policy.sh first: the layout below gives
+# them other GPUs. A layout without a policy server (2 GPUs) rolls out in the trainer's processes:
+# this script then passes `--engine hf` (on one node). Extra arguments go to `emoji-rl grpo` and win
+# over the config file.
 #
-#   launch/train_grpo.sh                                       # this node's GPUs, configs/gpu/grpo.yaml
-#   TRAIN_GPUS=3 NGPUS=1 launch/train_grpo.sh --max_steps 2    # GPUs 0-2 serve the judge and policy
-#   NNODES=2 NODE_RANK=0 MASTER_ADDR=10.0.0.1 launch/train_grpo.sh   # on node 0; NODE_RANK=1 on node 1
+#   launch/train_grpo.sh                                       # TRAIN_GPUS, configs/gpu/grpo.yaml
+#   GPUS=4 launch/train_grpo.sh --max_steps 2                  # GPU 3; 0-2 serve the judge and policy
+#   NNODES=2 NODE_RANK=0 MASTER_ADDR=10.0.0.1 launch/train_grpo.sh   # on node 0, beside the servers
+#   NNODES=2 NODE_RANK=1 MASTER_ADDR=10.0.0.1 JUDGE_GPUS= POLICY_GPUS= TRAIN_GPUS=0,1,2,3,4,5,6,7 \
+#     launch/train_grpo.sh --judge_url http://10.0.0.1:8001 --vllm_url http://10.0.0.1:8002   # node 1
 #   LAUNCHER=torchrun launch/train_grpo.sh
 #   launch/train_grpo.sh --dry-run                             # print the command, run nothing
 #
 # Settings (environment, default):
-#   NGPUS        processes on this node, one per GPU     (GPUs that nvidia-smi lists, else 1)
+#   GPUS         the box's GPU count: picks the layout   (what nvidia-smi lists, else 1)
+#   TRAIN_GPUS   CUDA_VISIBLE_DEVICES of the trainer     (the layout's: 1 on 2 GPUs, 3 on 4, 4,5,6,7 on 8)
+#   NGPUS        processes on this node                  (the number of TRAIN_GPUS; set, it must match)
 #   NNODES       nodes in the job                        (1)
 #   NODE_RANK    this node's rank, 0..NNODES-1           (0)
 #   MASTER_ADDR  address of node 0, reachable from all   (127.0.0.1)
@@ -19,7 +25,7 @@
 #   LAUNCHER     accelerate | torchrun                   (accelerate)
 #   STRATEGY     ddp | fsdp, for accelerate              (ddp: configs/accelerate/ddp.yaml)
 #   CONFIG       emoji-rl grpo config file               (configs/gpu/grpo.yaml)
-#   TRAIN_GPUS   CUDA_VISIBLE_DEVICES of the trainer     (unset: all; NGPUS then counts only these)
+#   JUDGE_GPUS, POLICY_GPUS  checked: none may share a GPU with TRAIN_GPUS; POLICY_GPUS empty = --engine hf
 #   PYTHON       interpreter with emoji-rl installed     (.venv/bin/python if present, else python3)
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -33,17 +39,12 @@ MASTER_PORT=${MASTER_PORT:-29500}
 LAUNCHER=${LAUNCHER:-accelerate}
 STRATEGY=${STRATEGY:-ddp}
 CONFIG=${CONFIG:-configs/gpu/grpo.yaml}
-if [[ -z "${NGPUS:-}" ]]; then
-  if [[ -n "${TRAIN_GPUS:-}" ]]; then
-    IFS=, read -r -a visible <<< "$TRAIN_GPUS"
-    NGPUS=${#visible[@]}
-  else
-    NGPUS=$(count_gpus)
-  fi
-fi
 pick_python
+gpu_layout
+[[ -n "$TRAIN_GPUS" ]] || die "TRAIN_GPUS is empty: the trainer needs at least one GPU"
+check_ngpus "$TRAIN_GPUS" "TRAIN_GPUS=$TRAIN_GPUS"
+NGPUS=$(count_list "$TRAIN_GPUS")
 
-require_int NGPUS "$NGPUS" 1
 require_int NNODES "$NNODES" 1
 require_int NODE_RANK "$NODE_RANK" 0
 (( NODE_RANK < NNODES )) || die "NODE_RANK=$NODE_RANK must be below NNODES=$NNODES"
@@ -51,9 +52,11 @@ require_int MASTER_PORT "$MASTER_PORT" 1
 require_one_of LAUNCHER "$LAUNCHER" accelerate torchrun
 require_one_of STRATEGY "$STRATEGY" ddp fsdp
 
-envs=()
-[[ -n "${TRAIN_GPUS:-}" ]] && envs+=("CUDA_VISIBLE_DEVICES=$TRAIN_GPUS")
-stage=(-m emoji_rl.cli grpo --config "$CONFIG" ${ARGS[@]+"${ARGS[@]}"})
+stage=(-m emoji_rl.cli grpo --config "$CONFIG")
+# Before ARGS, so an explicit --engine still wins. Only on one node: another node's layout has no
+# policy server of its own, yet the job's rollouts may use node 0's.
+[[ -z "$POLICY_GPUS" && "$NNODES" == 1 ]] && stage+=(--engine hf)
+stage+=(${ARGS[@]+"${ARGS[@]}"})
 
 if [[ "$LAUNCHER" == accelerate ]]; then
   # accelerate counts processes over all nodes.
@@ -77,5 +80,4 @@ else
     --master_port "$MASTER_PORT"
   )
 fi
-if [[ ${#envs[@]} -gt 0 ]]; then cmd=(env "${envs[@]}" "${cmd[@]}"); fi
-run "${cmd[@]}" "${stage[@]}"
+run env "CUDA_VISIBLE_DEVICES=$TRAIN_GPUS" "${cmd[@]}" "${stage[@]}"

@@ -1,14 +1,18 @@
 #!/usr/bin/env bash
-# LoRA SFT over NGPUS GPUs of this machine with `accelerate launch` (DDP, or FSDP for models that
-# do not fit one GPU). Extra arguments go to `emoji-rl sft` and win over the config file.
+# LoRA SFT over the GPUs of this machine with `accelerate launch` (DDP, or FSDP for models that
+# do not fit one GPU), one process per GPU. SFT runs alone, before the servers (it needs neither the
+# judge nor the policy server): it takes every GPU, not the layout's TRAIN_GPUS, unless TRAIN_GPUS
+# is set. Extra arguments go to `emoji-rl sft` and win over the config file.
 #
 #   launch/train_sft.sh                                   # all GPUs, DDP, configs/gpu/sft.yaml
+#   TRAIN_GPUS=2,3 launch/train_sft.sh                    # beside servers already on GPUs 0-1
 #   NGPUS=4 STRATEGY=fsdp launch/train_sft.sh --output_dir runs/sft-fsdp
 #   launch/train_sft.sh --resume true                     # go on from the last checkpoint
 #   launch/train_sft.sh --dry-run                         # print the command, run nothing
 #
 # Settings (environment, default):
-#   NGPUS      number of processes, one per GPU   (GPUs that nvidia-smi lists, else 1)
+#   NGPUS      number of processes, one per GPU   (GPUS: what nvidia-smi lists, else 1)
+#   TRAIN_GPUS CUDA_VISIBLE_DEVICES of the run    (unset: all; set, NGPUS must be its count)
 #   STRATEGY   ddp | fsdp                         (ddp: configs/accelerate/ddp.yaml)
 #   CONFIG     emoji-rl sft config file           (configs/gpu/sft.yaml)
 #   MAIN_PORT  rendezvous port of process 0       (29500; change it to run two jobs at once)
@@ -22,42 +26,31 @@
 # spreads CPU processes only through mpirun).
 set -euo pipefail
 cd "$(dirname "$0")/.."
+source launch/common.sh
+parse_args "$@"
 
-dry_run=0
-args=()
-for arg in "$@"; do
-  if [[ "$arg" == "--dry-run" ]]; then dry_run=1; else args+=("$arg"); fi
-done
-
-if [[ -z "${NGPUS:-}" ]]; then
-  NGPUS=$(nvidia-smi --list-gpus 2>/dev/null | wc -l || true)
-  [[ "$NGPUS" -ge 1 ]] || NGPUS=1
-fi
 STRATEGY=${STRATEGY:-ddp}
 CONFIG=${CONFIG:-configs/gpu/sft.yaml}
 MAIN_PORT=${MAIN_PORT:-29500}
-if [[ -z "${PYTHON:-}" ]]; then
-  if [[ -x .venv/bin/python ]]; then PYTHON=.venv/bin/python; else PYTHON=python3; fi
-fi
+pick_python
 
-case "$STRATEGY" in
-  ddp|fsdp) ;;
-  *) echo "train_sft.sh: STRATEGY=$STRATEGY must be ddp or fsdp" >&2; exit 2 ;;
-esac
-if ! [[ "$NGPUS" =~ ^[1-9][0-9]*$ ]]; then
-  echo "train_sft.sh: NGPUS=$NGPUS must be a positive integer" >&2; exit 2
+require_one_of STRATEGY "$STRATEGY" ddp fsdp
+require_int MAIN_PORT "$MAIN_PORT" 1
+envs=()
+if [[ -n "${TRAIN_GPUS:-}" ]]; then
+  check_ngpus "$TRAIN_GPUS" "TRAIN_GPUS=$TRAIN_GPUS"
+  NGPUS=$(count_list "$TRAIN_GPUS")
+  envs=("CUDA_VISIBLE_DEVICES=$TRAIN_GPUS")
 fi
+NGPUS=${NGPUS:-${GPUS:-$(count_gpus)}}
+require_int NGPUS "$NGPUS" 1
 
 cmd=(
   "$PYTHON" -m accelerate.commands.launch
   --config_file "configs/accelerate/$STRATEGY.yaml"
   --num_processes "$NGPUS"
   --main_process_port "$MAIN_PORT"
-  -m emoji_rl.cli sft --config "$CONFIG" ${args[@]+"${args[@]}"}
+  -m emoji_rl.cli sft --config "$CONFIG" ${ARGS[@]+"${ARGS[@]}"}
 )
-if [[ "$dry_run" == 1 ]]; then
-  printf '%q ' "${cmd[@]}"
-  echo
-  exit 0
-fi
-exec "${cmd[@]}"
+if [[ ${#envs[@]} -gt 0 ]]; then cmd=(env "${envs[@]}" "${cmd[@]}"); fi
+run "${cmd[@]}"

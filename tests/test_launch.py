@@ -1,9 +1,12 @@
 """The launch scripts' --dry-run commands carry the flags the GPU setup needs (no GPU, no vLLM here):
 each printed command is parsed with shlex, and the launcher's own argument parser reads it where
-it is installed (accelerate, torchrun)."""
+it is installed (accelerate, torchrun; every stage command, the stage's own config parser)."""
 
 from __future__ import annotations
 
+import contextlib
+import importlib
+import io
 import os
 import shlex
 import shutil
@@ -13,15 +16,33 @@ from pathlib import Path
 import pytest
 import yaml
 
+from emoji_rl.cli import STAGES
+from emoji_rl.config import parse_config
 from emoji_rl.rl.rollout.vllm import LOGPROBS_MODE
 
 ROOT = Path(__file__).resolve().parents[1]
-SCRIPTS = ["serve_judge.sh", "serve_policy.sh", "train_grpo.sh", "gpu_smoke.sh"]
+SCRIPTS = [
+    "serve_judge.sh",
+    "serve_policy.sh",
+    "train_grpo.sh",
+    "train_sft.sh",
+    "eval_retrieval.sh",
+    "gpu_smoke.sh",
+]
+# The default layouts (launch/common.sh), by GPUS: the GPUs of the judge, policy server and trainer.
+LAYOUTS = {
+    1: (None, None, "0"),
+    2: ("0", None, "1"),
+    4: ("0,1", "2", "3"),
+    8: ("0,1", "2,3", "4,5,6,7"),
+}
 
 
 def run(script, *args, **env):
-    # A bare environment, so a setting exported on the developer's machine cannot leak in.
+    # A bare environment, so a setting exported on the developer's machine cannot leak in; GPUS=1
+    # unless a test says otherwise, so nvidia-smi on a GPU machine cannot change the layout.
     base = {
+        "GPUS": "1",
         "PATH": os.environ["PATH"],
         "HOME": os.environ.get("HOME", "/tmp"),
         "VLLM": "vllm",
@@ -59,19 +80,20 @@ def split_env(argv):
 
 
 @pytest.mark.parametrize("script", SCRIPTS)
-def test_help_lists_the_settings_and_runs_nothing(script):
+def test_help_lists_the_settings_and_the_layout_and_runs_nothing(script):
     result = run(script, "--help")
     assert result.returncode == 0 and "Settings (environment, default):" in result.stdout
     assert "--dry-run" in result.stdout
+    assert "GPU layout" in result.stdout and "\n  8     0,1 (TP 2) " in result.stdout  # the table
 
 
 # --- serve_judge.sh ------------------------------------------------------------------------------------
 
 
 def test_judge_server_defaults():
-    [argv] = dry_run("serve_judge.sh")
+    [argv] = dry_run("serve_judge.sh", GPUS="4")
     env, cmd = split_env(argv)
-    assert env == {}
+    assert env == {"CUDA_VISIBLE_DEVICES": "0,1"}
     assert cmd[:3] == ["vllm", "serve", "Qwen/Qwen3-30B-A3B-Instruct-2507"]
     assert flag(cmd, "--host") == "127.0.0.1" and flag(cmd, "--port") == "8001"
     assert flag(cmd, "--served-model-name") == "judge"
@@ -79,11 +101,13 @@ def test_judge_server_defaults():
     assert flag(cmd, "--generation-config") == "vllm"
     # Thinking is off per request; a parser or a key on the command line would be wrong here.
     assert not {"--reasoning-parser", "--api-key", "--enable-expert-parallel"} & set(cmd)
+    # A text-only model has no multimodal config: vLLM 0.33 would ignore --language-model-only.
+    assert "--language-model-only" not in cmd
 
 
 def test_judge_server_settings_and_the_key_never_printed():
     result = run(
-        "serve_judge.sh", "--dry-run", "--max-num-seqs", "256",
+        "serve_judge.sh", "--dry-run", "--max-num-seqs", "256", GPUS="8", TRAIN_GPUS="6,7",
         JUDGE_GPUS="4,5", JUDGE_TP="1", JUDGE_DP="2", JUDGE_EP="1", JUDGE_PORT="9001", JUDGE_API_KEY="s3cret",
     )  # fmt: skip
     assert "s3cret" not in result.stdout + result.stderr
@@ -99,10 +123,12 @@ def test_judge_server_settings_and_the_key_never_printed():
 
 
 def test_policy_server_has_runtime_lora_xgrammar_and_the_logprobs_mode_the_sampler_checks():
-    [argv] = dry_run("serve_policy.sh", POLICY_GPUS="2")
+    [argv] = dry_run("serve_policy.sh", GPUS="4")
     env, cmd = split_env(argv)
     assert env == {"VLLM_ALLOW_RUNTIME_LORA_UPDATING": "1", "CUDA_VISIBLE_DEVICES": "2"}
     assert cmd[:3] == ["vllm", "serve", "Qwen/Qwen3.5-4B"]
+    # Qwen3.5 is a vision-language model: without this vLLM builds and loads its vision tower.
+    assert "--language-model-only" in cmd
     assert "--enable-lora" in cmd
     assert flag(cmd, "--max-lora-rank") == "32"
     assert flag(cmd, "--max-loras") == "2" and flag(cmd, "--max-cpu-loras") == "4"
@@ -124,7 +150,7 @@ def test_policy_server_has_runtime_lora_xgrammar_and_the_logprobs_mode_the_sampl
     ],
 )
 def test_policy_server_refuses_settings_vllm_would_refuse(env, message):
-    result = run("serve_policy.sh", "--dry-run", **env)
+    result = run("serve_policy.sh", "--dry-run", GPUS="4", **env)
     assert result.returncode == 2 and message in result.stderr
 
 
@@ -139,28 +165,37 @@ def accelerate_args(argv):
 
 
 def test_grpo_single_node_accelerate():
-    [argv] = dry_run("train_grpo.sh", "--max_steps", "2", NGPUS="4")
-    args = accelerate_args(argv)
+    [argv] = dry_run("train_grpo.sh", "--max_steps", "2", GPUS="8", NGPUS="4")
+    args = accelerate_args(split_env(argv)[1])
     assert (args.num_processes, args.num_machines, args.machine_rank) == (4, 1, 0)
     assert args.config_file == "configs/accelerate/ddp.yaml" and args.main_process_port == 29500
     assert args.module and args.training_script == "emoji_rl.cli"
     assert args.training_script_args == ["grpo", "--config", "configs/gpu/grpo.yaml", "--max_steps", "2"]
 
 
+# A node without servers gives the trainer all its GPUs (empty settings: no judge, no policy here).
+TRAINER_NODE = {"JUDGE_GPUS": "", "POLICY_GPUS": "", "TRAIN_GPUS": "0,1,2,3,4,5,6,7"}
+
+
 def test_grpo_multi_node_accelerate_counts_processes_over_all_nodes():
-    env = {"NGPUS": "8", "NNODES": "2", "NODE_RANK": "1", "MASTER_ADDR": "10.1.2.3", "MASTER_PORT": "29555"}
+    env = {"NNODES": "2", "NODE_RANK": "1", "MASTER_ADDR": "10.1.2.3", "MASTER_PORT": "29555", **TRAINER_NODE}
     [argv] = dry_run("train_grpo.sh", STRATEGY="fsdp", **env)
-    args = accelerate_args(argv)
+    env, cmd = split_env(argv)
+    assert env == {"CUDA_VISIBLE_DEVICES": "0,1,2,3,4,5,6,7"}
+    args = accelerate_args(cmd)
     assert (args.num_processes, args.num_machines, args.machine_rank) == (16, 2, 1)
     assert (args.main_process_ip, args.main_process_port) == ("10.1.2.3", 29555)
     assert args.config_file == "configs/accelerate/fsdp.yaml"
+    # Node 1 has no policy server, but the job's rollouts may use node 0's: the config decides.
+    assert "--engine" not in args.training_script_args
 
 
 def test_grpo_torchrun():
     from torch.distributed.run import get_args_parser
 
-    env = {"NGPUS": "8", "NNODES": "2", "NODE_RANK": "1", "MASTER_ADDR": "10.1.2.3", "LAUNCHER": "torchrun"}
+    env = {"NNODES": "2", "NODE_RANK": "1", "MASTER_ADDR": "10.1.2.3", "LAUNCHER": "torchrun", **TRAINER_NODE}
     [argv] = dry_run("train_grpo.sh", **env)
+    argv = split_env(argv)[1]
     assert argv[1:3] == ["-m", "torch.distributed.run"]
     args = get_args_parser().parse_args(argv[3:])
     assert (args.nnodes, args.node_rank, args.nproc_per_node) == ("2", 1, "8")
@@ -169,9 +204,15 @@ def test_grpo_torchrun():
 
 
 def test_grpo_on_chosen_gpus_takes_one_process_per_gpu():
-    [argv] = dry_run("train_grpo.sh", TRAIN_GPUS="2,3")
+    [argv] = dry_run("train_grpo.sh", GPUS="4", TRAIN_GPUS="2,3", POLICY_GPUS="")
     env, cmd = split_env(argv)
     assert env == {"CUDA_VISIBLE_DEVICES": "2,3"} and accelerate_args(cmd).num_processes == 2
+
+
+def test_grpo_refuses_ngpus_other_than_its_gpus():
+    result = run("train_grpo.sh", "--dry-run", GPUS="4", NGPUS="4")
+    assert result.returncode == 2 and result.stdout == ""
+    assert "NGPUS=4, but TRAIN_GPUS=3 holds 1 GPU(s)" in result.stderr
 
 
 def test_grpo_refuses_a_node_rank_outside_the_job():
@@ -185,29 +226,191 @@ def test_accelerate_configs_parse(name):
     assert config["distributed_type"] in {"MULTI_GPU", "FSDP"} and config["mixed_precision"] == "bf16"
 
 
+# --- the GPU layout ------------------------------------------------------------------------------------
+
+
+def gpus_of(argv):
+    """The CUDA_VISIBLE_DEVICES a printed command runs with, as a set (none: None)."""
+    visible = split_env(argv)[0].get("CUDA_VISIBLE_DEVICES")
+    return None if visible is None else set(visible.split(","))
+
+
+def as_set(gpus):
+    return None if gpus is None else set(gpus.split(","))
+
+
+def layout_commands(**env):
+    """The judge, policy-server (None where the layout has none), GRPO and eval commands."""
+    judge = policy = None
+    if run("serve_judge.sh", "--dry-run", **env).returncode == 0:
+        [judge] = dry_run("serve_judge.sh", **env)
+    if run("serve_policy.sh", "--dry-run", **env).returncode == 0:
+        [policy] = dry_run("serve_policy.sh", **env)
+    [grpo] = dry_run("train_grpo.sh", **env)
+    [evaluate] = dry_run("eval_retrieval.sh", **env)
+    return judge, policy, grpo, evaluate
+
+
+@pytest.mark.parametrize("gpus", sorted(LAYOUTS))
+def test_each_layout_gives_judge_policy_and_trainer_disjoint_gpus(gpus):
+    judge, policy, grpo, evaluate = layout_commands(GPUS=str(gpus))
+    judge_gpus, policy_gpus, train_gpus = LAYOUTS[gpus]
+    assert (None if judge is None else gpus_of(judge)) == as_set(judge_gpus)
+    assert (None if policy is None else gpus_of(policy)) == as_set(policy_gpus)
+    assert gpus_of(grpo) == gpus_of(evaluate) == as_set(train_gpus)
+    sets = [s for s in (as_set(judge_gpus), as_set(policy_gpus), as_set(train_gpus)) if s]
+    assert sum(map(len, sets)) == len(set().union(*sets)) <= gpus  # disjoint, on the box
+    stage = accelerate_args(split_env(grpo)[1])
+    assert stage.num_processes == len(as_set(train_gpus))
+    # vLLM starts TP x DP workers, one per visible GPU.
+    for server in filter(None, (judge, policy)):
+        size = int(flag(server, "--tensor-parallel-size")) * int(flag(server, "--data-parallel-size"))
+        assert size == len(gpus_of(server))
+    if policy is None:  # no policy server: rollouts in the trainer's process
+        assert flag(stage.training_script_args, "--engine") == "hf"
+    else:
+        assert "--engine" not in stage.training_script_args  # the config's vllm
+        # Runtime-loaded adapters live in one API process's table: vLLM refuses more than one.
+        assert flag(policy, "--api-server-count") == "1"
+
+
+def test_policy_server_replicas_on_eight_gpus():
+    _, policy, grpo, _ = layout_commands(GPUS="8")
+    assert flag(policy, "--tensor-parallel-size") == "1" and flag(policy, "--data-parallel-size") == "2"
+    assert accelerate_args(split_env(grpo)[1]).num_processes == 4  # 32 prompts a step divide
+
+
+def test_gpus_defaults_to_what_nvidia_smi_lists(tmp_path):
+    fake = tmp_path / "nvidia-smi"
+    fake.write_text('#!/bin/sh\nfor i in 0 1 2 3 4 5 6 7; do echo "GPU $i: NVIDIA H100 80GB HBM3"; done\n')
+    fake.chmod(0o755)
+    path = f"{tmp_path}{os.pathsep}{os.environ['PATH']}"
+    env = {"PATH": path, "HOME": "/tmp", "PYTHON": "python3", "VLLM": "vllm"}
+    result = subprocess.run(
+        ["bash", str(ROOT / "launch" / "train_grpo.sh"), "--dry-run"],
+        env=env, capture_output=True, text=True, timeout=30, check=True,
+    )  # fmt: skip
+    assert gpus_of(shlex.split(result.stdout)) == {"4", "5", "6", "7"}
+
+
+def test_another_gpu_count_takes_the_largest_layout_and_names_the_idle_gpus():
+    result = run("train_grpo.sh", "--dry-run", GPUS="6")
+    assert result.returncode == 0 and gpus_of(shlex.split(result.stdout)) == {"3"}
+    assert "the 4-GPU layout leaves GPU 4,5 idle" in result.stderr
+
+
+OVERLAP = "POLICY_GPUS=1 and TRAIN_GPUS=1,2 share GPU 1"
+
+
+@pytest.mark.parametrize("script", [s for s in SCRIPTS if s != "train_sft.sh"])
+def test_overlapping_gpus_are_refused_before_anything_starts(script):
+    result = run(script, "--dry-run", GPUS="4", JUDGE_GPUS="0", POLICY_GPUS="1", TRAIN_GPUS="1,2")
+    assert result.returncode == 2 and result.stdout == ""
+    assert OVERLAP in result.stderr
+
+
+def test_overlap_names_every_shared_gpu():
+    result = run("serve_judge.sh", "--dry-run", GPUS="8", JUDGE_GPUS="0,1,2", POLICY_GPUS="2,3")
+    assert result.returncode == 2
+    assert "JUDGE_GPUS=0,1,2 and POLICY_GPUS=2,3 share GPU 2" in result.stderr
+    assert "JUDGE_GPUS=0,1,2 and TRAIN_GPUS=4,5,6,7" not in result.stderr
+
+
+@pytest.mark.parametrize(
+    ("env", "message"),
+    [
+        ({"GPUS": "4", "JUDGE_TP": "1"}, "JUDGE_TP=1 x JUDGE_DP=1 = 1, but JUDGE_GPUS=0,1 lists 2 GPU(s)"),
+        ({"GPUS": "4", "JUDGE_TP": "4"}, "JUDGE_TP=4 x JUDGE_DP=1 = 4, but JUDGE_GPUS=0,1 lists 2 GPU(s)"),
+        (
+            {"GPUS": "8", "POLICY_DP": "3"},
+            "POLICY_TP=1 x POLICY_DP=3 = 3, but POLICY_GPUS=2,3 lists 2 GPU(s)",
+        ),
+        ({"GPUS": "8", "POLICY_TP": "3"}, "POLICY_GPUS=2,3 (2 GPUs) does not split into POLICY_TP=3"),
+        ({"GPUS": "4", "TRAIN_GPUS": "3,3"}, "TRAIN_GPUS=3,3 names GPU 3 twice"),
+        ({"GPUS": "4", "JUDGE_GPUS": "0 1"}, "JUDGE_GPUS=0 1 must be GPU ids separated by commas"),
+    ],
+)
+def test_parallel_sizes_that_do_not_fill_their_gpus_are_refused(env, message):
+    for script in ("serve_judge.sh", "train_grpo.sh", "gpu_smoke.sh"):
+        result = run(script, "--dry-run", **env)
+        assert result.returncode == 2 and message in result.stderr, (script, result.stderr)
+
+
+def test_two_gpu_layout_has_no_policy_server_unless_asked():
+    result = run("serve_policy.sh", "--dry-run", GPUS="2")
+    assert result.returncode == 2 and result.stdout == ""
+    assert "the 2-GPU layout (GPUS=2) has no policy server" in result.stderr
+    [argv] = dry_run("serve_policy.sh", GPUS="2", POLICY_GPUS="1", TRAIN_GPUS="")
+    assert gpus_of(argv) == {"1"}
+
+
+def test_sft_runs_alone_on_every_gpu_or_on_train_gpus():
+    [argv] = dry_run("train_sft.sh", GPUS="8")
+    env, cmd = split_env(argv)
+    assert env == {} and accelerate_args(cmd).num_processes == 8  # not the layout's TRAIN_GPUS
+    [argv] = dry_run("train_sft.sh", GPUS="8", TRAIN_GPUS="2,3")
+    env, cmd = split_env(argv)
+    assert env == {"CUDA_VISIBLE_DEVICES": "2,3"} and accelerate_args(cmd).num_processes == 2
+
+
+# --- every stage command parses with its stage's own config parser -------------------------------------
+
+
+def stage_commands(argv):
+    """`emoji-rl STAGE ...` or `python -m emoji_rl.cli STAGE ...` inside a printed command."""
+    for i, arg in enumerate(argv):
+        if (arg == "emoji_rl.cli" and argv[i - 1] == "-m") or arg.endswith("/emoji-rl"):
+            return [(argv[i + 1], argv[i + 2 :])]
+    return []
+
+
+def parse_stage(stage, args):
+    """The stage's Config from `args`, as `emoji-rl` would build it; unknown args fail the test."""
+    module = importlib.import_module(STAGES[stage][0])
+    err = io.StringIO()
+    try:
+        with contextlib.redirect_stderr(err):
+            return parse_config(module.Config, args, prog=f"emoji-rl {stage}")
+    except SystemExit:
+        pytest.fail(f"emoji-rl {stage} {shlex.join(args)}:\n{err.getvalue()}")
+
+
+@pytest.mark.parametrize("gpus", [2, 4, 8])
+def test_every_stage_command_the_scripts_print_parses(gpus, monkeypatch):
+    monkeypatch.chdir(ROOT)  # the commands name their config files from the repository root
+    found = []
+    for script in ("gpu_smoke.sh", "train_grpo.sh", "train_sft.sh", "eval_retrieval.sh"):
+        for argv in dry_run(script, GPUS=str(gpus)):
+            for stage, args in stage_commands(argv):
+                found.append((script, stage))
+                parse_stage(stage, args)
+    assert {stage for _, stage in found} == {"grpo", "sft", "eval-retrieval"}
+    assert ("gpu_smoke.sh", "grpo") in found and ("gpu_smoke.sh", "eval-retrieval") in found
+
+
 # --- gpu_smoke.sh --------------------------------------------------------------------------------------
 
 
 def test_gpu_smoke_dry_run_prints_every_stage():
-    result = run("gpu_smoke.sh", "--dry-run")
+    result = run("gpu_smoke.sh", "--dry-run", GPUS="4")
     assert result.returncode == 0, result.stderr
     comments = [line for line in result.stdout.splitlines() if line.startswith("#")]
     assert [c.split(":")[0] for c in comments if c.startswith("# stage")] == [
         "# stage judge-server", "# stage policy-server", "# stage grpo", "# stage eval",
     ]  # fmt: skip
-    judge, policy, wait_judge, wait_policy, grpo, evaluate = dry_run("gpu_smoke.sh")
-    assert split_env(judge)[0] == {"CUDA_VISIBLE_DEVICES": "0,1"}
-    assert flag(judge, "--tensor-parallel-size") == "2"
-    assert split_env(policy)[0]["CUDA_VISIBLE_DEVICES"] == "2"
+    judge, policy, wait_judge, wait_policy, grpo, evaluate = dry_run("gpu_smoke.sh", GPUS="4")
+    assert gpus_of(judge) == {"0", "1"} and flag(judge, "--tensor-parallel-size") == "2"
+    assert gpus_of(policy) == {"2"}
     assert wait_judge[1:4] == ["-m", "emoji_rl.rl.endpoint", "http://127.0.0.1:8001"]
     assert wait_policy[3] == "http://127.0.0.1:8002"
-    env, cmd = split_env(grpo)
-    assert env == {"CUDA_VISIBLE_DEVICES": "3"}
-    stage = accelerate_args(cmd).training_script_args
+    assert gpus_of(grpo) == gpus_of(evaluate) == {"3"}
+    stage = accelerate_args(split_env(grpo)[1]).training_script_args
     assert flag(stage, "--max_steps") == "2" and flag(stage, "--engine") == "vllm"
     assert flag(stage, "--vllm_url") == "http://127.0.0.1:8002" and flag(stage, "--judge") == "openai"
     assert flag(stage, "--judge_url") == "http://127.0.0.1:8001"
+    assert flag(stage, "--judge_model") == "judge"  # the served name, as serve_judge.sh serves it
     assert "eval-retrieval" in evaluate and flag(evaluate, "--judge") == "openai"
+    assert flag(evaluate, "--judge_model") == "judge"
     assert evaluate[evaluate.index("--systems") :][:3] == [
         "--systems",
         "base",
@@ -215,34 +418,56 @@ def test_gpu_smoke_dry_run_prints_every_stage():
     ]
 
 
-def test_gpu_smoke_on_two_gpus():
-    env = {"JUDGE_GPUS": "0", "POLICY_GPUS": "1", "TRAIN_GPUS": "1", "POLICY_GPU_MEMORY": "0.45"}
-    judge, policy, *_ = dry_run("gpu_smoke.sh", **env)
-    assert flag(judge, "--tensor-parallel-size") == "1"
-    assert flag(policy, "--gpu-memory-utilization") == "0.45"
+def test_gpu_smoke_on_two_gpus_runs_grpo_in_process_without_a_policy_server():
+    result = run("gpu_smoke.sh", "--dry-run", GPUS="2")
+    assert result.returncode == 0, result.stderr
+    assert "policy-server" not in result.stdout and ":8002" not in result.stdout
+    judge, wait_judge, grpo, evaluate = dry_run("gpu_smoke.sh", GPUS="2")
+    assert gpus_of(judge) == {"0"} and flag(judge, "--tensor-parallel-size") == "1"
+    assert wait_judge[3] == "http://127.0.0.1:8001"
+    assert gpus_of(grpo) == gpus_of(evaluate) == {"1"}
+    stage = accelerate_args(split_env(grpo)[1]).training_script_args
+    assert flag(stage, "--engine") == "hf" and "--vllm_url" not in stage
+
+
+def test_gpu_smoke_on_eight_gpus():
+    judge, policy, _, _, grpo, evaluate = dry_run("gpu_smoke.sh", GPUS="8")
+    assert gpus_of(judge) == {"0", "1"} and gpus_of(policy) == {"2", "3"}
+    assert gpus_of(grpo) == gpus_of(evaluate) == {"4", "5", "6", "7"}
 
 
 # --- make targets ----------------------------------------------------------------------------------------
+
+
+def make(*args, **env):
+    return subprocess.run(
+        ["make", "-s", "-f", "launch/targets.mk", *args],
+        cwd=ROOT, env={"PATH": os.environ["PATH"], "HOME": "/tmp", "PYTHON": "python3", **env},
+        capture_output=True, text=True, timeout=30, check=False,
+    )  # fmt: skip
+
+
+@pytest.mark.skipif(shutil.which("make") is None, reason="needs make")
+@pytest.mark.parametrize("gpus", [2, 4, 8])
+@pytest.mark.parametrize("target", ["rl", "eval"])
+def test_make_rl_and_eval_run_on_train_gpus(target, gpus):
+    result = make(target, "PROFILE=gpu", f"GPUS={gpus}", "ARGS=--dry-run --max_steps 3")
+    assert result.returncode == 0, result.stderr
+    [argv] = [shlex.split(line) for line in result.stdout.splitlines() if "emoji_rl.cli" in line]
+    assert gpus_of(argv) == as_set(LAYOUTS[gpus][2])
+    assert argv[-2:] == ["--max_steps", "3"]
 
 
 @pytest.mark.skipif(shutil.which("make") is None, reason="needs make")
 @pytest.mark.parametrize(
     ("target", "variables", "expected"),
     [
-        (
-            "rl",
-            ["PROFILE=gpu", "NGPUS=4", "ARGS=--max_steps 3"],
-            "NGPUS=4 launch/train_grpo.sh --max_steps 3",
-        ),
-        ("sft", ["PROFILE=gpu", "NGPUS=2"], "NGPUS=2 launch/train_sft.sh"),
-        ("serve-judge", ["PROFILE=gpu", "NGPUS=2"], "JUDGE_TP=2 launch/serve_judge.sh"),
+        ("rl", ["PROFILE=gpu", "ARGS=--max_steps 3"], "launch/train_grpo.sh --max_steps 3"),
+        ("sft", ["PROFILE=gpu"], "launch/train_sft.sh"),
+        ("serve-judge", ["PROFILE=gpu"], "launch/serve_judge.sh"),
         ("serve-policy", ["PROFILE=gpu"], "launch/serve_policy.sh"),
+        ("eval", ["PROFILE=gpu"], "launch/eval_retrieval.sh"),
         ("rl", [], ".venv/bin/emoji-rl grpo --config configs/cpu/grpo.yaml"),
-        (
-            "eval",
-            ["PROFILE=gpu"],
-            ".venv/bin/emoji-rl eval-retrieval --config configs/gpu/eval_retrieval.yaml",
-        ),
     ],
 )
 def test_make_targets_run_the_scripts(target, variables, expected):
@@ -255,11 +480,11 @@ def test_make_targets_run_the_scripts(target, variables, expected):
 
 @pytest.mark.skipif(shutil.which("make") is None, reason="needs make")
 def test_servers_need_the_gpu_profile():
-    result = subprocess.run(
-        ["make", "-f", "launch/targets.mk", "serve-judge"],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=30,
-    )
+    result = make("serve-judge")
     assert result.returncode != 0 and "needs PROFILE=gpu" in result.stderr
+
+
+@pytest.mark.skipif(shutil.which("make") is None, reason="needs make")
+def test_make_serve_judge_refuses_the_old_ngpus():
+    result = make("serve-judge", "PROFILE=gpu", "NGPUS=2")
+    assert result.returncode == 2 and "set JUDGE_GPUS" in result.stderr
