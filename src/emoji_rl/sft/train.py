@@ -32,7 +32,7 @@ from typing import TYPE_CHECKING, Literal
 
 import yaml
 
-from emoji_rl import models
+from emoji_rl import lora, models
 from emoji_rl.config import save_config
 from emoji_rl.data.jsonl import drop_steps_after
 from emoji_rl.errors import UserError
@@ -46,9 +46,6 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger(__name__)
 
-# q/k/v/o and the MLP projections of Llama- and Qwen-style blocks: the modules vLLM serves LoRA on.
-# Never the embeddings or lm_head, which vLLM's --lora-modules does not take.
-DEFAULT_LORA_TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
 ADAPTER_DIR = "adapter"
 METRICS_FILE = "metrics.jsonl"
 
@@ -118,10 +115,13 @@ class Config:
     )
     max_grad_norm: float = field(default=1.0, metadata={"help": "gradient clipping norm; 0 disables"})
     lora_dropout: float = field(default=0.0, metadata={"help": "dropout on the LoRA input, in [0, 1)"})
+    # The projections only, as the seed's recipe: vLLM 0.33 would serve embed_tokens and lm_head too (its
+    # Llama and Qwen3.5 declare them in `embedding_modules`), each a rank x vocabulary LoRA.
     lora_target_modules: list[str] = field(
-        default_factory=lambda: list(DEFAULT_LORA_TARGETS),
+        default_factory=lambda: list(lora.DEFAULT_TARGETS),
         metadata={
-            "help": "module names (last path component) that get LoRA; no embeddings or lm_head (vLLM)"
+            "help": "module names (last path component) that get LoRA; default: the attention, linear-attention "
+            "and MLP projections, those the model has; every kind of decoder layer needs LoRA on its attention"
         },
     )
     overlong: Overlong = field(
@@ -277,20 +277,11 @@ def build_sft_config(cfg: Config, runtime: models.Runtime, world_size: int) -> S
 def lora_config(cfg: Config, model: PreTrainedModel) -> LoraConfig:
     from peft import LoraConfig
 
-    present = {name.rsplit(".", 1)[-1] for name, _ in model.named_modules()}
-    missing = sorted(set(cfg.lora_target_modules) - present)
-    if missing:
-        linear = sorted(
-            {n.rsplit(".", 1)[-1] for n, m in model.named_modules() if type(m).__name__ == "Linear"}
-        )
-        raise UserError(
-            f"lora_target_modules {missing} are not modules of {cfg.model}; its linear modules are: {linear}"
-        )
     return LoraConfig(
         r=cfg.lora_r,
         lora_alpha=cfg.lora_alpha,
         lora_dropout=cfg.lora_dropout,
-        target_modules=list(cfg.lora_target_modules),
+        target_modules=lora.resolve_targets(model, cfg.lora_target_modules, "lora_target_modules"),
         bias="none",
         task_type="CAUSAL_LM",
     )
@@ -429,6 +420,9 @@ def main(cfg: Config) -> None:
         peft_config=lora_config(cfg, model),
         callbacks=[jsonl_metrics_callback(output_dir / METRICS_FILE), scheduled_lr_callback()],
     )
+    models.warn_if_slow_linear_attention(model, runtime)
+    # TRL decides padding-free (padding_free, or packing with a bfd strategy, in sft_overrides).
+    models.check_padding_free(trainer.padding_free, model, "sft_overrides")
     state = trainer.accelerator.state
     logger.info(
         "distributed: %s, %d process(es), mixed precision %s",
@@ -439,7 +433,10 @@ def main(cfg: Config) -> None:
     warn_if_fsdp_ignored(state.distributed_type.value, logger)
     trainable = sum(p.numel() for p in trainer.model.parameters() if p.requires_grad)
     logger.info(
-        "LoRA r=%d on %s: %.2fM trainable parameters", cfg.lora_r, cfg.lora_target_modules, trainable / 1e6
+        "LoRA r=%d on %s: %.2fM trainable parameters",
+        cfg.lora_r,
+        sorted(trainer.model.peft_config["default"].target_modules),
+        trainable / 1e6,
     )
 
     # --- train, evaluate, save

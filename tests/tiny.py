@@ -1,0 +1,34 @@
+"""Tiny random models built from the real transformers classes, for tests that need an architecture's
+module layout (not its weights): Qwen3.5's text model with both kinds of decoder layer, and Llama."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+_SIZES = dict(
+    vocab_size=64, hidden_size=32, intermediate_size=64, num_attention_heads=2, num_key_value_heads=1
+)
+
+
+def tiny_qwen35():
+    """A `Qwen3_5ForCausalLM` of 4 decoder layers: 3 linear_attention (Gated DeltaNet), 1 full_attention."""
+    from transformers import Qwen3_5ForCausalLM, Qwen3_5TextConfig
+
+    linear = dict(
+        linear_num_key_heads=2, linear_num_value_heads=2, linear_key_head_dim=8, linear_value_head_dim=8
+    )
+    config = Qwen3_5TextConfig(**_SIZES, **linear, num_hidden_layers=4, head_dim=16)
+    assert set(config.layer_types) == {"linear_attention", "full_attention"}
+    return Qwen3_5ForCausalLM(config)
+
+
+def tiny_llama():
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    return LlamaForCausalLM(LlamaConfig(**_SIZES, num_hidden_layers=2))
+
+
+def saved(model, directory: Path) -> str:
+    """`model` saved where `models.load_causal_lm` (a local-directory spec) loads it from."""
+    model.save_pretrained(directory)
+    return str(directory)
