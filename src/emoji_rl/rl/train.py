@@ -151,10 +151,6 @@ class Config(JudgeConfig):
         default=2, metadata={"help": "adapter versions kept loaded and on disk (>= 1, <= --max-cpu-loras)"}
     )
     vllm_timeout_s: float = field(default=300.0, metadata={"help": "seconds per request before a retry"})
-    vllm_wait_s: float = field(
-        default=900.0,
-        metadata={"help": "seconds to wait at start for the server (it refuses connections while loading)"},
-    )
     # --- advanced ---
     std_scaling: grpo.StdScaling = field(
         default="group", metadata={"help": "advantage scaling: group std (GRPO), batch std, none (Dr. GRPO)"}
