@@ -3,7 +3,8 @@ timeouts, retries with backoff, readiness and error messages, in one place (VLLM
 
 Connection errors, timeouts, 429 and 5xx are retried with exponential backoff; after the last
 attempt the error names the URL. Any other error status is final: retrying a bad request cannot
-fix it, so it is raised at once as a `ServerError` carrying the status and vLLM's `param`.
+fix it, so it is raised at once as a `ServerError` carrying the status and vLLM's `param`; so are
+the 5xx answers vLLM gives a request it will always refuse (`FINAL_ERRORS`).
 
 Callers open an httpx client per call rather than per object: `rl.train.collect` runs every step in
 a fresh `asyncio.run` loop, and an `httpx.AsyncClient` is bound to the loop that opened it.
@@ -17,6 +18,7 @@ import argparse
 import asyncio
 import logging
 import os
+import re
 import sys
 import time
 from collections.abc import Iterator, Mapping
@@ -30,6 +32,13 @@ log = logging.getLogger("emoji_rl.endpoint")
 
 # 429: rate limits of hosted OpenAI-compatible servers; 5xx: a server restarting or overloaded.
 RETRYABLE_STATUS = frozenset({429, 500, 502, 503, 504})
+LORA_RANK_ERROR = re.compile(r"LoRA rank (\d+) is greater than max_lora_rank (\d+)")
+"""vLLM 0.33's refusal of an adapter above --max-lora-rank (lora/peft_helper.py `validate_legal`), which
+its engine wraps as "Call to add_lora method failed: ..." and the server answers with a 500."""
+FINAL_ERRORS = (LORA_RANK_ERROR,)
+"""5xx answers that the same request would get again: raised at once, not retried (~31 s) before the
+hint that says what to change."""
+
 WAIT_FIELD = "server_wait_s"
 """The config field (and this module's CLI option) that sets how long a stage waits for its servers."""
 SERVER_WAIT_S = 900.0
@@ -125,7 +134,10 @@ def _retryable(outcome: httpx.Response | httpx.TransportError) -> str | None:
         # ConnectError (refused: the server is down or still loading), timeouts, dropped connections.
         return f"{type(outcome).__name__}: {outcome}" if str(outcome) else type(outcome).__name__
     if outcome.status_code in RETRYABLE_STATUS:
-        return f"HTTP {outcome.status_code}: {error_detail(outcome)[0]}"
+        message = error_detail(outcome)[0]
+        if any(final.search(message) for final in FINAL_ERRORS):
+            return None
+        return f"HTTP {outcome.status_code}: {message}"
     return None
 
 

@@ -273,10 +273,19 @@ def test_adapter_errors_say_what_to_change(lm, smollm2_tokenizer, tmp_path, monk
             sync.publish(0, save_adapter())
     with FakeVLLMServer(lm, max_lora_rank=16) as small:
         sync = AdapterSync(sampler_for(small, smollm2_tokenizer), tmp_path / "b", "policy")
-        with pytest.raises(UserError, match="POLICY_MAX_LORA_RANK"):
+        # vLLM answers a rank above --max-lora-rank with a 500 it will give again: no retry (they took
+        # ~31 s), the hint at once.
+        with pytest.raises(
+            UserError, match=r"r=32 is above the server's --max-lora-rank 16.*POLICY_MAX_LORA_RANK >= 32"
+        ):
             sync.publish(0, save_adapter(rank=32))
+        assert len(small.bodies("/v1/load_lora_adapter")) == 1
+        # A 500 that may pass is still retried.
+        small.fail_next("/v1/load_lora_adapter", 500)
+        sync.publish(1, save_adapter(rank=16))
+        assert len(small.bodies("/v1/load_lora_adapter")) == 3 and "policy-v1" in small.adapters
         with pytest.raises(UserError, match=r"no adapter_config\.json"):
-            sync.publish(1, lambda path: path.mkdir())
+            sync.publish(2, lambda path: path.mkdir())
 
 
 # --- readiness ----------------------------------------------------------------------------------------------
