@@ -79,3 +79,26 @@ def test_eval_retrieval_compares_systems(tmp_path, capsys):
         assert row["turns"] <= (1.0 if row["mode"] == "single" else 2.0)
     assert report["caveat"] and (tmp_path / "report" / "retrieval.png").stat().st_size > 0
     assert "retrieval@1/4" in capsys.readouterr().out
+
+
+@pytest.mark.slow
+def test_a_judge_server_that_is_not_there_is_said_at_once_and_fails_with_its_url_and_a_hint(tmp_path):
+    import subprocess
+    import sys
+    import time
+
+    data = tmp_path / "eval.jsonl"
+    data.write_text(json.dumps({"target": "let's get pizza tonight"}) + "\n")
+    wait_s = 4
+    stage = [sys.executable, "-m", "emoji_rl.cli", "eval-retrieval", "--data", str(data)]
+    stage += ["--output_dir", str(tmp_path / "out"), "--judge", "openai", "--judge_url", "http://127.0.0.1:9"]
+    with subprocess.Popen([*stage, "--server_wait_s", str(wait_s)], stderr=subprocess.PIPE, text=True) as run:
+        lines = [(time.monotonic(), line) for line in run.stderr]
+    assert run.returncode == 2, lines
+    said = [at for at, line in lines if "waiting for the judge server at http://127.0.0.1:9/health" in line]
+    assert said, lines
+    # Said when the wait began, not when it ended: the wait ran its whole length after it.
+    ended, error = lines[-1]
+    assert wait_s - 0.5 < ended - said[0] < wait_s + 5
+    assert "http://127.0.0.1:9/health within 4 s" in error
+    assert "make serve-judge" in error and "--dry-run" in error and "--server_wait_s" in error

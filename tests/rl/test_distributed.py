@@ -1,6 +1,6 @@
 """Multi-process GRPO on CPU: the real `accelerate launch` of the stage over 2 processes (gloo), as a GPU
-box runs it over N GPUs. Each rank plays its own prompts, the ranks hold the same LoRA weights after
-every step, the main process logs the whole step once and checkpoints, and `--resume` goes on.
+box runs it over N GPUs. The ranks split each step's `batch_size` prompts, hold the same LoRA weights
+after every step, the main process logs the whole step once and checkpoints, and `--resume` goes on.
 
 Run as a script (the slow test does, under `accelerate launch`), this file is `emoji-rl` plus two
 records per rank: the prompts it played and the adapter it holds after each checkpointed step.
@@ -29,7 +29,7 @@ TARGETS = [
     "I need coffee before work",
     "our flight got cancelled",
 ]
-RANKS, B, G = 2, 2, 2
+RANKS, B, G = 2, 2, 2  # B: the step's prompts over both ranks, one each
 SETTINGS = dict(
     game="retrieval",
     judge="lexicon",
@@ -51,12 +51,13 @@ def _jsonl(path: Path) -> list[dict]:
 
 
 def _expected_prompts(records: list[dict], steps: int) -> list[list[list[str]]]:
-    """step -> rank -> prompt ids: one shared order, each step's B x RANKS prompts split in rank order."""
+    """step -> rank -> prompt ids: one shared order, each step's B prompts split in rank order."""
     stream = PromptStream(records, seed=0, state=TrainState())
+    share = B // RANKS
     out = []
     for _ in range(steps):
-        ids = [r["id"] for r in stream.take(B * RANKS)]
-        out.append([ids[r * B : (r + 1) * B] for r in range(RANKS)])
+        ids = [r["id"] for r in stream.take(B)]
+        out.append([ids[r * share : (r + 1) * share] for r in range(RANKS)])
     return out
 
 
@@ -107,22 +108,24 @@ def test_grpo_over_two_cpu_processes_shares_the_batch_and_the_weights(tmp_path):
     assert resumed.returncode == 0, resumed.stderr[-4000:]
     assert "resumed from" in resumed.stderr and "at step 1" in resumed.stderr
 
-    # Each rank played its own B prompts per step, from one order: step 2 (after the resume) goes on
-    # where step 1 stopped.
+    # batch_size counts the step's prompts over both ranks: each rank played one of the B = 2, not B of
+    # its own, and not the other's, from one order: step 2 (after the resume) goes on where step 1 stopped.
     played = {
         (r["rank"], r["step"]): r["prompts"] for rank in range(RANKS) for r in _jsonl(run / f"prompts{rank}")
     }
+    assert all(len(ids) == 1 for ids in played.values()), played
+    assert all(played[0, step] != played[1, step] for step in (1, 2)), played
     expected = _expected_prompts(records, 2)
     assert played == {(rank, s + 1): expected[s][rank] for s in range(2) for rank in range(RANKS)}
 
-    # The main process logged each step once, over both ranks: 4 groups of 2, and the reward mean of
-    # all 8 episodes in rollouts.jsonl (written by the main process alone).
+    # The main process logged each step once, over both ranks: B = 2 groups of 2, and the reward mean of
+    # all 4 episodes in rollouts.jsonl (written by the main process alone).
     metrics = read_metrics(run)
     rollouts = _jsonl(run / "rollouts.jsonl")
     assert [m["step"] for m in metrics] == [1, 2]
     for m in metrics:
         episodes = [r for r in rollouts if r["step"] == m["step"]]
-        assert len(episodes) == RANKS * B * G and m["group/played"] == RANKS * B
+        assert len(episodes) == B * G and m["group/played"] == B
         assert {r["prompt_id"] for r in episodes} == {i for ids in expected[m["step"] - 1] for i in ids}
         assert m["reward/mean"] == pytest.approx(sum(r["reward"] for r in episodes) / len(episodes))
     assert any(m["optim/skipped"] == 0 for m in metrics), "no step updated: the weights would not tell"
@@ -144,6 +147,21 @@ def test_grpo_over_two_cpu_processes_shares_the_batch_and_the_weights(tmp_path):
     adapter, _ = read_weights(run / "adapter" / "adapter_model.safetensors")
     assert adapter.keys() == {k.replace(".default", "") for k in rank0}
     assert all(torch.equal(adapter[k.replace(".default", "")], v) for k, v in rank0.items())
+
+
+@pytest.mark.slow
+def test_a_batch_size_the_processes_cannot_split_fails_before_training(tmp_path):
+    data = tmp_path / "rl.jsonl"
+    data.write_text("".join(json.dumps({"id": f"t{i}", "target": t}) + "\n" for i, t in enumerate(TARGETS)))
+    run = tmp_path / "run"
+    settings = {**SETTINGS, "batch_size": 3, "train_data": data, "output_dir": run}
+    done = accelerate_launch(__file__, ["grpo", *cli_args(settings), "--max_steps", "1"])
+    assert done.returncode != 0
+    assert (
+        "batch_size=3 (prompts per step over all processes) does not divide among 2 processes" in done.stderr
+    )
+    # Before anything ran: no model loaded, no config written, no step played.
+    assert "runtime:" not in done.stderr and not run.exists(), done.stderr[-4000:]
 
 
 @pytest.mark.slow

@@ -144,7 +144,14 @@ JUDGE_STAGES = {
     "eval-retrieval": "hf",
     "play-game": "hf",
 }
-JUDGE_FLAGS = ["--judge", "--judge_view", "--judge_model", "--judge_url", "--judge_api_key_env"]
+JUDGE_FLAGS = [
+    "--judge",
+    "--judge_view",
+    "--judge_model",
+    "--judge_url",
+    "--judge_api_key_env",
+    "--server_wait_s",
+]
 
 
 def _stage_config(stage):

@@ -3,12 +3,13 @@ timeouts, retries with backoff, readiness and error messages, in one place (VLLM
 
 Connection errors, timeouts, 429 and 5xx are retried with exponential backoff; after the last
 attempt the error names the URL. Any other error status is final: retrying a bad request cannot
-fix it, so it is raised at once as a `ServerError` carrying the status and vLLM's `param`.
+fix it, so it is raised at once as a `ServerError` carrying the status and vLLM's `param`; so are
+the 5xx answers vLLM gives a request it will always refuse (`FINAL_ERRORS`).
 
 Callers open an httpx client per call rather than per object: `rl.train.collect` runs every step in
 a fresh `asyncio.run` loop, and an `httpx.AsyncClient` is bound to the loop that opened it.
 
-    python -m emoji_rl.rl.endpoint http://127.0.0.1:8002 --timeout 900   # wait for a server (launch/)
+    python -m emoji_rl.rl.endpoint http://127.0.0.1:8002 --server_wait_s 900   # wait for a server (launch/)
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ import argparse
 import asyncio
 import logging
 import os
+import re
 import sys
 import time
 from collections.abc import Iterator, Mapping
@@ -30,6 +32,23 @@ log = logging.getLogger("emoji_rl.endpoint")
 
 # 429: rate limits of hosted OpenAI-compatible servers; 5xx: a server restarting or overloaded.
 RETRYABLE_STATUS = frozenset({429, 500, 502, 503, 504})
+LORA_RANK_ERROR = re.compile(r"LoRA rank (\d+) is greater than max_lora_rank (\d+)")
+"""vLLM 0.33's refusal of an adapter above --max-lora-rank (lora/peft_helper.py `validate_legal`), which
+its engine wraps as "Call to add_lora method failed: ..." and the server answers with a 500."""
+FINAL_ERRORS = (LORA_RANK_ERROR,)
+"""5xx answers that the same request would get again: raised at once, not retried (~31 s) before the
+hint that says what to change."""
+
+WAIT_FIELD = "server_wait_s"
+"""The config field (and this module's CLI option) that sets how long a stage waits for its servers."""
+SERVER_WAIT_S = 900.0
+"""Its default: a large model takes minutes to load, and vLLM refuses connections until it has."""
+PROGRESS_S = 30.0
+"""How often a wait says it is still waiting."""
+START_HINT = (
+    "start it (make serve-judge / make serve-policy; launch/serve_judge.sh or launch/serve_policy.sh "
+    "--dry-run prints its vllm serve command, host and port)"
+)
 
 
 @dataclass(frozen=True)
@@ -115,7 +134,10 @@ def _retryable(outcome: httpx.Response | httpx.TransportError) -> str | None:
         # ConnectError (refused: the server is down or still loading), timeouts, dropped connections.
         return f"{type(outcome).__name__}: {outcome}" if str(outcome) else type(outcome).__name__
     if outcome.status_code in RETRYABLE_STATUS:
-        return f"HTTP {outcome.status_code}: {error_detail(outcome)[0]}"
+        message = error_detail(outcome)[0]
+        if any(final.search(message) for final in FINAL_ERRORS):
+            return None
+        return f"HTTP {outcome.status_code}: {message}"
     return None
 
 
@@ -184,47 +206,82 @@ def request_sync(
     raise _gave_up(endpoint, url, outcome)
 
 
-def wait_for_server(url: str, timeout_s: float = 900.0, poll_s: float = 2.0) -> None:
-    """Block until the server at `url` answers `/health`.
+def wait_for_server(
+    url: str,
+    what: str = "the server",
+    timeout_s: float = SERVER_WAIT_S,
+    hint: str = START_HINT,
+    *,
+    poll_s: float = 2.0,
+    progress_s: float = PROGRESS_S,
+) -> None:
+    """Block until `what` (the judge server, the policy server) at `url` answers `/health`, saying at
+    once what it waits for and where, then every `progress_s` how long it has waited: a server that
+    is not there must not look like a hang. After `timeout_s` the error names the URL and `hint`.
 
     vLLM refuses connections until its model is loaded (there is no "loading" status), then answers
-    200; a 503 means its engine died, which waiting will not fix (VLLM_CONTRACT.md §5). Any other
-    answer also means the server is listening: a generic OpenAI-compatible server may lack /health.
+    200; a 503 means its engine died, which waiting will not fix. Any other answer also means the
+    server is listening: a generic OpenAI-compatible server may lack /health.
     """
-    base = Endpoint(url).url
-    deadline = time.monotonic() + timeout_s
+    health = Endpoint(url).url + "/health"
+    start = time.monotonic()
+    deadline, next_progress = start + timeout_s, start + progress_s
     last = "no answer yet"
-    with httpx.Client(timeout=max(poll_s, 5.0)) as client:
+    log.info("waiting for %s at %s (up to %g s: --%s)", what, health, timeout_s, WAIT_FIELD)
+    with httpx.Client() as client:
         while True:
             try:
-                response = client.get(base + "/health")
+                # One poll never outlasts the wait (a host that drops packets holds a connect until timeout).
+                remaining = deadline - time.monotonic()
+                response = client.get(health, timeout=min(max(poll_s, 5.0), max(remaining, 0.1)))
             except httpx.TransportError as err:
                 last = type(err).__name__
             else:
                 if response.status_code == 503:
                     raise UserError(
-                        f"{base}/health answered 503: the server is up but its engine is dead; "
+                        f"{what} at {health} answered 503: the server is up but its engine is dead; "
                         "read the server's log and restart it"
                     )
                 if response.status_code != 200:
-                    log.warning("%s/health answered %d; taking the server as up", base, response.status_code)
+                    log.warning("%s answered %d; taking %s as up", health, response.status_code, what)
+                log.info("%s at %s is up after %.0f s", what, health, time.monotonic() - start)
                 return
-            if time.monotonic() >= deadline:
+            now = time.monotonic()
+            if now >= deadline:
                 raise UserError(
-                    f"no server answered at {base}/health within {timeout_s:g} s ({last}). Start it "
-                    "(make serve-policy / make serve-judge), check that host and port match, and read its "
-                    "log; a large model takes minutes to load, so raise the timeout if the log shows progress"
+                    f"{what} did not answer at {health} within {timeout_s:g} s ({last}): {hint}; check that "
+                    f"host and port are the server's, and read its log: a large model takes minutes to load, "
+                    f"so raise --{WAIT_FIELD} if the log shows progress"
                 )
-            time.sleep(min(poll_s, max(deadline - time.monotonic(), 0.0)))
+            if now >= next_progress:
+                log.info(
+                    "still waiting for %s at %s: %.1f s of %g s (%s)",
+                    what,
+                    health,
+                    now - start,
+                    timeout_s,
+                    last,
+                )
+                while next_progress <= now:
+                    next_progress += progress_s
+            time.sleep(max(min(poll_s, deadline - now, next_progress - now), 0.0))
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description="Wait until an OpenAI-compatible server answers /health.")
     parser.add_argument("url", help="base URL, e.g. http://127.0.0.1:8002")
-    parser.add_argument("--timeout", type=float, default=900.0, help="seconds to wait (default: 900)")
+    parser.add_argument(
+        f"--{WAIT_FIELD}",
+        "--timeout",
+        dest="wait_s",
+        type=float,
+        default=SERVER_WAIT_S,
+        help=f"seconds to wait (default: {SERVER_WAIT_S:g}); progress is said every {PROGRESS_S:g} s",
+    )
     args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="wait: %(message)s")
     try:
-        wait_for_server(args.url, args.timeout)
+        wait_for_server(args.url, timeout_s=args.wait_s)
     except UserError as err:
         print(f"wait: error: {err}", file=sys.stderr)
         return 1

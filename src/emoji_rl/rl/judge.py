@@ -34,6 +34,7 @@ from emoji_rl import models
 from emoji_rl.emoji.alphabet import emoji_name
 from emoji_rl.errors import UserError
 from emoji_rl.generate import generate_from_ids, ids_containing
+from emoji_rl.rl.endpoint import PROGRESS_S, SERVER_WAIT_S
 
 if TYPE_CHECKING:
     from transformers import PreTrainedModel, PreTrainedTokenizerBase
@@ -50,6 +51,10 @@ BATCH_SIZE = 16  # hf judge: episodes per generate call
 SENTENCE_ENDS = ".!?\n"
 JUDGE_URL = "http://127.0.0.1:8001"  # launch/serve_judge.sh's default host and port
 JUDGE_API_KEY_ENV = "JUDGE_API_KEY"
+JUDGE_START_HINT = (
+    "start it with make serve-judge (launch/serve_judge.sh; --dry-run prints its vllm serve command, "
+    "JUDGE_HOST and JUDGE_PORT), or point --judge_url at the one running"
+)
 
 _GAME = "We play a guessing game. A friend wrote a short everyday message and sent it to you as emoji. "
 JUDGE_SYSTEM = {
@@ -274,9 +279,11 @@ def make_judge(
     batch_size: int = BATCH_SIZE,
     url: str = JUDGE_URL,
     api_key_env: str | None = JUDGE_API_KEY_ENV,
+    wait_s: float = SERVER_WAIT_S,
 ) -> Judge:
     """Build a judge once, for the game or a check to hold; `model_spec` and `view` serve LLM judges.
-    For `openai`, `model_spec` is the served model name at `url` (launch/serve_judge.sh: `judge`)."""
+    For `openai`, `model_spec` is the served model name at `url` (launch/serve_judge.sh: `judge`),
+    waited for up to `wait_s` seconds."""
     check_view(kind, view)
     if kind == "lexicon":
         return LexiconJudge()
@@ -288,7 +295,7 @@ def make_judge(
         from emoji_rl.rl.endpoint import Endpoint, wait_for_server
         from emoji_rl.rl.judge_openai import OpenAIJudge
 
-        wait_for_server(url, timeout_s=900.0)
+        wait_for_server(url, "the judge server", wait_s, JUDGE_START_HINT)
         return OpenAIJudge(Endpoint(url, api_key_env), model_spec, view)
     raise UserError(f"judge kind {kind!r} is unknown; kinds: lexicon, hf, openai")
 
@@ -330,6 +337,14 @@ class JudgeConfig:
         default=JUDGE_API_KEY_ENV,
         metadata={"help": "env var holding the openai judge server's key; unset sends none"},
     )
+    server_wait_s: float = field(
+        default=SERVER_WAIT_S,
+        metadata={
+            "help": "seconds to wait at start for a vLLM server to answer /health (it refuses connections "
+            f"while its model loads), saying so every {PROGRESS_S:g} s: the openai judge's, and in grpo "
+            "with --engine vllm the policy server's"
+        },
+    )
 
     def __post_init__(self) -> None:
         check_view(self.judge, self.judge_view)
@@ -344,6 +359,7 @@ class JudgeConfig:
             batch_size=batch_size,
             url=self.judge_url,
             api_key_env=self.judge_api_key_env,
+            wait_s=self.server_wait_s,
         )
 
     @property

@@ -106,7 +106,13 @@ def build_sampler(
     from emoji_rl.rl.endpoint import Endpoint, wait_for_server
     from emoji_rl.rl.rollout.vllm import AdapterSync, VLLMSampler
 
-    wait_for_server(cfg.vllm_url, cfg.vllm_wait_s)
+    wait_for_server(
+        cfg.vllm_url,
+        "the policy server",
+        cfg.server_wait_s,
+        "start it with make serve-policy (launch/serve_policy.sh; --dry-run prints its vllm serve command, "
+        "POLICY_HOST and POLICY_PORT), or point --vllm_url at the one running",
+    )
     endpoint = Endpoint(cfg.vllm_url, cfg.vllm_api_key_env, cfg.vllm_timeout_s)
     sampler = VLLMSampler(
         endpoint,

@@ -80,7 +80,13 @@ class Config(JudgeConfig):
         default="runs/grpo", metadata={"help": "run directory: config, metrics, checkpoints"}
     )
     max_steps: int = field(default=20, metadata={"help": "optimizer steps to run"})
-    batch_size: int = field(default=4, metadata={"help": "prompts per step per process (B); gpu: 32"})
+    batch_size: int = field(
+        default=4,
+        metadata={
+            "help": "prompts per step over all processes (B), split evenly among them: a multiple of the "
+            "number of processes; gpu: 32"
+        },
+    )
     group_size: int = field(
         default=4, metadata={"help": "rollouts per prompt (G >= 2); seed 003: G=2 wastes 75% of steps"}
     )
@@ -153,10 +159,6 @@ class Config(JudgeConfig):
         default=2, metadata={"help": "adapter versions kept loaded and on disk (>= 1, <= --max-cpu-loras)"}
     )
     vllm_timeout_s: float = field(default=300.0, metadata={"help": "seconds per request before a retry"})
-    vllm_wait_s: float = field(
-        default=900.0,
-        metadata={"help": "seconds to wait at start for the server (it refuses connections while loading)"},
-    )
     # --- advanced ---
     std_scaling: grpo.StdScaling = field(
         default="group", metadata={"help": "advantage scaling: group std (GRPO), batch std, none (Dr. GRPO)"}
@@ -168,7 +170,11 @@ class Config(JudgeConfig):
     eps_low: float = field(default=0.2, metadata={"help": "PPO clip below 1"})
     eps_high: float = field(default=0.2, metadata={"help": "PPO clip above 1 (DAPO clip-higher: 0.28)"})
     dynamic_sampling: bool = field(
-        default=False, metadata={"help": "draw more prompts to replace groups with zero reward spread (DAPO)"}
+        default=False,
+        metadata={
+            "help": "draw more prompts to replace groups with zero reward spread (DAPO); each process refills "
+            "its share of batch_size"
+        },
     )
     max_resample_rounds: int = field(
         default=2, metadata={"help": "extra draws per step with dynamic_sampling"}
@@ -189,6 +195,8 @@ class Config(JudgeConfig):
 
     def __post_init__(self) -> None:
         super().__post_init__()
+        if self.batch_size < 1:
+            raise ValueError(f"batch_size={self.batch_size} must be >= 1 (prompts per step)")
         if self.group_size < 2:
             raise ValueError(
                 f"group_size={self.group_size} must be >= 2: the advantage is reward minus the group mean"
@@ -211,6 +219,19 @@ class Config(JudgeConfig):
 
 
 # --- the loop ------------------------------------------------------------------------------------------
+
+
+def prompts_per_process(batch_size: int, processes: int) -> int:
+    """Each process's share of a step's `batch_size` prompts. A step trains `batch_size` prompts on any
+    number of processes (the seed's 32 stay 32 over 4 GPUs), so the learning rate and the KL weight tuned
+    for it keep their meaning; the share must be whole."""
+    if batch_size % processes:
+        raise UserError(
+            f"batch_size={batch_size} (prompts per step over all processes) does not divide among "
+            f"{processes} processes: set batch_size to a multiple of {processes}, or launch a number of "
+            "processes that divides it"
+        )
+    return batch_size // processes
 
 
 def _sync_weights(
@@ -263,19 +284,21 @@ def train(
     every new adapter is published to the server before the next rollout, and the update uses
     truncated importance weights for the sampler/trainer mismatch.
 
-    Under `accelerate launch` every process plays `batch_size` prompts of its own and the gradients
-    are all-reduced; the main process logs metrics and rollouts of all processes and writes the
+    Under `accelerate launch` every process plays its share of the step's `batch_size` prompts and the
+    gradients are all-reduced; the main process logs metrics and rollouts of all processes and writes the
     checkpoints and the adapter."""
     from accelerate import Accelerator
     from transformers import get_scheduler
 
     accelerator = Accelerator(cpu=without_cuda())
     is_main, rank = accelerator.is_main_process, accelerator.process_index
+    share = prompts_per_process(cfg.batch_size, accelerator.num_processes)
     log.info(
-        "distributed: %s, %d process(es), %d prompts per step",
+        "distributed: %s, %d process(es), %d prompts per step, %d per process",
         accelerator.distributed_type.value,
         accelerator.num_processes,
-        cfg.batch_size * accelerator.num_processes,
+        cfg.batch_size,
+        share,
     )
     warn_if_fsdp_ignored(accelerator.distributed_type.value, log)
     run_dir = Path(cfg.output_dir)
@@ -313,7 +336,7 @@ def train(
         for step in bar:
             services_before = game.seconds()
             rounds = cfg.max_resample_rounds if cfg.dynamic_sampling else 0
-            rollouts = collect(stream, game.make_game, sampler, cfg.batch_size, cfg.group_size, rounds)
+            rollouts = collect(stream, game.make_game, sampler, share, cfg.group_size, rounds)
             services = {k: v - services_before.get(k, 0.0) for k, v in game.seconds().items()}
             everyone, slowest = _gather_rollouts(rollouts, services)
             metrics = _step_metrics(everyone, slowest)
@@ -405,6 +428,7 @@ def main(cfg: Config) -> None:
     run_dir = Path(cfg.output_dir)
     # The process group under `accelerate launch` (one process otherwise), shared with train()'s Accelerator.
     processes = PartialState(cpu=without_cuda())
+    prompts_per_process(cfg.batch_size, processes.num_processes)  # before any model loads
     if run_dir.exists() and any(run_dir.iterdir()) and not cfg.resume:
         raise UserError(
             f"{run_dir} already holds a run: pass --resume true to continue it, or another --output_dir"

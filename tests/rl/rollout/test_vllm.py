@@ -273,10 +273,19 @@ def test_adapter_errors_say_what_to_change(lm, smollm2_tokenizer, tmp_path, monk
             sync.publish(0, save_adapter())
     with FakeVLLMServer(lm, max_lora_rank=16) as small:
         sync = AdapterSync(sampler_for(small, smollm2_tokenizer), tmp_path / "b", "policy")
-        with pytest.raises(UserError, match="POLICY_MAX_LORA_RANK"):
+        # vLLM answers a rank above --max-lora-rank with a 500 it will give again: no retry (they took
+        # ~31 s), the hint at once.
+        with pytest.raises(
+            UserError, match=r"r=32 is above the server's --max-lora-rank 16.*POLICY_MAX_LORA_RANK >= 32"
+        ):
             sync.publish(0, save_adapter(rank=32))
+        assert len(small.bodies("/v1/load_lora_adapter")) == 1
+        # A 500 that may pass is still retried.
+        small.fail_next("/v1/load_lora_adapter", 500)
+        sync.publish(1, save_adapter(rank=16))
+        assert len(small.bodies("/v1/load_lora_adapter")) == 3 and "policy-v1" in small.adapters
         with pytest.raises(UserError, match=r"no adapter_config\.json"):
-            sync.publish(1, lambda path: path.mkdir())
+            sync.publish(2, lambda path: path.mkdir())
 
 
 # --- readiness ----------------------------------------------------------------------------------------------
@@ -292,9 +301,32 @@ def test_wait_for_server_returns_once_the_server_listens(lm):
 def test_wait_for_server_names_the_url_when_it_never_comes_up(lm):
     with (
         FakeVLLMServer(lm, ready_after=None) as down,
-        pytest.raises(UserError, match=rf"no server answered at {down.url}/health within 0\.5 s"),
+        pytest.raises(UserError, match=rf"the server did not answer at {down.url}/health within 0\.5 s"),
     ):
         wait_for_server(down.url + "/v1", timeout_s=0.5, poll_s=0.1)
+
+
+def test_a_wait_says_what_it_waits_for_and_where_at_once_then_how_long_it_has_waited(caplog):
+    from tests.launching import free_port
+
+    url = f"http://127.0.0.1:{free_port()}"  # nothing listens there
+    start = time.time()  # the clock of log records' `created`
+    with (
+        caplog.at_level("INFO", logger="emoji_rl.endpoint"),
+        pytest.raises(
+            UserError, match=rf"the judge server did not answer at {url}/health within 1 s .*: HINT"
+        ),
+    ):
+        wait_for_server(url, "the judge server", 1.0, "HINT", poll_s=0.05, progress_s=0.3)
+    assert time.time() - start < 3
+    said = [(r.created - start, r.getMessage()) for r in caplog.records]
+    assert said[0][1] == f"waiting for the judge server at {url}/health (up to 1 s: --server_wait_s)"
+    assert said[0][0] < 0.25  # at once, before the first poll and well before the first progress line
+    progress = [message for _, message in said[1:] if message.startswith("still waiting")]
+    assert all(message.endswith(" s of 1 s (ConnectError)") for message in progress), progress
+    waited = [float(message.split(": ")[1].split(" s of")[0]) for message in progress]
+    # every 0.3 s of the 1 s wait, with the time waited
+    assert len(waited) == 3 and all(0.3 * i <= w < 0.3 * i + 0.25 for i, w in enumerate(waited, 1)), waited
 
 
 def test_wait_for_server_stops_at_a_dead_engine(server):

@@ -36,7 +36,7 @@ from emoji_rl.emoji.alphabet import MAX_EMOJI, MIN_EMOJI
 from emoji_rl.emoji.constraint import vllm_structured_outputs
 from emoji_rl.errors import UserError
 from emoji_rl.generate import MAX_NEW_TOKENS
-from emoji_rl.rl.endpoint import Endpoint, ServerError, request, request_sync
+from emoji_rl.rl.endpoint import LORA_RANK_ERROR, Endpoint, ServerError, request, request_sync
 from emoji_rl.rl.rollout.play import Sample
 
 log = logging.getLogger("emoji_rl.rollout.vllm")
@@ -307,11 +307,14 @@ class AdapterSync:
                     f"the server found no adapter at {path}: it must see the run directory at the same "
                     "path (run it on this machine or on a shared filesystem)"
                 )
-            elif err.status >= 500:
+            elif rank := LORA_RANK_ERROR.search(err.message):
                 hint = (
-                    "if the adapter's rank exceeds the server's --max-lora-rank, raise POLICY_MAX_LORA_RANK "
-                    "(launch/serve_policy.sh) to at least lora_r"
+                    f"the adapter's rank r={rank[1]} is above the server's --max-lora-rank {rank[2]}: restart "
+                    f"launch/serve_policy.sh with POLICY_MAX_LORA_RANK >= {rank[1]} (its header lists the "
+                    "values vLLM accepts), or train an adapter of a lower rank"
                 )
+            elif err.status >= 500:
+                hint = "the server kept failing to load it: read the server's log"
             else:
                 hint = "one training run per policy server: another run may be loading the same names"
             raise UserError(f"loading adapter {name!r}: {err}; {hint}") from err
