@@ -19,6 +19,9 @@ from pathlib import Path
 import pytest
 import torch
 from tests.launching import accelerate_launch, cli_args, fsdp_on_cpu, read_weights, save_tiny_qwen3_5
+from tests.rl.test_distributed import SETTINGS as GRPO_SETTINGS
+from tests.rl.test_distributed import TARGETS, _jsonl
+from tests.sft.test_distributed import SETTINGS as SFT_SETTINGS
 from tests.vllm_lora import qwen3_5_lora_modules, unexpected_modules, vllm_source
 
 pytestmark = pytest.mark.slow
@@ -36,10 +39,6 @@ def tiny_qwen(tmp_path_factory) -> Path:
 def _launch(args: list[str], kill_at: int | None = None):
     env = {KILL_AT: str(kill_at)} if kill_at is not None else {}
     return accelerate_launch(__file__, args, strategy="fsdp", timeout=TIMEOUT_S, env=env)
-
-
-def _jsonl(path: Path) -> list[dict]:
-    return [json.loads(line) for line in path.read_text().splitlines()]
 
 
 def _assert_sharded_per_decoder_layer(run: Path) -> None:
@@ -80,21 +79,15 @@ def test_sft_shards_each_layer_and_a_killed_run_resumes_into_the_same_run(tiny_q
 
     train = write_chats(tmp_path / "train.jsonl", PAIRS[:32])
     run = tmp_path / "run"
-    settings = dict(
-        model=tiny_qwen,
-        train_data=train,
-        eval_data=None,
-        output_dir=run,
-        max_steps=4,
-        save_steps=2,
-        per_device_train_batch_size=2,
-        effective_batch_size=4,
-        lora_r=4,
-        max_length=96,
-        logging_steps=1,
-        learning_rate=1e-2,
-        save_total_limit=None,
-    )
+    settings = {
+        **SFT_SETTINGS,
+        "model": tiny_qwen,
+        "train_data": train,
+        "output_dir": run,
+        "max_steps": 4,
+        "learning_rate": 1e-2,
+        "save_total_limit": None,
+    }
     args = ["sft", *cli_args(settings)]
     killed = _launch(args, kill_at=4)
     assert killed.returncode != 0 and (run / "killed.safetensors").is_file(), killed.stderr[-4000:]
@@ -120,29 +113,8 @@ def test_sft_shards_each_layer_and_a_killed_run_resumes_into_the_same_run(tiny_q
     _assert_vllm_loads(run / "adapter")
 
 
-GRPO = dict(
-    game="retrieval",
-    judge="lexicon",
-    batch_size=2,
-    group_size=2,
-    max_turns=2,
-    max_emoji=3,
-    max_new_tokens=24,
-    lora_r=4,
-    learning_rate=1e-2,
-    beta=0.0,
-    seed=0,
-)
-TARGETS = [
-    "let's get pizza tonight",
-    "I missed the bus again",
-    "happy birthday to my sister",
-    "the cat is sleeping on my laptop",
-    "we won the football match",
-    "it's raining all day",
-    "I need coffee before work",
-    "our flight got cancelled",
-]
+# Two turns: games end after different turns, so the ranks decode different numbers of times.
+GRPO = {**GRPO_SETTINGS, "max_turns": 2, "learning_rate": 1e-2}
 
 
 def _comparable(metrics: dict) -> dict:

@@ -77,8 +77,8 @@ def save_checkpoint(
     """Write `checkpoints/step-NNNNNN` through a temporary directory, then point `latest` at it.
     `adapter_state`: the adapter's gathered weights (`distributed.adapter_state_dict`; default: the
     policy's own, right for one process); `rng_states`: every process's `rng_state()`, in rank order
-    (default: this process's); `optimizer_state`: `optimizer_state(model, optimizer)`, gathered by
-    every process (default: this process's, right for one process)."""
+    (default: this process's); `optimizer_state`: `whole_optimizer_state(model, optimizer)`, which
+    every process calls (default: this process's, right for one process)."""
     root = checkpoint_dir(run_dir)
     name = f"step-{state.step:06d}"
     tmp, final = root / f".{name}.tmp", root / name
@@ -152,7 +152,8 @@ def load_optimizer(
 
 def whole_optimizer_state(model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> dict[str, object]:
     """The optimizer's state keyed by parameter name, each tensor whole, on the CPU: what a checkpoint
-    stores. A collective under FSDP (the shards are gathered): every process calls it."""
+    stores. A collective under a process group: every process calls it, and process 0 receives it
+    (the others get no tensors)."""
     from torch.distributed.checkpoint.state_dict import StateDictOptions, get_optimizer_state_dict
 
     optimizer = getattr(optimizer, "optimizer", optimizer)

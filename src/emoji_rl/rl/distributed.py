@@ -1,5 +1,6 @@
-"""What GRPO's processes share under `accelerate launch`: values gathered from every rank, and the
-adapter's full weights, gathered before the main process saves them.
+"""What GRPO's processes share under `accelerate launch`: values gathered from every rank, the
+adapter's full weights, gathered before the main process saves them, and under FSDP the whole
+weights for the length of an in-process rollout (`whole_weights`).
 
 Under FSDP a rank holds only its shard of each parameter (a DTensor): `save_pretrained` on the main
 process alone would write that shard. The adapter's parameters are gathered on every rank first (a
