@@ -94,16 +94,13 @@ def fsdp_on_cpu() -> None:
     AcceleratorState.__init__ = init_with_fsdp
 
 
-def save_tiny_qwen3_5(path: Path) -> Path:
-    """A tiny random `Qwen3_5ForCausalLM` (the real class: Gated DeltaNet and full-attention layers)
-    with the embedded SmolLM2's tokenizer and chat template, saved to `path` as a model directory."""
+def tiny_qwen3_5(**config):
+    """A tiny random `Qwen3_5ForCausalLM` (the real class, text only): Gated DeltaNet and
+    full-attention layers in turn, 4 in all; `config`: more Qwen3_5TextConfig fields (token ids)."""
     from transformers import Qwen3_5ForCausalLM, Qwen3_5TextConfig
 
-    from emoji_rl import models
-
-    tokenizer = models.load_tokenizer(models.SMOLLM2)
     config = Qwen3_5TextConfig(
-        vocab_size=len(tokenizer),
+        **{"vocab_size": 64, **config},
         hidden_size=32,
         intermediate_size=64,
         num_hidden_layers=4,
@@ -115,18 +112,20 @@ def save_tiny_qwen3_5(path: Path) -> Path:
         linear_num_value_heads=4,
         linear_key_head_dim=8,
         linear_value_head_dim=8,
-        pad_token_id=tokenizer.pad_token_id,
-        bos_token_id=tokenizer.bos_token_id,
-        eos_token_id=tokenizer.eos_token_id,
     )
     torch.manual_seed(0)
-    Qwen3_5ForCausalLM(config).save_pretrained(path)
+    return Qwen3_5ForCausalLM(config)
+
+
+def save_tiny_qwen3_5(path: Path) -> Path:
+    """`tiny_qwen3_5` with the embedded SmolLM2's tokenizer and chat template, saved to `path` as a
+    model directory the stages load."""
+    from emoji_rl import models
+
+    tokenizer = models.load_tokenizer(models.SMOLLM2)
+    ids = ("pad_token_id", "bos_token_id", "eos_token_id")
+    tiny_qwen3_5(
+        vocab_size=len(tokenizer), **{name: getattr(tokenizer, name) for name in ids}
+    ).save_pretrained(path)
     tokenizer.save_pretrained(path)
     return path
-
-
-def read_weights(path: Path) -> tuple[dict[str, torch.Tensor], dict[str, str]]:
-    from safetensors import safe_open
-
-    with safe_open(path, "pt") as f:
-        return {k: f.get_tensor(k) for k in f.keys()}, f.metadata()  # noqa: SIM118 (not a dict)

@@ -113,8 +113,9 @@ def test_sft_shards_each_layer_and_a_killed_run_resumes_into_the_same_run(tiny_q
     _assert_vllm_loads(run / "adapter")
 
 
-# Two turns: games end after different turns, so the ranks decode different numbers of times.
-GRPO = {**GRPO_SETTINGS, "max_turns": 2, "learning_rate": 1e-2}
+# Two turns: games end after different turns, so the ranks decode different numbers of times; a KL
+# to the base model: the reference forward runs sharded too.
+GRPO = {**GRPO_SETTINGS, "max_turns": 2, "learning_rate": 1e-2, "beta": 0.05}
 
 
 def _comparable(metrics: dict) -> dict:
