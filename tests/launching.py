@@ -129,3 +129,10 @@ def save_tiny_qwen3_5(path: Path) -> Path:
     ).save_pretrained(path)
     tokenizer.save_pretrained(path)
     return path
+
+
+def read_weights(path: Path) -> tuple[dict[str, torch.Tensor], dict[str, str]]:
+    from safetensors import safe_open
+
+    with safe_open(path, "pt") as f:
+        return {k: f.get_tensor(k) for k in f.keys()}, f.metadata()  # noqa: SIM118 (not a dict)
