@@ -97,8 +97,9 @@ def whole_weights(model: torch.nn.Module) -> Iterator[None]:
     if not units:
         yield
         return
-    # The root decides at its first forward whether it reshards after forward: decide it now, so that
-    # the settings saved below are the ones training runs with.
+    # torch 2.13's FSDP2 has no public getter for the setting, hence its internals here (the FSDP
+    # launch tests run through them). The root decides at its first forward whether it reshards after
+    # forward: decide it now, so that the settings saved below are the ones training runs with.
     units[0]._get_fsdp_state()._lazy_init()
     states = [unit._get_fsdp_state() for unit in units]
     saved = [[group.post_forward_mesh_info for group in state._fsdp_param_groups] for state in states]
