@@ -4,6 +4,7 @@ N GPUs, for the slow multi-process tests, and reading what the ranks wrote."""
 from __future__ import annotations
 
 import os
+import signal
 import socket
 import subprocess
 import sys
@@ -29,9 +30,16 @@ def cli_args(settings: dict[str, object]) -> list[str]:
 
 
 def accelerate_launch(
-    script: str | Path, args: list[str], processes: int = 2, strategy: str = "ddp", timeout: float = 900
+    script: str | Path,
+    args: list[str],
+    processes: int = 2,
+    strategy: str = "ddp",
+    timeout: float = 900,
+    env: dict[str, str] | None = None,
 ) -> subprocess.CompletedProcess[str]:
-    """Run `script args` in `processes` processes with configs/accelerate/<strategy>.yaml.
+    """Run `script args` in `processes` processes with configs/accelerate/<strategy>.yaml, `env` added
+    to the environment. A launch still running after `timeout` seconds (ranks waiting on each other
+    forever) is killed, all its processes, and raises `subprocess.TimeoutExpired`.
 
     No --cpu: accelerate 1.15 runs `--cpu --num_processes 2` as ONE process unless mpirun is set up.
     Without CUDA, its multi-GPU launcher starts the processes on the CPU over gloo."""
@@ -39,11 +47,88 @@ def accelerate_launch(
     launch += [str(ROOT / f"configs/accelerate/{strategy}.yaml"), "--num_processes", str(processes)]
     launch += ["--main_process_port", str(free_port()), str(script), *args]
     # The script runs from its own directory: put the repository on the path for `tests.` imports.
-    env = {
-        **os.environ,
-        "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])),
-    }
-    return subprocess.run(launch, cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout)
+    path = os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))
+    env = {**os.environ, "PYTHONPATH": path, **(env or {})}
+    with subprocess.Popen(
+        launch,
+        cwd=ROOT,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    ) as process:
+        try:
+            stdout, stderr = process.communicate(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            os.killpg(process.pid, signal.SIGKILL)  # the launcher and every rank it started
+            process.communicate()
+            raise
+    return subprocess.CompletedProcess(launch, process.returncode, stdout, stderr)
+
+
+def fsdp_on_cpu() -> None:
+    """Make accelerate take its FSDP path on CPU processes over gloo, as it does on GPUs; call it first
+    in a script that `accelerate launch` runs with configs/accelerate/fsdp.yaml.
+
+    accelerate 1.15 turns `distributed_type: FSDP` into FSDP only for GPU-type states (the device
+    check in `AcceleratorState.__init__`); on CPU processes it runs DDP. This makes that one decision
+    as on a GPU, with the plugin accelerate built from fsdp.yaml; everything after it (the FSDP2
+    prepare, the wrap policy, state dicts, gradient clipping, the Trainer's and PEFT's FSDP branches)
+    is the libraries' own code, as a GPU launch runs it. torch's `fully_shard` itself runs on CPU."""
+    from accelerate.state import AcceleratorState, PartialState
+    from accelerate.utils import DistributedType
+
+    init = AcceleratorState.__init__
+
+    def init_with_fsdp(self, *args, fsdp_plugin=None, **kwargs):
+        init(self, *args, fsdp_plugin=fsdp_plugin, **kwargs)
+        if self.distributed_type == DistributedType.MULTI_CPU and fsdp_plugin is not None:
+            # What AcceleratorState.__init__ does for MULTI_GPU when ACCELERATE_USE_FSDP is set.
+            self.distributed_type = DistributedType.FSDP
+            if self._mixed_precision != "no":
+                fsdp_plugin.set_mixed_precision(self._mixed_precision)
+            self.fsdp_plugin = fsdp_plugin
+            PartialState._shared_state["distributed_type"] = self.distributed_type
+
+    AcceleratorState.__init__ = init_with_fsdp
+
+
+def tiny_qwen3_5(**config):
+    """A tiny random `Qwen3_5ForCausalLM` (the real class, text only): Gated DeltaNet and
+    full-attention layers in turn, 4 in all; `config`: more Qwen3_5TextConfig fields (token ids)."""
+    from transformers import Qwen3_5ForCausalLM, Qwen3_5TextConfig
+
+    config = Qwen3_5TextConfig(
+        **{"vocab_size": 64, **config},
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=4,
+        layer_types=["linear_attention", "full_attention"] * 2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=8,
+        linear_num_key_heads=2,
+        linear_num_value_heads=4,
+        linear_key_head_dim=8,
+        linear_value_head_dim=8,
+    )
+    torch.manual_seed(0)
+    return Qwen3_5ForCausalLM(config)
+
+
+def save_tiny_qwen3_5(path: Path) -> Path:
+    """`tiny_qwen3_5` with the embedded SmolLM2's tokenizer and chat template, saved to `path` as a
+    model directory the stages load."""
+    from emoji_rl import models
+
+    tokenizer = models.load_tokenizer(models.SMOLLM2)
+    ids = ("pad_token_id", "bos_token_id", "eos_token_id")
+    tiny_qwen3_5(
+        vocab_size=len(tokenizer), **{name: getattr(tokenizer, name) for name in ids}
+    ).save_pretrained(path)
+    tokenizer.save_pretrained(path)
+    return path
 
 
 def read_weights(path: Path) -> tuple[dict[str, torch.Tensor], dict[str, str]]:

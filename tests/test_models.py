@@ -94,3 +94,21 @@ def test_embedder_gives_unit_scale_sentence_vectors(embedder):
     )
     assert vectors.shape == (2, 384)
     assert float(vectors[0] @ vectors[1]) > 0.7
+
+
+def test_the_text_only_qwen3_5_is_sharded_by_its_decoder_layers(tmp_path):
+    """transformers' `Qwen3_5ForCausalLM` inherits `_no_split_modules` naming `Qwen3_5VisionBlock`, which
+    it does not have: accelerate's TRANSFORMER_BASED_WRAP (fsdp.yaml) raised on it. Judged by
+    accelerate's own FSDP2 wrap policy: each decoder layer, and nothing else, is a unit of its own."""
+    from accelerate.utils import FullyShardedDataParallelPlugin
+    from accelerate.utils.fsdp_utils import fsdp2_prepare_auto_wrap_policy
+    from tests.launching import tiny_qwen3_5
+
+    tiny_qwen3_5().save_pretrained(tmp_path)
+    model = models.load_base_model(str(tmp_path), models.pick_runtime("cpu"))
+    plugin = FullyShardedDataParallelPlugin(fsdp_version=2, auto_wrap_policy="transformer_based_wrap")
+    plugin.set_auto_wrap_policy(model)
+    wraps = fsdp2_prepare_auto_wrap_policy(plugin, model)
+    assert [name for name, module in model.named_modules() if wraps(module)] == [
+        f"model.layers.{i}" for i in range(4)
+    ]

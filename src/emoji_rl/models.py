@@ -193,16 +193,29 @@ def pick_runtime(device: str = "auto", dtype: str = "auto") -> Runtime:
     return Runtime(device, chosen, attn)
 
 
+def load_base_model(spec: str | ModelSpec, runtime: Runtime) -> PreTrainedModel:
+    """The causal LM as `from_pretrained` gives it (on the CPU), whose `_no_split_modules`
+    name only classes it has: they are what accelerate shards FSDP by, one unit per decoder layer.
+
+    transformers 5.23's text-only `Qwen3_5ForCausalLM` inherits the multimodal model's list, which also
+    names `Qwen3_5VisionBlock`: accelerate's TRANSFORMER_BASED_WRAP raises "Could not find the
+    transformer layer class Qwen3_5VisionBlock" for a class the model does not have."""
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(
+        resolve(spec), dtype=runtime.dtype, attn_implementation=runtime.attn_implementation
+    )
+    present = {type(module).__name__ for module in model.modules()}
+    model._no_split_modules = {name for name in model._no_split_modules or () if name in present}
+    return model
+
+
 def load_causal_lm(
     spec: str | ModelSpec, runtime: Runtime | None = None, adapter: str | Path | None = None
 ) -> PreTrainedModel:
     """A causal LM in eval mode on the runtime's device, with an optional PEFT adapter loaded on top."""
-    from transformers import AutoModelForCausalLM
-
     runtime = runtime or pick_runtime()
-    model = AutoModelForCausalLM.from_pretrained(
-        resolve(spec), dtype=runtime.dtype, attn_implementation=runtime.attn_implementation
-    ).to(runtime.device)
+    model = load_base_model(spec, runtime).to(runtime.device)
     if adapter is not None:
         from peft import PeftModel
 

@@ -40,7 +40,8 @@ def test_a_checkpoint_restores_the_curriculum_where_it_was(tmp_path):
     save_checkpoint(tmp_path, TrainState(step=3, cursor=2), *_tiny_run(), game=tracker)
 
     restored = CurriculumTracker(Curriculum(window=4))
-    state = load_checkpoint(latest_checkpoint(tmp_path), *_tiny_run(), game=restored)
+    policy, _, _ = _tiny_run()
+    state = load_checkpoint(latest_checkpoint(tmp_path), policy, game=restored)
     assert state == TrainState(step=3, cursor=2)
     assert restored.state_dict() == {"phase": 1, "recent": [1.0, 0.5]}
 
@@ -49,7 +50,7 @@ def test_a_checkpoint_without_game_state_says_the_game_starts_afresh(tmp_path, c
     save_checkpoint(tmp_path, TrainState(step=1), *_tiny_run())
     tracker = CurriculumTracker(Curriculum(window=4))
     with caplog.at_level(logging.WARNING):
-        load_checkpoint(latest_checkpoint(tmp_path), *_tiny_run(), game=tracker)
+        load_checkpoint(latest_checkpoint(tmp_path), _tiny_run()[0], game=tracker)
     assert tracker.state_dict() == {"phase": 0, "recent": []}
     assert "holds no game state" in caplog.text
 

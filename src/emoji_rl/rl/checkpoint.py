@@ -1,7 +1,13 @@
 """GRPO checkpoints: adapter, optimizer, scheduler, RNG states, the data cursor and the game's run
 state (the Wordle curriculum), written whole or not at all, so `--resume` goes on exactly where a run
 stopped. Under `accelerate launch` the main process writes it, with every process's RNG states (they
-differ: each samples its own rollouts), and each process restores its own."""
+differ: each samples its own rollouts), and each process restores its own.
+
+The optimizer's state is saved whole and keyed by parameter name (torch.distributed.checkpoint's full
+state dict), gathered from every process: under FSDP each holds the moments of its shard only, so
+the main process's own `optimizer.state_dict()` would be a shard, and indexed by its own parameter
+order. It is restored after `accelerator.prepare`, which is where FSDP replaces the parameters the
+optimizer holds by their shards: each process takes its part of the whole (`load_optimizer`)."""
 
 from __future__ import annotations
 
@@ -66,11 +72,13 @@ def save_checkpoint(
     adapter_state: dict[str, torch.Tensor] | None = None,
     rng_states: list[dict[str, object]] | None = None,
     keep: int = 2,
+    optimizer_state: dict[str, object] | None = None,
 ) -> Path:
     """Write `checkpoints/step-NNNNNN` through a temporary directory, then point `latest` at it.
     `adapter_state`: the adapter's gathered weights (`distributed.adapter_state_dict`; default: the
     policy's own, right for one process); `rng_states`: every process's `rng_state()`, in rank order
-    (default: this process's)."""
+    (default: this process's); `optimizer_state`: `whole_optimizer_state(model, optimizer)`, which
+    every process calls (default: this process's, right for one process)."""
     root = checkpoint_dir(run_dir)
     name = f"step-{state.step:06d}"
     tmp, final = root / f".{name}.tmp", root / name
@@ -79,7 +87,9 @@ def save_checkpoint(
     torch.save(
         {
             "state": asdict(state),
-            "optimizer": optimizer.state_dict(),
+            "optimizer": optimizer_state
+            if optimizer_state is not None
+            else whole_optimizer_state(policy, optimizer),
             "scheduler": scheduler.state_dict(),
             "game": game.state_dict() if game is not None else None,
             "rng": rng_states if rng_states is not None else [rng_state()],
@@ -96,24 +106,16 @@ def save_checkpoint(
     return final
 
 
-def load_checkpoint(
-    path: Path,
-    policy: PeftModel,
-    optimizer: torch.optim.Optimizer,
-    scheduler: torch.optim.lr_scheduler.LRScheduler,
-    game: Stateful | None = None,
-    rank: int = 0,
-) -> TrainState:
-    """Restore everything `save_checkpoint` wrote, with process `rank`'s RNG states; returns the state
-    to continue from."""
+def load_checkpoint(path: Path, policy: PeftModel, game: Stateful | None = None, rank: int = 0) -> TrainState:
+    """Restore, before `accelerator.prepare`, what `save_checkpoint` wrote but the optimizer and its
+    schedule (`load_optimizer`): the adapter, the game's state, process `rank`'s RNG states; returns
+    the state to continue from."""
     from peft import set_peft_model_state_dict
     from safetensors.torch import load_file
 
     weights = load_file(str(path / "adapter" / "adapter_model.safetensors"))
     set_peft_model_state_dict(policy, weights, adapter_name=ADAPTER)
-    saved = torch.load(path / "trainer_state.pt", weights_only=False)
-    optimizer.load_state_dict(saved["optimizer"])
-    scheduler.load_state_dict(saved["scheduler"])
+    saved = _trainer_state(path)
     if game is not None:
         if saved.get("game") is None:
             # The run that wrote it had no such state (e.g. --curriculum false): say so, start it afresh.
@@ -127,8 +129,40 @@ def load_checkpoint(
             f"--num_processes {len(rngs)}"
         )
     set_rng_state(rngs[rank])
-    follow_schedule(optimizer, scheduler)
     return TrainState(**saved["state"])
+
+
+def load_optimizer(
+    path: Path,
+    model: torch.nn.Module,
+    optimizer: torch.optim.Optimizer,
+    scheduler: torch.optim.lr_scheduler.LRScheduler,
+) -> None:
+    """Restore the optimizer and its schedule from `path`, after `accelerator.prepare(model, optimizer)`:
+    each process takes its shard of the saved whole state (under FSDP; all of it otherwise)."""
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, set_optimizer_state_dict
+
+    saved = _trainer_state(path)
+    optimizer = getattr(optimizer, "optimizer", optimizer)  # accelerate's wrapper holds the torch one
+    options = StateDictOptions(full_state_dict=True)
+    set_optimizer_state_dict(model, optimizer, saved["optimizer"], options=options)
+    scheduler.load_state_dict(saved["scheduler"])
+    follow_schedule(optimizer, scheduler)
+
+
+def whole_optimizer_state(model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> dict[str, object]:
+    """The optimizer's state keyed by parameter name, each tensor whole, on the CPU: what a checkpoint
+    stores. A collective under a process group: every process calls it, and process 0 receives it
+    (the others get no tensors)."""
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_optimizer_state_dict
+
+    optimizer = getattr(optimizer, "optimizer", optimizer)
+    options = StateDictOptions(full_state_dict=True, cpu_offload=True)
+    return get_optimizer_state_dict(model, optimizer, options=options)
+
+
+def _trainer_state(path: Path) -> dict[str, object]:
+    return torch.load(path / "trainer_state.pt", weights_only=False)
 
 
 def follow_schedule(

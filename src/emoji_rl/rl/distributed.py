@@ -1,5 +1,6 @@
-"""What GRPO's processes share under `accelerate launch`: values gathered from every rank, and the
-adapter's full weights, gathered before the main process saves them.
+"""What GRPO's processes share under `accelerate launch`: values gathered from every rank, the
+adapter's full weights, gathered before the main process saves them, and under FSDP the whole
+weights for the length of an in-process rollout (`whole_weights`).
 
 Under FSDP a rank holds only its shard of each parameter (a DTensor): `save_pretrained` on the main
 process alone would write that shard. The adapter's parameters are gathered on every rank first (a
@@ -8,8 +9,10 @@ collective: every rank must call it, in the same order), then written by the mai
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
+from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -77,3 +80,36 @@ def adapter_state_dict(model: torch.nn.Module) -> dict[str, torch.Tensor]:
 def save_adapter(model: torch.nn.Module, path: Path, state: dict[str, torch.Tensor]) -> None:
     """Write the adapter from its gathered `state` (`adapter_state_dict`) as an ordinary PEFT directory."""
     unwrap(model).save_pretrained(str(path), selected_adapters=[ADAPTER], state_dict=state)
+
+
+@contextlib.contextmanager
+def whole_weights(model: torch.nn.Module) -> Iterator[None]:
+    """Under FSDP2, every rank holds the whole parameters from entry to exit (one all-gather per shard
+    unit, a collective: every rank enters, in the same order); without FSDP, nothing happens.
+
+    For in-process rollouts: a sharded forward all-gathers each unit's parameters, a collective, so
+    ranks whose rows stop at different steps (or that prefill a different number of times) would
+    wait on each other forever. With the parameters whole and kept whole, a forward is local. Each
+    unit's reshard-after-forward setting is restored on exit, as accelerate set it."""
+    from torch.distributed.fsdp import FSDPModule
+
+    units = [module for module in model.modules() if isinstance(module, FSDPModule)]
+    if not units:
+        yield
+        return
+    # torch 2.13's FSDP2 has no public getter for the setting, hence its internals here (the FSDP
+    # launch tests run through them). The root decides at its first forward whether it reshards after
+    # forward: decide it now, so that the settings saved below are the ones training runs with.
+    units[0]._get_fsdp_state()._lazy_init()
+    states = [unit._get_fsdp_state() for unit in units]
+    saved = [[group.post_forward_mesh_info for group in state._fsdp_param_groups] for state in states]
+    for unit in units:
+        unit.set_reshard_after_forward(False, recurse=False)
+        unit.unshard()
+    try:
+        yield
+    finally:
+        for unit, state, infos in zip(units, states, saved, strict=True):
+            unit.reshard()
+            for group, info in zip(state._fsdp_param_groups, infos, strict=True):
+                group.post_forward_mesh_info = info

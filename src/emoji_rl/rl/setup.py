@@ -5,7 +5,7 @@ which sampler plays it (in-process, or a vLLM server kept current by an adapter 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -22,14 +22,16 @@ if TYPE_CHECKING:
     from emoji_rl.rl.rollout.play import Sampler
     from emoji_rl.rl.rollout.vllm import AdapterSync
     from emoji_rl.rl.train import Config
-    from emoji_rl.rl.types import Game
+    from emoji_rl.rl.types import EpisodeGroup, Game
 
 
 @dataclass
 class GameSetup:
     """What the loop needs of a game: a builder of games, the records it reads, the constraint the
-    sender samples under (None: free text), the seconds spent in its services since the start, and
-    any state of the run beyond the model that a checkpoint must hold (the Wordle curriculum)."""
+    sender samples under (None: free text), the seconds spent in its services since the start, any
+    state of the run beyond the model that a checkpoint must hold (the Wordle curriculum), and what
+    learns from each step's groups, every process's, in rank order (the curriculum again): fed the
+    same groups on every process, the processes take the same decisions."""
 
     make_game: Callable[[dict[str, str]], Game]
     records: list[dict[str, str]]
@@ -37,6 +39,7 @@ class GameSetup:
     description: str
     seconds: Callable[[], dict[str, float]] = dict
     state: Stateful | None = None
+    observe: Callable[[Sequence[EpisodeGroup]], None] = lambda groups: None
 
 
 def read_records(path: str, key: str, hint: str) -> list[dict[str, str]]:
@@ -81,7 +84,15 @@ def wordle_setup(cfg: Config, tokenizer) -> GameSetup:
     )
     builder = WordleBuilder(tokenizer, WordleRules(max_turns=cfg.max_turns), tracker)
     description = "wordle" + (" with curriculum" if tracker else "")
-    return GameSetup(builder, records, None, description, state=tracker)
+    if tracker is None:
+        return GameSetup(builder, records, None, description)
+
+    def observe(groups: Sequence[EpisodeGroup]) -> None:
+        for group in groups:
+            for episode in group.episodes:
+                tracker.record(episode.turns[-1].result.metrics["format_rate"])
+
+    return GameSetup(builder, records, None, description, state=tracker, observe=observe)
 
 
 def build_sampler(

@@ -35,12 +35,21 @@ from emoji_rl.generate import MAX_NEW_TOKENS
 from emoji_rl.metrics import MetricsWriter
 from emoji_rl.rl import grpo
 from emoji_rl.rl.batch import collate_groups
-from emoji_rl.rl.checkpoint import TrainState, latest_checkpoint, load_checkpoint, rng_state, save_checkpoint
+from emoji_rl.rl.checkpoint import (
+    TrainState,
+    latest_checkpoint,
+    load_checkpoint,
+    load_optimizer,
+    rng_state,
+    save_checkpoint,
+    whole_optimizer_state,
+)
 from emoji_rl.rl.distributed import (
     adapter_state_dict,
     gather,
     save_adapter,
     warn_if_fsdp_ignored,
+    whole_weights,
     without_cuda,
 )
 from emoji_rl.rl.judge import JudgeConfig
@@ -309,7 +318,7 @@ def train(
     if cfg.resume and checkpoint is None:
         log.warning("--resume: no checkpoint in %s, starting from step 0", run_dir)
     if checkpoint is not None:
-        state = load_checkpoint(checkpoint, policy, optimizer, scheduler, game.state, rank)
+        state = load_checkpoint(checkpoint, policy, game.state, rank)
         log.info("resumed from %s at step %d", checkpoint, state.step)
     elif rank > 0:
         # main() seeded every process alike, so that a fresh adapter starts the same everywhere; the
@@ -317,10 +326,14 @@ def train(
         torch.manual_seed(cfg.seed + rank)
         random.seed(cfg.seed + rank)
     model, optimizer = accelerator.prepare(policy, optimizer)
+    if checkpoint is not None:
+        load_optimizer(checkpoint, model, optimizer, scheduler)
     if weight_sync is not None and is_main:
         weight_sync.clear_stale()
     _sync_weights(weight_sync, accelerator, model, state.step)
     stream = PromptStream(game.records, cfg.seed, state, rank)
+    # The hf sampler decodes with the model being trained: under FSDP, on its whole weights.
+    rollout_weights = (lambda: whole_weights(model)) if cfg.engine == "hf" else contextlib.nullcontext
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
     if is_main:
         # The steps after the checkpoint are redone: drop their lines (MetricsWriter does the same for
@@ -336,9 +349,11 @@ def train(
         for step in bar:
             services_before = game.seconds()
             rounds = cfg.max_resample_rounds if cfg.dynamic_sampling else 0
-            rollouts = collect(stream, game.make_game, sampler, share, cfg.group_size, rounds)
+            with rollout_weights():
+                rollouts = collect(stream, game.make_game, sampler, share, cfg.group_size, rounds)
             services = {k: v - services_before.get(k, 0.0) for k, v in game.seconds().items()}
             everyone, slowest = _gather_rollouts(rollouts, services)
+            game.observe(everyone.played)
             metrics = _step_metrics(everyone, slowest)
             if rollout_log is not None:
                 log_rollouts(rollout_log, step + 1, everyone.played, cfg.std_scaling)
@@ -411,12 +426,24 @@ def _save(
     scheduler: torch.optim.lr_scheduler.LRScheduler,
     game: GameSetup,
 ) -> None:
-    """A checkpoint: every process gathers the adapter and its RNG states, the main process writes."""
+    """A checkpoint: every process gathers the adapter, the optimizer's state and its RNG states, the
+    main process writes."""
     adapter = adapter_state_dict(model)
+    moments = whole_optimizer_state(model, optimizer)
     rngs = gather(rng_state())
     if accelerator.is_main_process:
         unwrapped = accelerator.unwrap_model(model)
-        save_checkpoint(run_dir, state, unwrapped, optimizer, scheduler, game.state, adapter, rngs)
+        save_checkpoint(
+            run_dir,
+            state,
+            unwrapped,
+            optimizer,
+            scheduler,
+            game.state,
+            adapter,
+            rngs,
+            optimizer_state=moments,
+        )
     accelerator.wait_for_everyone()
 
 

@@ -372,7 +372,6 @@ def restore_token_count(trainer: SFTTrainer, checkpoint: str) -> None:
 
 
 def main(cfg: Config) -> None:
-    from transformers import AutoModelForCausalLM
     from trl import SFTTrainer
 
     # --- run dir, runtime, TRL config (all checks before any model loads)
@@ -408,9 +407,7 @@ def main(cfg: Config) -> None:
     logger.info("data: %d train, %d eval examples", len(train_set), len(eval_set) if eval_set else 0)
 
     # --- model: left on the CPU; the Trainer places it on this process's device (DDP, FSDP)
-    model = AutoModelForCausalLM.from_pretrained(
-        models.resolve(cfg.model), dtype=runtime.dtype, attn_implementation=runtime.attn_implementation
-    )
+    model = models.load_base_model(cfg.model, runtime)
     trainer = SFTTrainer(
         model=model,
         args=args,

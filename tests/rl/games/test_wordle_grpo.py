@@ -7,11 +7,10 @@ from emoji_rl import models
 from emoji_rl.metrics import read_metrics
 from emoji_rl.rl import train as grpo_train
 from emoji_rl.rl.checkpoint import latest_checkpoint
-from emoji_rl.rl.games.wordle import WordleBuilder, WordleRules
-from emoji_rl.rl.games.wordle_reward import TERMS, Curriculum, CurriculumTracker
+from emoji_rl.rl.games.wordle_reward import TERMS
 from emoji_rl.rl.policy import build_policy
 from emoji_rl.rl.rollout.hf import HFSampler
-from emoji_rl.rl.setup import GameSetup
+from emoji_rl.rl.setup import wordle_setup
 
 pytestmark = pytest.mark.slow
 
@@ -35,15 +34,18 @@ def test_grpo_on_wordle_logs_every_reward_term(tmp_path):
     tokenizer = models.load_tokenizer(cfg.model)
     policy = build_policy(cfg.model, models.pick_runtime("cpu"), None, None, cfg.lora_r, cfg.lora_alpha)
     sampler = HFSampler(policy, tokenizer, "none", 1.0, cfg.max_new_tokens, 8)
-    tracker = CurriculumTracker(Curriculum())
-    builder = WordleBuilder(tokenizer, WordleRules(max_turns=cfg.max_turns), tracker)
-    records = [{"id": f"wordle-{a}", "answer": a} for a in ("above", "crane", "speed")]
-    setup = GameSetup(builder, records, None, "wordle with curriculum", state=tracker)
+    records = tmp_path / "wordle.jsonl"
+    records.write_text(
+        "".join(f'{{"id": "wordle-{a}", "answer": "{a}"}}\n' for a in ("above", "crane", "speed"))
+    )
+    cfg.train_data = str(records)
+    setup = wordle_setup(cfg, tokenizer)
     state = grpo_train.train(cfg, policy, tokenizer, setup, sampler)
     assert state.step == 1
-    # The curriculum travels with the checkpoint, so a resumed run goes on in its phase.
+    # The trainer fed the curriculum the step's episodes, and it travels with the checkpoint, so a
+    # resumed run goes on in its phase.
     saved = torch.load(latest_checkpoint(tmp_path / "run") / "trainer_state.pt", weights_only=False)
-    assert saved["game"] == tracker.state_dict() and len(saved["game"]["recent"]) == 4
+    assert saved["game"] == setup.state.state_dict() and len(saved["game"]["recent"]) == 4
     metrics = read_metrics(cfg.output_dir)
     assert [m["step"] for m in metrics] == [1]
     for name in (*TERMS, "total"):

@@ -99,7 +99,6 @@ class WordleGame(Game):
         self.words = words
         self.answers_array = answers_array
         self.rules = rules
-        self.tracker = tracker
         # Weights are fixed when the game is built, so the G games of a group are scored alike.
         self.phase = tracker.phase if tracker is not None else 0
         self.weights = tracker.weights if tracker is not None else rules.weights
@@ -165,8 +164,6 @@ class WordleGame(Game):
         terms = episode_terms(self.scores, solved, self.weights)
         n = len(self.scores)
         format_share = sum(s.strict_format for s in self.scores) / n
-        if self.tracker is not None:
-            self.tracker.record(format_share)
         metrics = {
             "won": float(solved),
             "turns": float(n),
@@ -182,7 +179,8 @@ class WordleGame(Game):
 
 class WordleBuilder:
     """Builds one game per record `{"answer": word}`; the word lists load once and are shared. With a
-    `tracker`, finished episodes feed the curriculum and new games take its current weights."""
+    `tracker`, new games take the curriculum's current weights; the trainer feeds it each step's
+    finished episodes (`GameSetup.observe`), every process's."""
 
     def __init__(
         self, tokenizer: PreTrainedTokenizerBase, rules: WordleRules, tracker: CurriculumTracker | None = None

@@ -97,9 +97,11 @@ class Curriculum:
 class CurriculumTracker:
     """The curriculum's state in a run: the current phase and the strict-format flags of recent episodes.
 
-    Fed by the game builder as episodes finish, so it needs no hook in the trainer; the phase only
-    advances, and the weights a game uses are fixed when it is built, so the G games of a group share them.
-    The trainer checkpoints it (`state_dict`), so a resumed run goes on in the phase it had reached.
+    The trainer feeds it (`GameSetup.observe`) every process's episodes of a step, in rank order, once
+    the step's rollouts are gathered: each process holds the same window and takes the same
+    decisions, so the main process's checkpoint (`state_dict`) is every process's, and a resumed run
+    goes on in the phase it had reached. The phase only advances, and the weights a game uses are
+    fixed when it is built, so the G games of a group share them.
     """
 
     def __init__(self, curriculum: Curriculum) -> None:
