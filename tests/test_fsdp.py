@@ -179,7 +179,7 @@ def test_the_wordle_curriculum_takes_one_decision_from_every_rank(tiny_qwen, tmp
         model=tiny_qwen,
         train_data=data,
         output_dir=run,
-        batch_size=1,
+        batch_size=2,  # over both ranks: one prompt each
         group_size=2,
         max_turns=1,
         max_new_tokens=8,
