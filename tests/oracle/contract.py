@@ -32,7 +32,6 @@ def _vllm() -> SimpleNamespace:
     import numpy
     import pydantic
     from vllm.config import StructuredOutputsConfig, VllmConfig
-    from vllm.engine.arg_utils import AsyncEngineArgs
     from vllm.entrypoints.cli.serve import ServeSubcommand
     from vllm.entrypoints.openai.chat_completion.protocol import ChatCompletionRequest, ChatCompletionResponse
     from vllm.entrypoints.openai.completion.protocol import CompletionRequest, CompletionResponse
@@ -49,7 +48,6 @@ def _vllm() -> SimpleNamespace:
         pydantic=pydantic,
         StructuredOutputsConfig=StructuredOutputsConfig,
         VllmConfig=VllmConfig,
-        AsyncEngineArgs=AsyncEngineArgs,
         ServeSubcommand=ServeSubcommand,
         ChatCompletionRequest=ChatCompletionRequest,
         ChatCompletionResponse=ChatCompletionResponse,
@@ -173,7 +171,8 @@ def _plain(value: Any) -> Any:
 
 def op_serve(argvs: list[list[str]]) -> list[dict[str, Any]]:
     """Parse each argv (what follows the `vllm` executable) as `vllm serve` does, then run the checks
-    `vllm serve` runs before loading a model (validate_parsed_serve_args) and build its engine args."""
+    it runs before it looks for the model (ServeSubcommand.validate). Building the engine args
+    (AsyncEngineArgs.from_cli_args) already resolves the model on the hub, so it is not run here."""
     out = []
     for argv in argvs:
         stderr = io.StringIO()
@@ -183,9 +182,6 @@ def op_serve(argvs: list[list[str]]) -> list[dict[str, Any]]:
             if args.subparser != "serve":
                 raise ValueError(f"not a `vllm serve` command: {argv[:1]}")
             V.ServeSubcommand().validate(args)
-            if getattr(args, "model_tag", None):
-                args.model = args.model_tag
-            V.AsyncEngineArgs.from_cli_args(args)
         except SystemExit:
             out.append({"error": stderr.getvalue().strip().splitlines()[-1:], "args": None})
             continue
