@@ -67,7 +67,11 @@ class Oracle:
     def close(self) -> None:
         assert self._process.stdin is not None
         self._process.stdin.close()
-        self._process.wait(timeout=30)
+        try:
+            self._process.wait(timeout=2)
+        except subprocess.TimeoutExpired:  # vLLM's exit handlers take seconds; it holds no state
+            self._process.kill()
+            self._process.wait()
         self._stderr.close()
 
 
