@@ -132,15 +132,21 @@ def _sampling(request: Any, kind: str) -> dict[str, Any]:
     }
 
 
+def _validated(classes: dict[str, str], item: dict[str, Any]) -> tuple[Any, str | None]:
+    """(vLLM's model of item["body"], None), or (None, pydantic's message)."""
+    try:
+        return getattr(V, classes[item["kind"]]).model_validate(item["body"]), None
+    except V.pydantic.ValidationError as err:
+        return None, str(err)
+
+
 def op_requests(items: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """Validate each {kind, body} with vLLM's request class for that route."""
     out = []
     for item in items:
-        cls = getattr(V, REQUESTS[item["kind"]])
-        try:
-            request = cls.model_validate(item["body"])
-        except V.pydantic.ValidationError as err:
-            out.append({"error": str(err), "unknown": [], "sampling": None})
+        request, error = _validated(REQUESTS, item)
+        if error:
+            out.append({"error": error, "unknown": [], "sampling": None})
             continue
         sampling = None
         if item["kind"] in ("completion", "chat"):
@@ -199,11 +205,9 @@ def op_responses(items: list[dict[str, Any]]) -> list[dict[str, Any]]:
     (`JSONResponse(content=model.model_dump())`)."""
     out = []
     for item in items:
-        cls = getattr(V, RESPONSES[item["kind"]])
-        try:
-            model = cls.model_validate(item["body"])
-        except V.pydantic.ValidationError as err:
-            out.append({"error": str(err), "dump": None, "unknown": []})
+        model, error = _validated(RESPONSES, item)
+        if error:
+            out.append({"error": error, "dump": None, "unknown": []})
             continue
         dump = json.loads(json.dumps(model.model_dump()))
         out.append({"error": None, "dump": dump, "unknown": unknown_keys(model, item["body"])})
