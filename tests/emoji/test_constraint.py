@@ -15,7 +15,6 @@ from emoji_rl.emoji.constraint import (
     byte_vocab,
     compile_emoji_grammar,
     compile_emoji_grammar_raw,
-    end_of_turn_ids,
     grammar_ebnf,
     replay_masks,
     safe_max_new_tokens,
@@ -23,6 +22,7 @@ from emoji_rl.emoji.constraint import (
     vllm_structured_outputs,
 )
 from emoji_rl.errors import UserError
+from emoji_rl.models import end_of_turn_ids
 
 END = 256  # end of turn in byte_vocab()
 

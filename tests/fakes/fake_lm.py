@@ -6,9 +6,10 @@ step would cost seconds per batch here), and are reproducible from the sampling 
 
 Sampling follows vLLM's order (VLLM_CONTRACT.md §7): the grammar mask goes on the logits first;
 `raw_logprobs` = log_softmax(masked logits); then temperature, top-k, top-p and min-p, and
-`processed_logprobs` = log_softmax of what the token was drawn from. Grammars compile with xgrammar
-against the tokenizer with EOS as the only stop token, as vLLM's xgrammar backend does: EOS is
-allowed only in an accepting state, and other `stop_token_ids` are masked while a grammar is active.
+`processed_logprobs` = log_softmax of what the token was drawn from. Stop tokens as in vLLM 0.33:
+a request stops on the EOS, its `stop_token_ids` and every `eos_token_id` of the model's generation
+config (`SamplingParams.update_from_generation_config`), and under a grammar all of them are
+allowed only in an accepting state (xgrammar's `override_stop_tokens`, XgrammarBackend).
 """
 
 from __future__ import annotations
@@ -24,6 +25,8 @@ from typing import Literal
 import torch
 import xgrammar as xgr
 from transformers import PreTrainedTokenizerBase
+
+from emoji_rl.models import generation_eos_ids
 
 LogprobsMode = Literal["raw_logprobs", "processed_logprobs"]
 CONTEXT = 16
@@ -151,7 +154,15 @@ class FakeLM:
         grammar: xgr.CompiledGrammar | None,
         generator: torch.Generator,
     ) -> Generation:
-        matcher = xgr.GrammarMatcher(grammar) if grammar is not None else None
+        # The generation config's ids stop a request like its stop_token_ids (stop_reason set).
+        stops = params.stop_token_ids | set(generation_eos_ids(self.tokenizer.name_or_path)) - {
+            self.eos_token_id
+        }
+        matcher = (
+            xgr.GrammarMatcher(grammar, override_stop_tokens=sorted({self.eos_token_id, *stops}))
+            if grammar is not None
+            else None
+        )
         bitmask = xgr.allocate_token_bitmask(1, self.vocab_size)
         context, ids, logprobs, top = list(prompt), [], [], []
         finish: Literal["stop", "length"] = "length"
@@ -182,7 +193,7 @@ class FakeLM:
             if token == self.eos_token_id:
                 finish = "stop"
                 break
-            if token in params.stop_token_ids:
+            if token in stops:
                 finish, stop_reason = "stop", token
                 break
         return Generation(ids, logprobs, top, finish, stop_reason)

@@ -8,7 +8,7 @@ import socket
 import httpx
 import pytest
 import torch
-from tests.fakes.fake_lm import FakeLM
+from tests.fakes.fake_lm import FakeLM, SamplingParams
 from tests.fakes.vllm_server import FakeVLLMServer
 
 from emoji_rl.emoji.alphabet import parse_message
@@ -343,3 +343,23 @@ def test_injected_failures_answer_once_each(server):
     server.fail_next("/v1/completions", 503)
     assert post(server, "/v1/completions", {"prompt": [1], "max_tokens": 1}).status_code == 503
     assert post(server, "/v1/completions", {"prompt": [1], "max_tokens": 1}).status_code == 200
+
+
+class PrefersEndOfText(FakeLM):
+    """Puts <|endoftext|> (id 0) far ahead of every other token, EOS included."""
+
+    def logits(self, model, context):
+        logits = super().logits(model, context)
+        logits[0] += 100.0
+        return logits
+
+
+def test_a_requests_stop_ids_may_end_a_grammar_as_vllms_override_stop_tokens_allow(smollm2_tokenizer):
+    """vLLM 0.33 hands the request's stop ids (and the generation config's EOS ids) to xgrammar as
+    override_stop_tokens: allowed once the grammar accepts, masked before."""
+    lm = PrefersEndOfText(smollm2_tokenizer)
+    params = SamplingParams(max_tokens=8, temperature=0, stop_token_ids=frozenset({0}))
+    grammar = lm.compile("grammar", 'root ::= "ab"')
+    generation = lm.generate("base:policy", [1, 2], params, grammar, torch.Generator())
+    assert smollm2_tokenizer.decode(generation.token_ids[:-1]) == "ab"
+    assert (generation.token_ids[-1], generation.finish_reason, generation.stop_reason) == (0, "stop", 0)

@@ -33,13 +33,13 @@ import xgrammar as xgr
 
 from emoji_rl.emoji.alphabet import ALPHABET, MAX_EMOJI, MIN_EMOJI, SEPARATOR
 from emoji_rl.errors import UserError
+from emoji_rl.models import end_of_turn_ids
 
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
 
 MAX_EMOJI_BYTES = max(len(e.encode()) for e in ALPHABET)
 _ALPHABET_BYTES = frozenset(b for e in ALPHABET for b in e.encode())
-_CHATML_END = "<|im_end|>"
 _CACHE: dict[tuple[object, ...], EmojiConstraint] = {}
 
 
@@ -108,13 +108,6 @@ def safe_max_new_tokens(max_emoji: int = MAX_EMOJI) -> int:
     In batched decoding a row leaves the batch once it has ended, so a generous budget costs nothing.
     """
     return max_emoji * MAX_EMOJI_BYTES + (max_emoji - 1) + 1
-
-
-def end_of_turn_ids(tokenizer: PreTrainedTokenizerBase) -> tuple[int, ...]:
-    """The tokenizer's EOS, plus `<|im_end|>` where a ChatML vocabulary's EOS is something else."""
-    ids = [tokenizer.eos_token_id, tokenizer.convert_tokens_to_ids(_CHATML_END)]
-    unk = tokenizer.unk_token_id
-    return tuple(dict.fromkeys(i for i in ids if isinstance(i, int) and i != unk))
 
 
 def _check_stops(stops: tuple[int, ...], width: int, name: str) -> None:

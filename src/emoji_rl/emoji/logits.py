@@ -13,8 +13,9 @@ import xgrammar as xgr
 from transformers import LogitsProcessor
 
 from emoji_rl.emoji.alphabet import ALPHABET, SEPARATOR
-from emoji_rl.emoji.constraint import EmojiConstraint, end_of_turn_ids, unpack_bitmask
+from emoji_rl.emoji.constraint import EmojiConstraint, unpack_bitmask
 from emoji_rl.errors import UserError
+from emoji_rl.models import end_of_turn_ids
 
 if TYPE_CHECKING:
     from collections.abc import Sequence

@@ -12,8 +12,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from emoji_rl.emoji.alphabet import MAX_EMOJI, MIN_EMOJI, parse_message
-from emoji_rl.generate import stop_token_id
-from emoji_rl.models import chat_ids, continuation_ids
+from emoji_rl.models import chat_ids, continuation_ids, end_of_turn_ids
 from emoji_rl.prompts import correction_message, sender_messages
 from emoji_rl.rl.batching import MicroBatcher
 from emoji_rl.rl.judge import Guess, Judge, JudgeInput
@@ -62,14 +61,15 @@ class RetrievalGame(Game):
         self.turns: list[tuple[str, ...]] = []
         self.guesses: list[Guess] = []
         self.similarities: list[float] = []
-        self._stop_id = stop_token_id(tokenizer)
+        self._turn_ends = frozenset(end_of_turn_ids(tokenizer))
 
     async def start(self) -> tuple[int, ...]:
         return tuple(chat_ids(self.tokenizer, self.history))
 
     async def step(self, action_ids: tuple[int, ...]) -> StepResult:
-        # 1. parse: what the sender wrote, up to its end-of-turn token
-        ended = bool(action_ids) and action_ids[-1] == self._stop_id
+        # 1. parse: what the sender wrote, up to its end-of-turn token (any id that ends a message
+        # on the vLLM server too: models.end_of_turn_ids)
+        ended = bool(action_ids) and action_ids[-1] in self._turn_ends
         text = self.tokenizer.decode(action_ids[:-1] if ended else action_ids, skip_special_tokens=True)
         parsed = parse_message(text, self.rules.min_emoji, self.rules.max_emoji)
         self.turns.append(parsed.emoji)
@@ -87,7 +87,7 @@ class RetrievalGame(Game):
         if similarity >= self.rules.tau or len(self.turns) == self.rules.max_turns:
             return self._finish(violation=False, log=log)
         correction = correction_message(guess.text, self.target)
-        observation = continuation_ids(self.tokenizer, self.history, correction)
+        observation = continuation_ids(self.tokenizer, self.history, correction, action_ids)
         self.history = [*self.history, {"role": "assistant", "content": text}, correction]
         metrics = {"similarity": similarity}
         return StepResult(

@@ -13,8 +13,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from emoji_rl.errors import UserError
-from emoji_rl.generate import stop_token_id
-from emoji_rl.models import chat_ids, continuation_ids
+from emoji_rl.models import chat_ids, continuation_ids, end_of_turn_ids
 from emoji_rl.rl.games.wordle_reward import CurriculumTracker, TurnScore, WordleWeights, episode_terms
 from emoji_rl.rl.games.wordle_rules import (
     SYMBOLS,
@@ -107,14 +106,14 @@ class WordleGame(Game):
         self.lines: list[str] = []
         self.scores: list[TurnScore] = []
         self.candidates = np.arange(len(answers_array))
-        self._stop_id = stop_token_id(tokenizer)
+        self._turn_ends = frozenset(end_of_turn_ids(tokenizer))
 
     async def start(self) -> tuple[int, ...]:
         return tuple(chat_ids(self.tokenizer, self.history))
 
     async def step(self, action_ids: tuple[int, ...]) -> StepResult:
         # 1. parse: the reply up to its end-of-turn token; a cut-off reply is never strict
-        ended = bool(action_ids) and action_ids[-1] == self._stop_id
+        ended = bool(action_ids) and action_ids[-1] in self._turn_ends
         text = self.tokenizer.decode(action_ids[:-1] if ended else action_ids, skip_special_tokens=True)
         guess, strict, reason = parse_reply(text)
         strict = strict and ended
@@ -139,13 +138,12 @@ class WordleGame(Game):
         solved = guess == self.answer
         if solved or len(self.scores) == self.rules.max_turns:
             return self._finish(solved, log)
-        # 4. the next user turn shows the whole board; a cut-off reply gets its end-of-turn token here
+        # 4. the next user turn shows the whole board (continuation_ids closes a cut-off reply)
         message = board_message(self.lines, self.rules.max_turns)
-        observation = continuation_ids(self.tokenizer, self.history, message)
+        observation = continuation_ids(self.tokenizer, self.history, message, action_ids)
         self.history = [*self.history, {"role": "assistant", "content": text}, message]
-        prefix = () if ended else (self._stop_id,)
         metrics = {"candidates": float(len(self.candidates))}
-        return StepResult(False, 0.0, (*prefix, *observation), metrics, log)
+        return StepResult(False, 0.0, tuple(observation), metrics, log)
 
     def _score(self, guess: str | None, valid: bool, strict: bool, codes: np.ndarray | None) -> TurnScore:
         if guess is None:

@@ -1,0 +1,67 @@
+"""Every body emoji_rl's vLLM clients send, as vLLM 0.33's own request classes read it: valid, with
+no field vLLM would ignore (its classes accept unknown fields silently), and turned into the
+SamplingParams the rollout engine relies on by vLLM's own conversion."""
+
+from __future__ import annotations
+
+import pytest
+
+from emoji_rl.emoji.constraint import grammar_ebnf
+
+KINDS = {
+    "/v1/completions": "completion",
+    "/v1/chat/completions": "chat",
+    "/v1/load_lora_adapter": "load_lora",
+    "/v1/unload_lora_adapter": "unload_lora",
+}
+
+
+@pytest.fixture(scope="module")
+def checked(traffic, vllm_oracle):
+    sent = [x for x in traffic if x.source == "ours" and x.path in KINDS]
+    items = [{"kind": KINDS[x.path], "body": x.body} for x in sent]
+    return list(zip(items, vllm_oracle("requests", items=items), strict=True))
+
+
+def test_our_clients_send_every_kind_of_request(checked):
+    kinds = [item["kind"] for item, _ in checked]
+    assert {k: kinds.count(k) for k in KINDS.values()} == {
+        "completion": 3,  # verify's two log-probs probes, one rollout batch
+        "chat": 2,
+        "load_lora": 2,
+        "unload_lora": 1,
+    }
+
+
+def test_every_body_validates_with_no_field_vllm_ignores(checked):
+    wrong = [
+        (item, answer["error"] or answer["unknown"])
+        for item, answer in checked
+        if answer["error"] or answer["unknown"]
+    ]
+    assert not wrong, wrong
+
+
+def test_the_rollout_request_becomes_the_sampling_vllm_is_meant_to_run(checked):
+    [(item, answer)] = [
+        (i, a) for i, a in checked if i["kind"] == "completion" and "structured_outputs" in i["body"]
+    ]
+    sampling = answer["sampling"]
+    assert sampling["structured_output_key"] == ["StructuredOutputOptions.GRAMMAR", grammar_ebnf()]
+    assert (sampling["temperature"], sampling["logprobs"]) == (0.7, 0)
+    neutral = ("top_p", "top_k", "min_p", "presence_penalty", "frequency_penalty", "repetition_penalty")
+    assert [sampling[k] for k in neutral] == [1.0, 0, 0.0, 0.0, 0.0, 1.0]
+    assert sampling["stop_token_ids"] == item["body"]["stop_token_ids"]
+    assert sampling["max_tokens"] == item["body"]["max_tokens"]
+
+
+def test_the_oracle_sees_a_field_vllm_would_ignore(vllm_oracle):
+    """The check above could fail: vLLM >= 0.12 silently drops the old `guided_grammar` field."""
+    body = {
+        "model": "policy",
+        "prompt": [[1]],
+        "guided_grammar": 'root ::= "a"',
+        "structured_outputs": {"grammar": 'root ::= "a"', "regexp": "a"},
+    }
+    [answer] = vllm_oracle("requests", items=[{"kind": "completion", "body": body}])
+    assert answer["unknown"] == ["guided_grammar", "structured_outputs.regexp"]
