@@ -13,9 +13,18 @@ from tests.test_launch import ROOT, run
 
 from emoji_rl.rl.rollout.vllm import LOGPROBS_MODE
 
-# vLLM servers each script starts: one per server, in every layout. A layout without a policy server
-# would say so here (0 for serve_policy.sh, 1 for gpu_smoke.sh), never by printing nothing.
-SERVERS = {"serve_judge.sh": 1, "serve_policy.sh": 1, "gpu_smoke.sh": 2}
+SCRIPTS = ("serve_judge.sh", "serve_policy.sh", "gpu_smoke.sh")
+# vLLM servers each script starts in each documented layout (GPUS). The 2-GPU layout has no policy
+# server: serve_policy.sh refuses it (tests/test_launch.py checks that) and gpu_smoke.sh starts only
+# the judge. A script never passes here by printing nothing.
+SERVERS = {
+    2: {"serve_judge.sh": 1, "gpu_smoke.sh": 1},
+    4: {"serve_judge.sh": 1, "serve_policy.sh": 1, "gpu_smoke.sh": 2},
+    8: {"serve_judge.sh": 1, "serve_policy.sh": 1, "gpu_smoke.sh": 2},
+}
+# The headers' examples are read as on a 4-GPU box, unless they set GPUS themselves: this machine
+# has no GPU, and with none the layout has no servers at all.
+HEADER_BOX = {"GPUS": "4"}
 ASSIGNMENT = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*=")
 
 
@@ -38,11 +47,11 @@ def header_examples(script: str) -> list[tuple[dict[str, str], list[str]]]:
 
 CASES = [
     pytest.param(script, {"GPUS": str(gpus)}, [], id=f"{script}-GPUS={gpus}")
-    for script in SERVERS
-    for gpus in (2, 4, 8)
+    for gpus, scripts in SERVERS.items()
+    for script in scripts
 ] + [
-    pytest.param(script, env, args, id=f"{script}-header-{i}")
-    for script in SERVERS
+    pytest.param(script, HEADER_BOX | env, args, id=f"{script}-header-{i}")
+    for script in SCRIPTS
     for i, (env, args) in enumerate(header_examples(script))
 ]
 
@@ -78,13 +87,13 @@ def parsed(vllm_oracle):
 
 
 def test_there_are_header_examples_for_each_script():
-    assert all(header_examples(script) for script in SERVERS)
+    assert all(header_examples(script) for script in SCRIPTS)
 
 
 @pytest.mark.parametrize(("script", "env", "args"), CASES)
 def test_each_printed_vllm_serve_command_parses_with_vllms_parser(parsed, request, script, env, args):
     commands = parsed[request.node.callspec.id]
-    assert len(commands) == SERVERS[script], commands
+    assert len(commands) == SERVERS[int(env["GPUS"])][script], commands
     for argv, answer in commands:
         assert answer["error"] is None, (shlex.join(argv), answer["error"])
         parsed_args = answer["args"]
@@ -95,7 +104,7 @@ def test_each_printed_vllm_serve_command_parses_with_vllms_parser(parsed, reques
 
 
 def test_the_executable_may_live_in_a_venv_and_unknown_flags_are_refused(vllm_oracle):
-    result = run("serve_policy.sh", "--dry-run", "--no-such-flag", VLLM=".venv-vllm/bin/vllm")
+    result = run("serve_policy.sh", "--dry-run", "--no-such-flag", VLLM=".venv-vllm/bin/vllm", **HEADER_BOX)
     [argv] = vllm_serve_argvs(result.stdout)
     [answer] = vllm_oracle("serve", argvs=[argv])
     assert answer["error"] == ["contract.py: error: unrecognized arguments: --no-such-flag"]
