@@ -155,10 +155,10 @@ def test_resume_after_a_crash_repeats_the_uninterrupted_run(tmp_path, monkeypatc
     full = tmp_path / "full" / "run"
 
     # The first attempt dies after logging step 3, before its checkpoint: the last one is step 2's.
-    def save_or_die(run_dir, state, *args):
+    def save_or_die(run_dir, state, *args, **kwargs):
         if state.step == 3:
             raise Interrupted
-        real_save(run_dir, state, *args)
+        real_save(run_dir, state, *args, **kwargs)
 
     real_save = grpo_train.save_checkpoint
     with monkeypatch.context() as patch, pytest.raises(Interrupted):
