@@ -11,6 +11,7 @@ import sys
 from pathlib import Path
 
 import torch
+from tests.tiny import tiny_qwen3_5
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -92,29 +93,6 @@ def fsdp_on_cpu() -> None:
             PartialState._shared_state["distributed_type"] = self.distributed_type
 
     AcceleratorState.__init__ = init_with_fsdp
-
-
-def tiny_qwen3_5(**config):
-    """A tiny random `Qwen3_5ForCausalLM` (the real class, text only): Gated DeltaNet and
-    full-attention layers in turn, 4 in all; `config`: more Qwen3_5TextConfig fields (token ids)."""
-    from transformers import Qwen3_5ForCausalLM, Qwen3_5TextConfig
-
-    config = Qwen3_5TextConfig(
-        **{"vocab_size": 64, **config},
-        hidden_size=32,
-        intermediate_size=64,
-        num_hidden_layers=4,
-        layer_types=["linear_attention", "full_attention"] * 2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        head_dim=8,
-        linear_num_key_heads=2,
-        linear_num_value_heads=4,
-        linear_key_head_dim=8,
-        linear_value_head_dim=8,
-    )
-    torch.manual_seed(0)
-    return Qwen3_5ForCausalLM(config)
 
 
 def save_tiny_qwen3_5(path: Path) -> Path:

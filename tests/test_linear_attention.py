@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from tests.tiny import tiny_llama, tiny_qwen35
+from tests.tiny import tiny_llama, tiny_qwen3_5
 
 from emoji_rl import models
 from emoji_rl.errors import UserError
@@ -53,15 +53,15 @@ def test_gpu_extra_installs_the_kernels_transformers_imports_for_qwen35():
 def test_gpu_load_without_kernels_warns_naming_the_extra(monkeypatch, caplog):
     monkeypatch.setattr(models, "missing_linear_attention_kernels", lambda: ["causal-conv1d"])
     with caplog.at_level(logging.WARNING, logger="emoji_rl.models"):
-        models.warn_if_slow_linear_attention(tiny_qwen35(), GPU)
+        models.warn_if_slow_linear_attention(tiny_qwen3_5(), GPU)
     assert "causal-conv1d" in caplog.text and "'.[gpu]'" in caplog.text
 
 
 @pytest.mark.parametrize(
     ("model", "runtime", "missing"),
     [
-        (tiny_qwen35, GPU, []),  # kernels installed
-        (tiny_qwen35, models.pick_runtime("cpu"), ["causal-conv1d"]),  # no CUDA kernels on a CPU anyway
+        (tiny_qwen3_5, GPU, []),  # kernels installed
+        (tiny_qwen3_5, models.pick_runtime("cpu"), ["causal-conv1d"]),  # no CUDA kernels on a CPU anyway
         (tiny_llama, GPU, ["causal-conv1d"]),  # no linear attention
     ],
 )
@@ -75,7 +75,7 @@ def test_no_warning_where_the_kernels_would_not_run(monkeypatch, caplog, model, 
 def test_padding_free_without_kernels_is_refused_before_transformers_raises(monkeypatch):
     from trl.trainer.sft_trainer import DataCollatorForLanguageModeling
 
-    model = tiny_qwen35()
+    model = tiny_qwen3_5()
     batch = DataCollatorForLanguageModeling(pad_token_id=0, padding_free=True)(
         [{"input_ids": [1, 2, 3]}, {"input_ids": [4, 5]}]
     )
@@ -90,7 +90,11 @@ def test_padding_free_without_kernels_is_refused_before_transformers_raises(monk
 
 @pytest.mark.parametrize(
     ("padding_free", "model", "missing"),
-    [(False, tiny_qwen35, ["causal-conv1d"]), (True, tiny_qwen35, []), (True, tiny_llama, ["causal-conv1d"])],
+    [
+        (False, tiny_qwen3_5, ["causal-conv1d"]),
+        (True, tiny_qwen3_5, []),
+        (True, tiny_llama, ["causal-conv1d"]),
+    ],
 )
 def test_padding_free_is_fine_where_nothing_would_raise(monkeypatch, padding_free, model, missing):
     monkeypatch.setattr(models, "missing_linear_attention_kernels", lambda: missing)

@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from tests.tiny import saved, tiny_llama, tiny_qwen35
+from tests.tiny import saved, tiny_llama, tiny_qwen3_5
 from tests.vllm_lora import qwen3_5_packed_modules, vllm_source
 
 from emoji_rl import lora, models
@@ -49,13 +49,13 @@ def assert_every_attention_adapted(peft_model) -> None:
 def test_sft_defaults_adapt_every_decoder_layers_attention():
     from peft import get_peft_model
 
-    model = tiny_qwen35()
+    model = tiny_qwen3_5()
     policy = get_peft_model(model, lora_config(SftConfig(), model))
     assert_every_attention_adapted(policy)
 
 
 def test_fresh_grpo_adapter_adapts_every_decoder_layers_attention(tmp_path):
-    policy = build_policy(saved(tiny_qwen35(), tmp_path / "base"), models.pick_runtime("cpu"), None, None)
+    policy = build_policy(saved(tiny_qwen3_5(), tmp_path / "base"), models.pick_runtime("cpu"), None, None)
     assert_every_attention_adapted(policy)
 
 
@@ -66,7 +66,7 @@ def test_llama_takes_the_default_names_it_has():
 
 def test_a_layer_kind_without_attention_lora_is_an_error_naming_the_fix():
     with pytest.raises(UserError) as err:
-        lora.resolve_targets(tiny_qwen35(), LLAMA_NAMES, "lora_target_modules")
+        lora.resolve_targets(tiny_qwen3_5(), LLAMA_NAMES, "lora_target_modules")
     message = str(err.value)
     assert "lora_target_modules" in message and "linear_attention layers" in message
     assert "layers 0, 1, 2" in message
@@ -78,12 +78,12 @@ def test_a_vllm_pack_adapted_by_half_is_an_error():
     # vLLM 0.33 cannot load in_proj_z's LoRA without in_proj_qkv's (both are its in_proj_qkvz).
     targets = [name for name in lora.DEFAULT_TARGETS if name != "in_proj_qkv"]
     with pytest.raises(UserError, match=r"in_proj_qkvz.*add in_proj_qkv"):
-        lora.resolve_targets(tiny_qwen35(), targets, "lora_target_modules")
+        lora.resolve_targets(tiny_qwen3_5(), targets, "lora_target_modules")
 
 
 def test_a_name_no_model_has_is_an_error():
     with pytest.raises(UserError, match=r"\['q_prj'\] are not modules of Qwen3_5ForCausalLM"):
-        lora.resolve_targets(tiny_qwen35(), [*lora.DEFAULT_TARGETS, "q_prj"], "lora_target_modules")
+        lora.resolve_targets(tiny_qwen3_5(), [*lora.DEFAULT_TARGETS, "q_prj"], "lora_target_modules")
 
 
 @pytest.fixture
@@ -91,7 +91,7 @@ def qwen_and_adapter(tmp_path) -> tuple[str, str]:
     """A tiny Qwen3.5 and an adapter of r=4, alpha=8 on it, as SFT leaves one."""
     from peft import LoraConfig, get_peft_model
 
-    model = tiny_qwen35()
+    model = tiny_qwen3_5()
     spec = saved(model, tmp_path / "base")
     targets = lora.resolve_targets(model, lora.DEFAULT_TARGETS, "lora_target_modules")
     adapter = tmp_path / "adapter"

@@ -102,7 +102,7 @@ def test_the_text_only_qwen3_5_is_sharded_by_its_decoder_layers(tmp_path):
     accelerate's own FSDP2 wrap policy: each decoder layer, and nothing else, is a unit of its own."""
     from accelerate.utils import FullyShardedDataParallelPlugin
     from accelerate.utils.fsdp_utils import fsdp2_prepare_auto_wrap_policy
-    from tests.launching import tiny_qwen3_5
+    from tests.tiny import tiny_qwen3_5
 
     tiny_qwen3_5().save_pretrained(tmp_path)
     model = models.load_base_model(str(tmp_path), models.pick_runtime("cpu"))

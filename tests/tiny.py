@@ -10,15 +10,19 @@ _SIZES = dict(
 )
 
 
-def tiny_qwen35():
-    """A `Qwen3_5ForCausalLM` of 4 decoder layers: 3 linear_attention (Gated DeltaNet), 1 full_attention."""
+def tiny_qwen3_5(**config):
+    """A `Qwen3_5ForCausalLM` (the real class, text only) of 4 decoder layers in Qwen3.5's own pattern:
+    3 linear_attention (Gated DeltaNet), then 1 full_attention; `config`: more Qwen3_5TextConfig fields
+    (a tokenizer's vocabulary size and token ids). Seeded: the same weights every time."""
+    import torch
     from transformers import Qwen3_5ForCausalLM, Qwen3_5TextConfig
 
     linear = dict(
         linear_num_key_heads=2, linear_num_value_heads=2, linear_key_head_dim=8, linear_value_head_dim=8
     )
-    config = Qwen3_5TextConfig(**_SIZES, **linear, num_hidden_layers=4, head_dim=16)
-    assert set(config.layer_types) == {"linear_attention", "full_attention"}
+    config = Qwen3_5TextConfig(**{**_SIZES, **config}, **linear, num_hidden_layers=4, head_dim=16)
+    assert config.layer_types == ["linear_attention"] * 3 + ["full_attention"]
+    torch.manual_seed(0)
     return Qwen3_5ForCausalLM(config)
 
 
