@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any, Literal
 
 from tqdm.auto import tqdm
 
-from emoji_rl.models import chat_ids, end_of_turn_ids
+from emoji_rl.models import chat_ids, end_of_turn_ids, stop_token_id
 from emoji_rl.prefill import RowCache, cut_rows, full_attention, prefill_inputs
 
 if TYPE_CHECKING:
@@ -39,15 +39,6 @@ class Reply:
     """Log-probs of `token_ids` under the distribution sampled from (temperature and mask applied)."""
     cache: RowCache | None = field(default=None, repr=False, compare=False)
     """The row's KV cache, to go on from in a next turn: with `keep_caches`, for full-attention models."""
-
-
-def stop_token_id(tokenizer: PreTrainedTokenizerBase) -> int:
-    """The end-of-turn token: `<|im_end|>` for ChatML models, else the tokenizer's EOS."""
-    im_end = tokenizer.convert_tokens_to_ids("<|im_end|>")
-    if isinstance(im_end, int) and im_end != tokenizer.unk_token_id:
-        return im_end
-    assert tokenizer.eos_token_id is not None, "tokenizer has neither <|im_end|> nor an EOS token"
-    return tokenizer.eos_token_id
 
 
 def make_processor(

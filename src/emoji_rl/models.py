@@ -190,6 +190,15 @@ def generation_eos_ids(model: str) -> tuple[int, ...]:
     return () if eos is None else tuple([eos] if isinstance(eos, int) else eos)
 
 
+def stop_token_id(tokenizer: PreTrainedTokenizerBase) -> int:
+    """The end-of-turn token: `<|im_end|>` for ChatML models, else the tokenizer's EOS."""
+    im_end = tokenizer.convert_tokens_to_ids(_CHATML_END)
+    if isinstance(im_end, int) and im_end != tokenizer.unk_token_id:
+        return im_end
+    assert tokenizer.eos_token_id is not None, "tokenizer has neither <|im_end|> nor an EOS token"
+    return tokenizer.eos_token_id
+
+
 def end_of_turn_ids(tokenizer: PreTrainedTokenizerBase) -> tuple[int, ...]:
     """Every id that ends a message, as a vLLM server of the same model ends it: the tokenizer's EOS,
     `<|im_end|>` where a ChatML vocabulary's EOS is something else (the stop id our requests send),
@@ -373,8 +382,6 @@ def continuation_ids(
     with the template's end-of-turn token (cut off, or ended by another of `end_of_turn_ids`) gets
     that token first, so the context reads as the template writes the turn.
     """
-    from emoji_rl.generate import stop_token_id
-
     stop_id = stop_token_id(tokenizer)
     stop_text = tokenizer.decode([stop_id])
     rendered = chat_text(

@@ -5,7 +5,7 @@ import json
 
 from emoji_rl.cli import main as cli_main
 from emoji_rl.data.jsonl import read_jsonl
-from emoji_rl.generate import stop_token_id
+from emoji_rl.models import stop_token_id
 from emoji_rl.rl.games.wordle import WordleBuilder, WordleRules
 
 

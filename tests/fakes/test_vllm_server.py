@@ -18,7 +18,7 @@ from emoji_rl.emoji.constraint import (
     replay_masks,
     vllm_structured_outputs,
 )
-from emoji_rl.generate import stop_token_id
+from emoji_rl.models import stop_token_id
 from emoji_rl.rl import grpo
 from emoji_rl.rl.endpoint import wait_for_server
 

@@ -17,8 +17,7 @@ import pytest
 from tests.fakes.fake_lm import FakeLM
 from tests.fakes.vllm_server import FakeVLLMServer, Payload
 
-from emoji_rl.generate import stop_token_id
-from emoji_rl.models import chat_ids
+from emoji_rl.models import chat_ids, stop_token_id
 from emoji_rl.prompts import sender_messages
 from emoji_rl.rl.endpoint import Endpoint
 from emoji_rl.rl.judge import JudgeInput

@@ -30,7 +30,7 @@ from transformers import TrainerCallback
 from emoji_rl import models
 from emoji_rl.bench import Row
 from emoji_rl.emoji.alphabet import ALPHABET
-from emoji_rl.generate import stop_token_id
+from emoji_rl.models import stop_token_id
 from emoji_rl.prompts import sender_messages
 from emoji_rl.rl import grpo
 from emoji_rl.rl import train as grpo_train

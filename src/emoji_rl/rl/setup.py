@@ -99,7 +99,6 @@ def build_sampler(
     cfg: Config, policy: PeftModel, tokenizer, constraint: Constraint
 ) -> tuple[Sampler, AdapterSync | None]:
     """The in-process sampler, or a vLLM server's with the adapter sync that keeps it current."""
-    from emoji_rl.generate import stop_token_id
     from emoji_rl.rl.rollout.hf import HFSampler
 
     if cfg.engine == "hf":
@@ -128,7 +127,7 @@ def build_sampler(
     sampler = VLLMSampler(
         endpoint,
         cfg.vllm_served_name,
-        stop_token_id(tokenizer),
+        models.stop_token_id(tokenizer),
         temperature=cfg.temperature,
         max_new_tokens=cfg.max_new_tokens,
         min_emoji=cfg.min_emoji,

@@ -16,7 +16,7 @@ from tests.fakes.vllm_server import FakeVLLMServer
 from emoji_rl import models
 from emoji_rl.emoji.constraint import compile_emoji_grammar, grammar_ebnf, replay_masks
 from emoji_rl.errors import UserError
-from emoji_rl.generate import stop_token_id
+from emoji_rl.models import stop_token_id
 from emoji_rl.prompts import sender_messages
 from emoji_rl.rl import grpo
 from emoji_rl.rl.endpoint import Endpoint, wait_for_server

@@ -1,0 +1,125 @@
+"""The package's layers, read from its imports (docs/DESIGN.md, "Layers"): no two modules of
+emoji_rl import each other, directly or around a loop, and a game never reaches up into the samplers
+or the trainer. Read from the source with `ast`, so imports inside functions and under
+`TYPE_CHECKING` count too: a lazy or type-only import is still a dependency a reader has to follow."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import emoji_rl
+
+SRC = Path(emoji_rl.__file__).parent
+
+
+def module_name(path: Path, src: Path) -> str:
+    parts = path.relative_to(src.parent).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def import_graph(src: Path = SRC) -> dict[str, set[str]]:
+    """Module -> the emoji_rl modules it imports (a package's `__init__` counts as the package)."""
+    files = {module_name(p, src): p for p in sorted(src.rglob("*.py"))}
+    graph: dict[str, set[str]] = {}
+    for name, path in files.items():
+        package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+        targets: set[str] = set()
+        for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
+            if isinstance(node, ast.Import):
+                targets.update(alias.name for alias in node.names)
+            elif isinstance(node, ast.ImportFrom):
+                if node.level:
+                    base = package.split(".")[: len(package.split(".")) - node.level + 1]
+                    module = ".".join([*base, *([node.module] if node.module else [])])
+                else:
+                    module = node.module or ""
+                targets.add(module)
+                # `from emoji_rl.rl import judge` imports the module emoji_rl.rl.judge
+                targets.update(f"{module}.{alias.name}" for alias in node.names)
+        graph[name] = {t for t in targets if t in files and t != name}
+    return graph
+
+
+def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """The strongly connected components of more than one module (Tarjan's algorithm, iterative)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    found: list[list[str]] = []
+    for root in sorted(graph):
+        if root in index:
+            continue
+        work = [(root, iter(sorted(graph[root])))]
+        index[root] = low[root] = len(index)
+        stack.append(root)
+        on_stack.add(root)
+        while work:
+            node, children = work[-1]
+            child = next(children, None)
+            if child is not None:
+                if child not in index:
+                    index[child] = low[child] = len(index)
+                    stack.append(child)
+                    on_stack.add(child)
+                    work.append((child, iter(sorted(graph[child]))))
+                elif child in on_stack:
+                    low[node] = min(low[node], index[child])
+                continue
+            work.pop()
+            if work:
+                low[work[-1][0]] = min(low[work[-1][0]], low[node])
+            if low[node] == index[node]:
+                component = []
+                while True:
+                    member = stack.pop()
+                    on_stack.discard(member)
+                    component.append(member)
+                    if member == node:
+                        break
+                if len(component) > 1:
+                    found.append(sorted(component))
+    return found
+
+
+def test_cycles_are_found_in_a_loop_of_three_and_a_pair():
+    graph = {"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"e"}, "e": {"d", "a"}, "f": {"a"}}
+    assert sorted(cycles(graph)) == [["a", "b", "c"], ["d", "e"]]
+
+
+def test_the_graph_sees_lazy_relative_and_type_only_imports(tmp_path):
+    package = tmp_path / "emoji_rl"
+    (package / "rl").mkdir(parents=True)
+    (package / "__init__.py").write_text("")
+    (package / "low.py").write_text("")
+    (package / "rl" / "__init__.py").write_text("")
+    (package / "rl" / "a.py").write_text(
+        "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from emoji_rl.rl.b import X\n"
+    )
+    (package / "rl" / "b.py").write_text("def f():\n    from . import a\n    from .. import low\n")
+    graph = import_graph(package)
+    assert graph["emoji_rl.rl.a"] == {"emoji_rl.rl.b"}
+    assert graph["emoji_rl.rl.b"] == {"emoji_rl.rl", "emoji_rl.rl.a", "emoji_rl", "emoji_rl.low"}
+    assert cycles(graph) == [["emoji_rl.rl.a", "emoji_rl.rl.b"]]
+
+
+def test_no_emoji_rl_modules_import_each_other():
+    graph = import_graph()
+    assert len(graph) > 50, "the source tree was not found"
+    found = cycles(graph)
+    assert not found, "modules that import each other (directly or around a loop):\n" + "\n".join(
+        " <-> ".join(c) + "\n    " + "; ".join(f"{m} -> {sorted(graph[m] & set(c))}" for m in c)
+        for c in found
+    )
+
+
+def test_games_know_the_tokenizer_and_their_judge_not_the_samplers_or_the_trainer():
+    graph = import_graph()
+    higher = ("emoji_rl.generate", "emoji_rl.rl.rollout", "emoji_rl.rl.train", "emoji_rl.rl.setup")
+    reaching_up = {
+        game: sorted(t for t in targets if t.startswith(higher))
+        for game, targets in graph.items()
+        if game.startswith("emoji_rl.rl.games")
+    }
+    assert not any(reaching_up.values()), reaching_up
