@@ -27,7 +27,8 @@ from emoji_rl.data.jsonl import read_jsonl
 from emoji_rl.data.offline_teacher import OfflineTeacher
 from emoji_rl.emoji.alphabet import ALPHABET, SEPARATOR, parse_message
 from emoji_rl.errors import DataError, UserError
-from emoji_rl.rl.judge import NAMES_CAVEAT, UNKNOWN, Guess, JudgeConfig, JudgeInput
+from emoji_rl.rl.judge import NAMES_CAVEAT, UNKNOWN, Guess, JudgeInput
+from emoji_rl.rl.judge_config import JudgeConfig
 from emoji_rl.rl.reward import Similarity
 
 log = logging.getLogger(__name__)

@@ -22,15 +22,14 @@ from emoji_rl.rl.judge import (
     JUDGE_SYSTEM,
     UNKNOWN,
     HFJudge,
-    JudgeConfig,
     JudgeInput,
     LexiconJudge,
     clean_guess,
     judge_messages,
-    make_judge,
     plain_name,
     render_turn,
 )
+from emoji_rl.rl.judge_config import JudgeConfig, make_judge
 from emoji_rl.rl.reward import Similarity
 
 

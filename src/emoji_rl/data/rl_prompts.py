@@ -36,7 +36,8 @@ from emoji_rl.data.jsonl import Record, read_jsonl, write_json, write_jsonl
 from emoji_rl.data.prompts import Prompt, held_out, read_prompts
 from emoji_rl.emoji.alphabet import MAX_EMOJI, MIN_EMOJI, SEPARATOR, parse_message
 from emoji_rl.errors import UserError
-from emoji_rl.rl.judge import JudgeConfig, JudgeInput
+from emoji_rl.rl.judge import JudgeInput
+from emoji_rl.rl.judge_config import JudgeConfig
 
 if TYPE_CHECKING:
     from emoji_rl.generate import Reply

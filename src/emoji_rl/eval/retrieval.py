@@ -31,7 +31,7 @@ from emoji_rl.eval.report import bar_figure, format_table
 from emoji_rl.eval.stats import reply_stats
 from emoji_rl.generate import MAX_NEW_TOKENS
 from emoji_rl.rl.games.retrieval import SUCCESS_THRESHOLDS, RetrievalBuilder, RetrievalRules
-from emoji_rl.rl.judge import JudgeConfig
+from emoji_rl.rl.judge_config import JudgeConfig
 from emoji_rl.rl.rollout.hf import HFSampler
 from emoji_rl.rl.rollout.play import play
 from emoji_rl.rl.types import Episode

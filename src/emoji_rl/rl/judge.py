@@ -26,15 +26,13 @@ import asyncio
 import re
 from abc import ABC, abstractmethod
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Literal
 
 import emoji as emoji_pkg
 from emoji_rl import models
 from emoji_rl.emoji.alphabet import emoji_name
-from emoji_rl.errors import UserError
 from emoji_rl.generate import generate_from_ids, ids_containing
-from emoji_rl.rl.endpoint import PROGRESS_S, SERVER_WAIT_S
 
 if TYPE_CHECKING:
     from transformers import PreTrainedModel, PreTrainedTokenizerBase
@@ -49,12 +47,6 @@ BATCH_SIZE = 16  # hf judge: episodes per generate call
 # The first sentence is the answer (`clean_guess` drops the rest): stopping at the first token that
 # ends one cut a row from 40 generated tokens to about 11.
 SENTENCE_ENDS = ".!?\n"
-JUDGE_URL = "http://127.0.0.1:8001"  # launch/serve_judge.sh's default host and port
-JUDGE_API_KEY_ENV = "JUDGE_API_KEY"
-JUDGE_START_HINT = (
-    "start it with make serve-judge (launch/serve_judge.sh; --dry-run prints its vllm serve command, "
-    "JUDGE_HOST and JUDGE_PORT), or point --judge_url at the one running"
-)
 
 _GAME = "We play a guessing game. A friend wrote a short everyday message and sent it to you as emoji. "
 JUDGE_SYSTEM = {
@@ -259,110 +251,3 @@ class HFJudge(Judge):
 
     def describe(self) -> str:
         return f"hf({self.name}, view={self.view})"
-
-
-def check_view(kind: JudgeKind, view: JudgeView) -> None:
-    """The lexicon judge reads emoji names, so only the gloss view describes what it sees."""
-    if kind == "lexicon" and view != "gloss":
-        raise UserError(
-            f"judge_view={view} does not apply to judge=lexicon, which reads emoji names: "
-            "use judge_view=gloss with it, or an LLM judge (hf, openai) for raw emoji"
-        )
-
-
-def make_judge(
-    kind: JudgeKind,
-    view: JudgeView = "gloss",
-    model_spec: str = models.SMOLLM2,
-    *,
-    runtime: models.Runtime | None = None,
-    batch_size: int = BATCH_SIZE,
-    url: str = JUDGE_URL,
-    api_key_env: str | None = JUDGE_API_KEY_ENV,
-    wait_s: float = SERVER_WAIT_S,
-) -> Judge:
-    """Build a judge once, for the game or a check to hold; `model_spec` and `view` serve LLM judges.
-    For `openai`, `model_spec` is the served model name at `url` (launch/serve_judge.sh: `judge`),
-    waited for up to `wait_s` seconds."""
-    check_view(kind, view)
-    if kind == "lexicon":
-        return LexiconJudge()
-    if kind == "hf":
-        model = models.load_causal_lm(model_spec, runtime)
-        tokenizer = models.load_tokenizer(model_spec)
-        return HFJudge(model, tokenizer, view, name=str(model_spec), batch_size=batch_size)
-    if kind == "openai":
-        from emoji_rl.rl.endpoint import Endpoint, wait_for_server
-        from emoji_rl.rl.judge_openai import OpenAIJudge
-
-        wait_for_server(url, "the judge server", wait_s, JUDGE_START_HINT)
-        return OpenAIJudge(Endpoint(url, api_key_env), model_spec, view)
-    raise UserError(f"judge kind {kind!r} is unknown; kinds: lexicon, hf, openai")
-
-
-# --- stage config ----------------------------------------------------------------------------------
-
-
-@dataclass
-class JudgeConfig:
-    """The judge fields of every stage that asks a judge (grpo, rl-prompts, judge-check, eval-sft,
-    eval-retrieval, play-game): stage configs inherit them, so the flags, defaults and help texts are
-    the same everywhere. A stage whose default differs overrides that field (eval-sft: no judge)."""
-
-    judge: JudgeKind = field(
-        default="hf",
-        metadata={
-            "help": "judge kind: hf (an LLM in this process), openai (an OpenAI-compatible server such as "
-            "vLLM, launch/serve_judge.sh) or lexicon (the emoji names, no LLM: seconds, and the floor an "
-            "LLM judge should beat)"
-        },
-    )
-    judge_view: JudgeView = field(
-        default="gloss",
-        metadata={
-            "help": "what an LLM judge is shown: gloss (each emoji with its name; SmolLM2-135M needs it, "
-            "issue 8) or raw (emoji alone: for judges that read emoji, the gpu default)"
-        },
-    )
-    judge_model: str = field(
-        default=models.SMOLLM2,
-        metadata={
-            "help": "hf judge: model spec (hub id, path or embedded:NAME); openai: the served model name"
-        },
-    )
-    judge_url: str = field(
-        default=JUDGE_URL, metadata={"help": "base URL of an openai judge (launch/serve_judge.sh)"}
-    )
-    judge_api_key_env: str | None = field(
-        default=JUDGE_API_KEY_ENV,
-        metadata={"help": "env var holding the openai judge server's key; unset sends none"},
-    )
-    server_wait_s: float = field(
-        default=SERVER_WAIT_S,
-        metadata={
-            "help": "seconds to wait at start for a vLLM server to answer /health (it refuses connections "
-            f"while its model loads), saying so every {PROGRESS_S:g} s: the openai judge's, and in grpo "
-            "with --engine vllm the policy server's"
-        },
-    )
-
-    def __post_init__(self) -> None:
-        check_view(self.judge, self.judge_view)
-
-    def build_judge(self, runtime: models.Runtime | None, batch_size: int = BATCH_SIZE) -> Judge:
-        """The judge these fields describe; `runtime` places an hf judge, `batch_size` is its chunk."""
-        return make_judge(
-            self.judge,
-            self.judge_view,
-            self.judge_model,
-            runtime=runtime,
-            batch_size=batch_size,
-            url=self.judge_url,
-            api_key_env=self.judge_api_key_env,
-            wait_s=self.server_wait_s,
-        )
-
-    @property
-    def judge_reads_names(self) -> bool:
-        """Whether the judge sees emoji names (lexicon, or the gloss view): reports add NAMES_CAVEAT."""
-        return self.judge == "lexicon" or self.judge_view == "gloss"

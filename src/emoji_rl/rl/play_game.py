@@ -22,7 +22,8 @@ from emoji_rl.data.jsonl import read_jsonl
 from emoji_rl.emoji.alphabet import MAX_EMOJI, MIN_EMOJI, parse_message
 from emoji_rl.models import stop_token_id
 from emoji_rl.rl.games.retrieval import RetrievalBuilder, RetrievalRules
-from emoji_rl.rl.judge import Guess, Judge, JudgeConfig, JudgeInput, clean_guess, render_turn
+from emoji_rl.rl.judge import Guess, Judge, JudgeInput, clean_guess, render_turn
+from emoji_rl.rl.judge_config import JudgeConfig
 from emoji_rl.rl.reward import Similarity
 from emoji_rl.rl.rollout.hf import HFSampler
 from emoji_rl.rl.rollout.play import Sample, play

@@ -52,7 +52,7 @@ from emoji_rl.rl.distributed import (
     whole_weights,
     without_cuda,
 )
-from emoji_rl.rl.judge import JudgeConfig
+from emoji_rl.rl.judge_config import JudgeConfig
 from emoji_rl.rl.policy import build_policy
 from emoji_rl.rl.rollout.collect import PromptStream, Rollouts, collect
 from emoji_rl.rl.rollout.metrics import ROLLOUTS_FILE, log_rollouts, rollout_metrics
