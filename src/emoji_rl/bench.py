@@ -13,20 +13,10 @@ import os
 import tempfile
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
 from pathlib import Path
 
 from emoji_rl import models
-
-
-@dataclass(frozen=True)
-class Row:
-    name: str
-    measured: str
-    baseline: str
-    ratio: float
-    goal: str
-    met: bool
+from emoji_rl.bench_row import Row
 
 
 def _timed(fn: Callable[[], object]) -> tuple[float, object]:
@@ -163,7 +153,8 @@ def bench_judge_signal() -> list[Row]:
 
 
 def _rl(name: str) -> Callable[[], list[Row]]:
-    """A GRPO row from emoji_rl.rl.bench, imported when it runs: that module imports `Row` from here."""
+    """A GRPO row from emoji_rl.rl.bench, imported when it runs: it loads torch and TRL, which
+    `--help` and the other rows do without."""
 
     def run() -> list[Row]:
         from emoji_rl.rl import bench as rl_bench

@@ -28,7 +28,7 @@ import torch
 from transformers import TrainerCallback
 
 from emoji_rl import models
-from emoji_rl.bench import Row
+from emoji_rl.bench_row import Row
 from emoji_rl.emoji.alphabet import ALPHABET
 from emoji_rl.models import stop_token_id
 from emoji_rl.prompts import sender_messages
