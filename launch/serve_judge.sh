@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Serve the frozen judge LLM with vLLM (OpenAI-compatible) for the `openai` judge (DESIGN §3).
+# Serve the frozen judge LLM with vLLM (OpenAI-compatible) for the `openai` judge (docs/DESIGN.md §4).
 # Thinking is turned off per request by the client (chat_template_kwargs enable_thinking=false), so
 # no --reasoning-parser; --generation-config vllm keeps the model's sampling defaults out, so the
 # client's temperature and token limit are the only ones applied. Extra arguments go to `vllm serve`.

@@ -1,5 +1,5 @@
 """The sender's prompts, shared by the data, SFT and RL stages so that the model is trained and
-played with the same words (DESIGN §3)."""
+played with the same words (docs/DESIGN.md §3)."""
 
 from __future__ import annotations
 

@@ -45,7 +45,7 @@ def test_bad_bounds_are_a_user_error(low: int, high: int) -> None:
 def test_vllm_field_is_the_grammar_and_survives_json() -> None:
     field = vllm_structured_outputs()
     assert field == {"grammar": grammar_ebnf()}
-    # vLLM reads a grammar holding "::=" as EBNF (VLLM_CONTRACT.md §8); ASCII JSON escapes the emoji.
+    # vLLM reads a grammar holding "::=" as EBNF (docs/VLLM.md §2); ASCII JSON escapes the emoji.
     assert "::=" in field["grammar"]
     assert json.loads(json.dumps({"structured_outputs": field}))["structured_outputs"] == field
 

@@ -4,7 +4,7 @@ Logits are a pseudo-random function of (model name, last 16 context tokens) plus
 outputs depend on the prompt and on which adapter a request names, cost no forward pass (a SmolLM2
 step would cost seconds per batch here), and are reproducible from the sampling generator.
 
-Sampling follows vLLM's order (VLLM_CONTRACT.md §7): the grammar mask goes on the logits first;
+Sampling follows vLLM's order (docs/VLLM.md §7): the grammar mask goes on the logits first;
 `raw_logprobs` = log_softmax(masked logits); then temperature, top-k, top-p and min-p, and
 `processed_logprobs` = log_softmax of what the token was drawn from. Stop tokens as in vLLM 0.33:
 a request stops on the EOS, its `stop_token_ids` and every `eos_token_id` of the model's generation

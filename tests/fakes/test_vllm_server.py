@@ -1,4 +1,4 @@
-"""The fake vLLM server checks what vLLM 0.33 checks and answers as it does (VLLM_CONTRACT.md §8)."""
+"""The fake vLLM server checks what vLLM 0.33 checks and answers as it does (docs/VLLM.md §8)."""
 
 from __future__ import annotations
 

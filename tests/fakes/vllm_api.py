@@ -1,5 +1,5 @@
 """The OpenAI API surface of the fake vLLM 0.33 server: `/v1/completions` and `/v1/chat/completions`,
-validated and answered as vLLM does (VLLM_CONTRACT.md §2, §3, §6). `FakeVLLMServer` adds the HTTP
+validated and answered as vLLM does (docs/VLLM.md §2, §3, §6). `FakeVLLMServer` adds the HTTP
 side, auth, routes, readiness and the LoRA endpoints.
 """
 

@@ -1,4 +1,4 @@
-"""A fake vLLM 0.33 OpenAI-compatible server on 127.0.0.1, for contract tests (VLLM_CONTRACT.md §8).
+"""A fake vLLM 0.33 OpenAI-compatible server on 127.0.0.1, for contract tests (docs/VLLM.md §8).
 
 It validates requests as vLLM does (auth, routes, prompt shapes, vocabulary bounds, logprobs cap,
 structured outputs, model names, lengths, the LoRA endpoints and their errors), answers with every
@@ -161,7 +161,7 @@ class FakeVLLMServer(OpenAIAPI):
                 if isinstance(payload, dict):
                     data, content_type = json.dumps(payload).encode(), "application/json"
                 else:
-                    # LoRA success: plain text and no Content-Type at all (VLLM_CONTRACT.md §4).
+                    # LoRA success: plain text and no Content-Type at all (docs/VLLM.md §4).
                     data, content_type = (payload or "").encode(), None
                 self.send_response(status)
                 if content_type:

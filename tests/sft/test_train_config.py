@@ -27,7 +27,7 @@ CPU = Runtime("cpu", torch.float32, "sdpa")
 
 def test_cpu_sft_config_is_fp32_without_checkpointing_and_completion_only(tmp_path):
     args = build_sft_config(Config(output_dir=str(tmp_path)), CPU, world_size=1)
-    # SFTConfig defaults bf16=True even on a CPU (DESIGN §8): it must be off explicitly.
+    # SFTConfig defaults bf16=True even on a CPU (docs/DESIGN.md §5): it must be off explicitly.
     assert args.bf16 is False and args.use_cpu is True
     assert args.gradient_checkpointing is False
     assert args.completion_only_loss is True

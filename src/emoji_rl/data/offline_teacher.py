@@ -1,4 +1,4 @@
-"""The offline teacher (DESIGN §4): emoji answers for SFT data with no API key and no LLM.
+"""The offline teacher (docs/DESIGN.md §5): emoji answers for SFT data with no API key and no LLM.
 
 For each message it retrieves emoji by MiniLM similarity between the message's content words and
 two-word phrases and each emoji's names (`alphabet.keywords`), nudged by the whole message so that

@@ -63,8 +63,12 @@ class Config:
     seed: int = field(
         default=0, metadata={"help": "seed of the corpus sample and of the claude request themes"}
     )
-    min_words: int = field(default=6, metadata={"help": "shortest message kept, in words (DESIGN §4)"})
-    max_words: int = field(default=25, metadata={"help": "longest message kept, in words (DESIGN §4)"})
+    min_words: int = field(
+        default=6, metadata={"help": "shortest message kept, in words (docs/DESIGN.md §5)"}
+    )
+    max_words: int = field(
+        default=25, metadata={"help": "longest message kept, in words (docs/DESIGN.md §5)"}
+    )
     dedup_threshold: float = field(
         default=0.9,
         metadata={
@@ -163,7 +167,7 @@ class Category:
     description: str
 
 
-# Seed 001 used 9 weighted categories; these follow DESIGN §4's list.
+# Seed 001 used 9 weighted categories; these follow the kinds of message in docs/DESIGN.md §5.
 CATEGORIES: tuple[Category, ...] = (
     Category("everyday", 14, "small talk and updates about one's day, as sent to a friend"),
     Category("emotional", 14, "a message whose point is a feeling: joy, worry, grief, pride, boredom, love"),

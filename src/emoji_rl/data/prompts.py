@@ -1,4 +1,4 @@
-"""`emoji-rl prompts`: the natural-language messages the sender learns to say in emoji (DESIGN §4).
+"""`emoji-rl prompts`: the natural-language messages the sender learns to say in emoji (docs/DESIGN.md §5).
 
 Sources:
 - `corpus` (offline, the cpu default): real chat messages from the PyPI package `chitchat-dataset`

@@ -1,5 +1,5 @@
 """`emoji-rl rl-prompts`: the target messages GRPO trains on, kept when the SFT sender already gets
-them across in one turn (DESIGN §4; seed 001 kept round trips at similarity >= 0.4).
+them across in one turn (docs/DESIGN.md §5; seed 001 kept round trips at similarity >= 0.4).
 
 Candidates are the prompts (already deduplicated by `emoji-rl prompts`) minus the SFT test split (by
 id and by normalized text, so the SFT evaluation stays unseen), within `min_words`..`max_words`,
@@ -96,8 +96,12 @@ class Config(JudgeConfig):
         default=48, metadata={"help": "token budget of the sender's turn, as in GRPO"}
     )
     batch_size: int = field(default=16, metadata={"help": "chats per generate call, sender and judge"})
-    min_emoji: int = field(default=MIN_EMOJI, metadata={"help": "fewest emoji in a message (DESIGN §2)"})
-    max_emoji: int = field(default=MAX_EMOJI, metadata={"help": "most emoji in a message (DESIGN §2)"})
+    min_emoji: int = field(
+        default=MIN_EMOJI, metadata={"help": "fewest emoji in a message (docs/DESIGN.md §2)"}
+    )
+    max_emoji: int = field(
+        default=MAX_EMOJI, metadata={"help": "most emoji in a message (docs/DESIGN.md §2)"}
+    )
 
     def __post_init__(self) -> None:
         super().__post_init__()

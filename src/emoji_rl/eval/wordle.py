@@ -1,4 +1,4 @@
-"""`emoji-rl eval-wordle`: Wordle on held-out answers, base vs SFT vs RL side by side (DESIGN §6).
+"""`emoji-rl eval-wordle`: Wordle on held-out answers, base vs SFT vs RL side by side (docs/DESIGN.md §9).
 
 Every system plays each held-out answer once (greedy by default), unconstrained, with the same game
 and prompts as GRPO. Reported per system: win rate, mean guesses of won games, turns used, format

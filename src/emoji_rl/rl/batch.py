@@ -100,7 +100,7 @@ def token_logprobs(model: PreTrainedModel, batch: Batch, temperature: float) -> 
     """[D, T] log-probs of the target tokens under the grammar mask (0 off the loss mask).
 
     The logits are computed at the sender's positions only, then masked and normalized: the same
-    distribution the sampler drew from (DESIGN §5).
+    distribution the sampler drew from (docs/DESIGN.md §6).
     """
     # A boolean `logits_to_keep` projects only those positions through the LM head, as [N, V], as
     # TRL's fused head does: the [D, T, V] logits are never built. SmolLM2 (49K vocabulary), 8

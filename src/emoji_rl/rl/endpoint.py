@@ -1,5 +1,5 @@
 """Talking to OpenAI-compatible servers (the vLLM judge and policy servers): base URL, API key,
-timeouts, retries with backoff, readiness and error messages, in one place (VLLM_CONTRACT.md §5-6).
+timeouts, retries with backoff, readiness and error messages, in one place (docs/VLLM.md §5, §6).
 
 Connection errors, timeouts, 429 and 5xx are retried with exponential backoff; after the last
 attempt the error names the URL. Any other error status is final: retrying a bad request cannot

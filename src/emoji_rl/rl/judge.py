@@ -1,4 +1,4 @@
-"""The frozen judge of the retrieval game (DESIGN §3): it sees the sender's emoji turns and its own
+"""The frozen judge of the retrieval game (docs/DESIGN.md §4): it sees the sender's emoji turns and its own
 earlier guesses, never the target, and answers with one plain sentence.
 
 Kinds:

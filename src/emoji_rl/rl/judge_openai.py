@@ -1,5 +1,5 @@
 """The `openai` judge: any OpenAI-compatible chat server, such as vLLM serving
-Qwen/Qwen3-30B-A3B-Instruct-2507 (launch/serve_judge.sh; DESIGN §3, VLLM_CONTRACT.md §3).
+Qwen/Qwen3-30B-A3B-Instruct-2507 (launch/serve_judge.sh; docs/DESIGN.md §4, docs/VLLM.md §3).
 
 Each episode is one `/v1/chat/completions` request with `judge_messages(...)`, the judge's sampling
 settings (temperature 0.3, 40 tokens) and thinking turned off per request through

@@ -1,5 +1,5 @@
 """What the retrieval game scores: MiniLM cosine similarity between the target message and the judge's
-guess (DESIGN §3), and retrieval@1, which asks whether a guess is closer to its own target than to
+guess (docs/DESIGN.md §3), and retrieval@1, which asks whether a guess is closer to its own target than to
 any other.
 
 The embedder is built once by the caller (`models.load_embedder`) and passed in; these functions do
@@ -75,7 +75,7 @@ def retrieval_at_1(target_vecs: torch.Tensor, guess_vecs: torch.Tensor) -> float
 
 @dataclass(frozen=True)
 class RewardWeights:
-    """Weights of the retrieval game's terminal reward (DESIGN §3)."""
+    """Weights of the retrieval game's terminal reward (docs/DESIGN.md §3)."""
 
     success_bonus: float = 0.5
     turn_cost: float = 0.1

@@ -1,4 +1,4 @@
-"""`emoji-rl grpo`: multi-turn GRPO of the emoji sender on the retrieval game (DESIGN §5).
+"""`emoji-rl grpo`: multi-turn GRPO of the emoji sender on the retrieval game (docs/DESIGN.md §6).
 
 Each step plays B prompts x G rollouts to the end (every turn emoji-constrained), scores them with
 the terminal reward, turns rewards into group advantages, drops groups with no spread (they carry

@@ -20,7 +20,7 @@ class StepResult:
     done: bool
     """True when the episode is over; `next_observation_ids` is then empty."""
     reward: float
-    """Terminal reward when `done`, else 0.0 (rewards are terminal only: DESIGN §3)."""
+    """Terminal reward when `done`, else 0.0 (rewards are terminal only: docs/DESIGN.md §3)."""
     next_observation_ids: tuple[int, ...] = ()
     """Tokens to append after the action before the sender's next turn (game feedback + generation prompt)."""
     metrics: dict[str, float] = field(default_factory=dict)

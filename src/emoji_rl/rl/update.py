@@ -1,5 +1,5 @@
 """One GRPO update: the step's episodes, split into micro-batches, give one clipped policy-gradient
-step on the LoRA adapter with a k3 KL to the reference (DESIGN §5). The math is in `rl/grpo.py`;
+step on the LoRA adapter with a k3 KL to the reference (docs/DESIGN.md §6). The math is in `rl/grpo.py`;
 this is where it meets the model, the micro-batches and the processes."""
 
 from __future__ import annotations

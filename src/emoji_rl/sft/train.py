@@ -235,7 +235,7 @@ def build_sft_config(cfg: Config, runtime: models.Runtime, world_size: int) -> S
         "weight_decay": cfg.weight_decay,
         "max_grad_norm": cfg.max_grad_norm,
         # Always explicit: SFTConfig defaults to bf16=True even on a CPU, where a step took 155 s
-        # against 10 s in fp32 (DESIGN §8).
+        # against 10 s in fp32 (docs/DESIGN.md §5).
         "bf16": runtime.dtype == torch.bfloat16,
         "use_cpu": runtime.device == "cpu",
         # transformers 5 renamed gradient_checkpointing to activation_checkpointing (the old name warns).

@@ -1,4 +1,4 @@
-"""The retrieval game (DESIGN §3): the sender sees a message and answers in emoji; a frozen judge,
+"""The retrieval game (docs/DESIGN.md §3): the sender sees a message and answers in emoji; a frozen judge,
 which never sees the message, guesses it from the emoji; the guess is scored by MiniLM similarity.
 The game ends at similarity >= tau or after `max_turns`; on later turns the sender sees the judge's
 guess and the original, and sends emoji to correct it. The reward is terminal only.

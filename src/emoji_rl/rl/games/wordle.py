@@ -1,4 +1,4 @@
-"""Wordle (DESIGN §6, seeds 003 and 004): the model guesses a secret five-letter word in at most six
+"""Wordle (docs/DESIGN.md §9; seeds 003 and 004): the model guesses a secret five-letter word in at most six
 guesses, answering `<think>…</think><guess>word</guess>`; after each guess it sees the whole board so
 far, one line per guess (`Guess 2: crane -> C(x) R(-) A(✓) N(x) E(x)`). A reply with no readable
 guess, or a word not in the list, is answered with the reason and still costs a turn. The reward is

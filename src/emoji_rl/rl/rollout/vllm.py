@@ -1,5 +1,5 @@
 """The `vllm` rollout engine: sender turns sampled by a vLLM server that hot-loads every new LoRA
-adapter (DESIGN §5; requests and answers as in VLLM_CONTRACT.md §2, §4, §7).
+adapter (docs/DESIGN.md §7; requests and answers as in docs/VLLM.md §2, §4, §7).
 
 - `VLLMSampler` sends each turn batch as one `/v1/completions` request with token-id prompts and
   the emoji grammar as top-level `structured_outputs`, and keeps the returned token ids as sampled
@@ -214,7 +214,7 @@ class AdapterSync:
 
     Version k is saved to `<run_dir>/adapters/step-<k>` and loaded as `<base_name>-v<k>`: a new name
     and a new path per version, since vLLM keys its prefix cache on (name, path) and a reload from
-    the same path would keep stale KV (VLLM_CONTRACT.md §4). The last `keep` versions stay loaded and
+    the same path would keep stale KV (docs/VLLM.md §4). The last `keep` versions stay loaded and
     on disk (vLLM re-reads an adapter evicted from its CPU cache from its path); older ones are
     unloaded and deleted. The server must see `run_dir` at the same path: the same machine, or a
     shared filesystem.
