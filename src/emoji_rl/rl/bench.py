@@ -33,13 +33,13 @@ from emoji_rl.emoji.alphabet import ALPHABET
 from emoji_rl.models import stop_token_id
 from emoji_rl.prompts import sender_messages
 from emoji_rl.rl import grpo
-from emoji_rl.rl import train as grpo_train
 from emoji_rl.rl.batch import collate, collate_groups
 from emoji_rl.rl.checkpoint import TrainState
 from emoji_rl.rl.policy import build_policy
 from emoji_rl.rl.rollout.collect import PromptStream, collect
 from emoji_rl.rl.rollout.hf import HFSampler
 from emoji_rl.rl.rollout.play import play
+from emoji_rl.rl.train_config import Config
 from emoji_rl.rl.types import Episode, Game, StepResult, Turn
 from emoji_rl.rl.update import update
 
@@ -186,7 +186,7 @@ class _OurStep:
     def __init__(self, records: list[dict[str, str]], group_size: int, max_new_tokens: int) -> None:
         from accelerate import Accelerator
 
-        self.cfg = grpo_train.Config(
+        self.cfg = Config(
             batch_size=len(records),
             group_size=group_size,
             max_new_tokens=max_new_tokens,
@@ -371,7 +371,7 @@ def update_peak_rss(
 
     from emoji_rl.emoji.constraint import compile_emoji_grammar
 
-    cfg = grpo_train.Config(
+    cfg = Config(
         init_adapter=init_adapter,
         reference="init",
         beta=beta,

@@ -21,7 +21,7 @@ if TYPE_CHECKING:
     from emoji_rl.rl.checkpoint import Stateful
     from emoji_rl.rl.rollout.play import Sampler
     from emoji_rl.rl.rollout.vllm import AdapterSync
-    from emoji_rl.rl.train import Config
+    from emoji_rl.rl.train_config import Config
     from emoji_rl.rl.types import EpisodeGroup, Game
 
 

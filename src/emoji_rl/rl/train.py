@@ -5,8 +5,8 @@ the terminal reward, turns rewards into group advantages, drops groups with no s
 no signal; `dynamic_sampling` draws more prompts to refill), and takes one clipped policy-gradient
 step on the LoRA adapter, with a k3 KL to the reference: the starting (SFT) adapter kept frozen as a
 second PEFT adapter, or the base model via `disable_adapter()`, never a second copy of the weights.
-Here: the config and the loop (the update is `rl/update.py`); what game is played with which sampler is wired in
-`rl/setup.py`, and what a step's rollouts report is in `rl/rollout/metrics.py`.
+Here: the loop (its settings are `rl/train_config.py`, the update `rl/update.py`); what game is played
+with which sampler is wired in `rl/setup.py`, and what a step's rollouts report is in `rl/rollout/metrics.py`.
 
     emoji-rl grpo --config configs/cpu/grpo.yaml
     accelerate launch --num_processes 4 -m emoji_rl.cli grpo --config configs/gpu/grpo.yaml
@@ -19,9 +19,8 @@ import logging
 import math
 import random
 import time
-from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Literal
+from typing import TYPE_CHECKING
 
 import torch
 from tqdm.auto import tqdm
@@ -29,11 +28,8 @@ from tqdm.auto import tqdm
 from emoji_rl import models
 from emoji_rl.config import save_config
 from emoji_rl.data.jsonl import AppendLog, drop_steps_after
-from emoji_rl.emoji.alphabet import MAX_EMOJI, MIN_EMOJI
 from emoji_rl.errors import UserError
-from emoji_rl.generate import MAX_NEW_TOKENS
 from emoji_rl.metrics import MetricsWriter
-from emoji_rl.rl import grpo
 from emoji_rl.rl.batch import collate_groups
 from emoji_rl.rl.checkpoint import (
     TrainState,
@@ -52,12 +48,12 @@ from emoji_rl.rl.distributed import (
     whole_weights,
     without_cuda,
 )
-from emoji_rl.rl.judge_config import JudgeConfig
 from emoji_rl.rl.policy import build_policy
 from emoji_rl.rl.rollout.collect import PromptStream, Rollouts, collect
 from emoji_rl.rl.rollout.metrics import ROLLOUTS_FILE, log_rollouts, rollout_metrics
 from emoji_rl.rl.rollout.play import Sampler
 from emoji_rl.rl.setup import GameSetup, build_sampler, retrieval_setup, wordle_setup
+from emoji_rl.rl.train_config import Config
 from emoji_rl.rl.update import update
 
 if TYPE_CHECKING:
@@ -67,164 +63,6 @@ if TYPE_CHECKING:
     from emoji_rl.rl.rollout.vllm import AdapterSync
 
 log = logging.getLogger("emoji_rl.grpo")
-
-
-@dataclass
-class Config(JudgeConfig):
-    """Multi-turn GRPO of the emoji sender on the retrieval game (the judge_* fields: retrieval only)."""
-
-    # --- core ---
-    model: str = field(default=models.SMOLLM2, metadata={"help": "base model spec of the sender"})
-    init_adapter: str | None = field(
-        default=None, metadata={"help": "LoRA adapter to start from (the SFT output); none = a fresh adapter"}
-    )
-    reference: Literal["init", "base"] = field(
-        default="init",
-        metadata={"help": "KL reference: `init` = the starting adapter, frozen; `base` = the base model"},
-    )
-    train_data: str = field(
-        default="data/rl_train.jsonl", metadata={"help": "RL prompts, JSONL with `target`"}
-    )
-    output_dir: str = field(
-        default="runs/grpo", metadata={"help": "run directory: config, metrics, checkpoints"}
-    )
-    max_steps: int = field(default=20, metadata={"help": "optimizer steps to run"})
-    batch_size: int = field(
-        default=4,
-        metadata={
-            "help": "prompts per step over all processes (B), split evenly among them: a multiple of the "
-            "number of processes; gpu: 32"
-        },
-    )
-    group_size: int = field(
-        default=4, metadata={"help": "rollouts per prompt (G >= 2); seed 003: G=2 wastes 75% of steps"}
-    )
-    learning_rate: float = field(default=1e-4, metadata={"help": "AdamW step size; gpu: 5e-6 (seed 001)"})
-    beta: float = field(
-        default=0.01, metadata={"help": "KL coefficient (k3 estimator); 0 skips the reference"}
-    )
-    # With init_adapter, the adapter decides these three; a value given here must agree with it.
-    lora_r: int | None = field(
-        default=None, metadata={"help": "LoRA rank of a fresh adapter (none: 16); init_adapter: its own"}
-    )
-    lora_alpha: int | None = field(
-        default=None, metadata={"help": "LoRA alpha of a fresh adapter (none: 32); init_adapter: its own"}
-    )
-    lora_target_modules: list[str] | None = field(
-        default=None,
-        metadata={
-            "help": "module names that get LoRA in a fresh adapter (none: as sft's default); init_adapter: its own"
-        },
-    )
-    # --- game ---
-    game: Literal["retrieval", "wordle"] = field(
-        default="retrieval", metadata={"help": "retrieval (train_data holds `target`) or wordle (`answer`)"}
-    )
-    curriculum: bool = field(
-        default=True,
-        metadata={"help": "wordle: lower format and raise strategy weights once format is learned"},
-    )
-    curriculum_threshold: float = field(
-        default=0.9,
-        metadata={"help": "wordle: strict-format rate that starts the strategy phase (seed 003 §14)"},
-    )
-    curriculum_window: int = field(
-        default=64, metadata={"help": "wordle: episodes the format rate is taken over"}
-    )
-    max_turns: int = field(default=5, metadata={"help": "sender turns before the game ends"})
-    tau: float = field(default=0.85, metadata={"help": "similarity that ends the game as a success"})
-    min_emoji: int = field(default=MIN_EMOJI, metadata={"help": "fewest emoji in a valid turn"})
-    max_emoji: int = field(default=MAX_EMOJI, metadata={"help": "most emoji in a valid turn"})
-    success_bonus: float = field(default=0.5, metadata={"help": "reward added when similarity >= tau"})
-    turn_cost: float = field(default=0.1, metadata={"help": "reward subtracted per turn used"})
-    format_penalty: float = field(default=0.5, metadata={"help": "reward subtracted for an invalid turn"})
-    repetition_penalty: float = field(default=0.3, metadata={"help": "times (1 - unique/total emoji)"})
-    similarity_model: str = field(
-        default=models.MINILM, metadata={"help": "sentence embedder for the reward"}
-    )
-    # --- sampling ---
-    temperature: float = field(default=1.0, metadata={"help": "sampling temperature of the sender"})
-    max_new_tokens: int = field(default=MAX_NEW_TOKENS, metadata={"help": "token budget of one sender turn"})
-    engine: Literal["hf", "vllm"] = field(
-        default="hf",
-        metadata={
-            "help": "rollouts: hf = in-process generate; vllm = a vLLM server (launch/serve_policy.sh) "
-            "that hot-loads each new adapter"
-        },
-    )
-    vllm_url: str = field(
-        default="http://127.0.0.1:8002",
-        metadata={"help": "base URL of the policy server (POLICY_HOST/POLICY_PORT)"},
-    )
-    vllm_served_name: str = field(
-        default="policy",
-        metadata={"help": "its --served-model-name (POLICY_NAME); adapters load as NAME-v<step>"},
-    )
-    vllm_api_key_env: str | None = field(
-        default="POLICY_API_KEY",
-        metadata={"help": "env var holding the policy server's key; unset sends none"},
-    )
-    vllm_adapter_keep: int = field(
-        default=2, metadata={"help": "adapter versions kept loaded and on disk (>= 1, <= --max-cpu-loras)"}
-    )
-    vllm_timeout_s: float = field(default=300.0, metadata={"help": "seconds per request before a retry"})
-    # --- advanced ---
-    std_scaling: grpo.StdScaling = field(
-        default="group", metadata={"help": "advantage scaling: group std (GRPO), batch std, none (Dr. GRPO)"}
-    )
-    aggregation: grpo.Aggregation = field(
-        default="token_mean",
-        metadata={"help": "loss reduction: token_mean (DAPO), seq_mean (GRPO), constant (Dr. GRPO)"},
-    )
-    eps_low: float = field(default=0.2, metadata={"help": "PPO clip below 1"})
-    eps_high: float = field(default=0.2, metadata={"help": "PPO clip above 1 (DAPO clip-higher: 0.28)"})
-    dynamic_sampling: bool = field(
-        default=False,
-        metadata={
-            "help": "draw more prompts to replace groups with zero reward spread (DAPO); each process refills "
-            "its share of batch_size"
-        },
-    )
-    max_resample_rounds: int = field(
-        default=2, metadata={"help": "extra draws per step with dynamic_sampling"}
-    )
-    per_device_train_batch_size: int = field(
-        default=8,
-        metadata={"help": "episodes per forward/backward pass (gradient accumulation inside a step)"},
-    )
-    max_grad_norm: float = field(default=1.0, metadata={"help": "gradient clipping norm"})
-    nan_patience: int = field(default=3, metadata={"help": "stop after this many non-finite steps in a row"})
-    lr_scheduler_type: Literal["constant", "linear", "cosine"] = field(
-        default="constant", metadata={"help": "learning-rate schedule over max_steps"}
-    )
-    warmup_steps: int = field(default=0, metadata={"help": "linear warm-up steps"})
-    save_steps: int = field(default=10, metadata={"help": "checkpoint every N steps (and at the end)"})
-    seed: int = field(default=0, metadata={"help": "random seed (prompt order, sampling, judge)"})
-    resume: bool = field(default=False, metadata={"help": "continue from the last checkpoint in output_dir"})
-
-    def __post_init__(self) -> None:
-        super().__post_init__()
-        if self.batch_size < 1:
-            raise ValueError(f"batch_size={self.batch_size} must be >= 1 (prompts per step)")
-        if self.group_size < 2:
-            raise ValueError(
-                f"group_size={self.group_size} must be >= 2: the advantage is reward minus the group mean"
-            )
-        if self.aggregation == "constant" and self.max_new_tokens <= 0:
-            raise ValueError(
-                "aggregation=constant normalizes by max_new_tokens * max_turns: set max_new_tokens > 0"
-            )
-        if self.game == "wordle" and self.engine == "vllm":
-            raise ValueError(
-                "game=wordle with engine=vllm is not supported yet: the vllm sampler always sends the emoji "
-                "grammar; use engine=hf"
-            )
-        if self.vllm_adapter_keep < 1:
-            raise ValueError(
-                f"vllm_adapter_keep={self.vllm_adapter_keep} must be >= 1: the sampler needs one adapter"
-            )
-        if self.reference == "init" and self.init_adapter is None and self.beta > 0:
-            self.reference = "base"  # a fresh adapter starts equal to the base model
 
 
 # --- the loop ------------------------------------------------------------------------------------------

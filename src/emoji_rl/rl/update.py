@@ -18,7 +18,7 @@ from emoji_rl.rl.policy import reference_mode
 if TYPE_CHECKING:
     from accelerate import Accelerator
 
-    from emoji_rl.rl.train import Config
+    from emoji_rl.rl.train_config import Config
 
 
 def _size(batch: Batch, cfg: Config) -> float:
