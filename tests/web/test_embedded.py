@@ -8,7 +8,6 @@ import time
 
 import pytest
 
-from emoji_rl import models
 from emoji_rl.emoji.alphabet import parse_message
 from emoji_rl.rl.reward import Similarity
 from emoji_rl.web.app import Config, load_game
