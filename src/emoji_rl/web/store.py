@@ -211,11 +211,14 @@ class Store:
 
     def round(self, round_id: str) -> Round | None:
         with self._lock:
-            row = self._db.execute(
-                "SELECT round_id, mode, player, sender, adapter, adapter_hash, target_id, target, max_turns "
-                "FROM rounds WHERE round_id = ?",
-                (round_id,),
-            ).fetchone()
+            return self._round(round_id)
+
+    def _round(self, round_id: str) -> Round | None:
+        row = self._db.execute(
+            "SELECT round_id, mode, player, sender, adapter, adapter_hash, target_id, target, max_turns "
+            "FROM rounds WHERE round_id = ?",
+            (round_id,),
+        ).fetchone()
         return Round(**dict(row)) if row else None
 
     def turns(self, round_id: str) -> list[Turn]:
@@ -232,12 +235,8 @@ class Store:
             return self._check_open(round_id, turn)
 
     def _check_open(self, round_id: str, turn: int) -> Round:
-        row = self._db.execute(
-            "SELECT round_id, mode, player, sender, adapter, adapter_hash, target_id, target, max_turns "
-            "FROM rounds WHERE round_id = ?",
-            (round_id,),
-        ).fetchone()
-        if row is None:
+        round_ = self._round(round_id)
+        if round_ is None:
             raise StaleAnswer("this page is out of date: the server does not know its round; start a new one")
         answered = self._db.execute(
             "SELECT 1 FROM answers WHERE round_id = ? AND turn = ?", (round_id, turn)
@@ -245,7 +244,6 @@ class Store:
         if answered:
             raise DuplicateAnswer(f"turn {turn} of this round is answered already (submitted twice?)")
         served = self._db.execute("SELECT MAX(turn) FROM turns WHERE round_id = ?", (round_id,)).fetchone()[0]
-        round_ = Round(**dict(row))
         latest = served if round_.mode == "guess" else 1
         if latest is None:
             raise StaleAnswer(f"turn {turn} of this round has not been written yet: wait for the sender")
