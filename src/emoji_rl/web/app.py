@@ -13,6 +13,7 @@ from __future__ import annotations
 import ipaddress
 import json
 import logging
+import time
 from dataclasses import dataclass, field
 from http import HTTPStatus
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -64,6 +65,14 @@ class Config(JudgeConfig):
         default=models.MINILM, metadata={"help": "sentence embedder (the training scorer)"}
     )
     seed: int = field(default=0, metadata={"help": "seed of the assignment and the sampling"})
+    threads: int = field(
+        default=1,
+        metadata={
+            "help": "torch CPU threads of this process. 1: a batch of one gains little from more, and on a "
+            "busy machine two threads wait on each other (a sender turn took 57-114 s with 2, 3 s with 1, "
+            "2 cores at load 9)"
+        },
+    )
 
     def __post_init__(self) -> None:
         from emoji_rl.eval.retrieval import parse_systems
@@ -72,6 +81,8 @@ class Config(JudgeConfig):
         parse_systems(self.systems)
         if self.max_turns < 1:
             raise ValueError(f"max_turns={self.max_turns} must be >= 1")
+        if self.threads < 1:
+            raise ValueError(f"threads={self.threads} must be >= 1")
 
 
 def is_loopback(host: str) -> bool:
@@ -185,10 +196,15 @@ def make_server(game: Game, host: str, port: int) -> ThreadingHTTPServer:
 
 
 def load_game(cfg: Config) -> Game:
-    """Every model once: the base with each sender's adapter, the judge, the embedder."""
+    """Every model once: the base with each sender's adapter, the judge, the embedder; then one turn
+    of each, so the first person waits for a turn, not for the grammar compile and first calls."""
+    import torch
+
     from emoji_rl.eval.retrieval import load_systems, parse_systems
     from emoji_rl.rl.reward import Similarity
 
+    torch.set_num_threads(cfg.threads)
+    start = time.perf_counter()
     records = read_jsonl(cfg.data, hint="make it with `emoji-rl rl-prompts` (it writes the held-out split)")
     senders = parse_systems(cfg.systems)
     runtime = models.pick_runtime()
@@ -202,6 +218,14 @@ def load_game(cfg: Config) -> Game:
         Similarity(models.load_embedder(cfg.similarity_model, device=runtime.device)),
         cfg.temperature,
         cfg.max_new_tokens,
+    )
+    loaded_s = time.perf_counter() - start
+    times = loaded.warm_up()
+    log.info(
+        "play-web: models loaded in %.1f s, warmed in %.1f s (%s)",
+        loaded_s,
+        sum(times.values()),
+        ", ".join(f"{what} {s:.1f} s" for what, s in times.items()),
     )
     return Game(
         Store(cfg.db),

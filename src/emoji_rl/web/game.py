@@ -15,6 +15,7 @@ import asyncio
 import itertools
 import random
 import threading
+import time
 import uuid
 from collections import OrderedDict
 from collections.abc import Callable, Sequence
@@ -33,6 +34,7 @@ MAX_TEXT_CHARS = 300
 MAX_PLAYER_CHARS = 40
 ANONYMOUS = "anonymous"
 KEPT_JOBS = 2000  # finished jobs a page may still poll for; older ones are forgotten
+WARM_UP_TARGET = "See you at the beach tomorrow"
 
 
 class BadInput(UserError):
@@ -96,6 +98,21 @@ class LoadedModels:
     def similarity(self, target: str, guess: str) -> float:
         with self._similarity_lock:
             return self._similarity.similarity([target], [guess])[0]
+
+    def warm_up(self, target: str = WARM_UP_TARGET) -> dict[str, float]:
+        """One turn of every sender, the judge and the scorer, before anyone plays: the first call
+        compiles the emoji grammar and sets up torch's kernels (seconds on a CPU). Seconds per step."""
+        times: dict[str, float] = {}
+        start = time.perf_counter()
+        emoji = ""
+        for sender in self.senders:
+            emoji = self.write(sender, sender_messages(target), seed=0)
+            times[f"sender {sender}"], start = time.perf_counter() - start, time.perf_counter()
+        guess = self.judge(JudgeInput((parse_message(emoji).emoji,)))
+        times["judge"], start = time.perf_counter() - start, time.perf_counter()
+        self.similarity(target, guess.text)
+        times["similarity"] = time.perf_counter() - start
+        return times
 
 
 @dataclass

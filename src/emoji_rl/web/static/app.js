@@ -218,4 +218,5 @@ window.addEventListener("DOMContentLoaded", async () => {
     $("send-emoji").value = parts.join(" ");
   });
   for (const tab of ["guess", "send", "board"]) $(`tab-${tab}`).addEventListener("click", () => selectTab(tab));
+  document.body.dataset.ready = "true"; // the buttons work from here on (browser tests wait for it)
 });
