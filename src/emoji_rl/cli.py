@@ -36,6 +36,8 @@ STAGES: dict[str, tuple[str, str]] = {
     "debug-rollout": ("emoji_rl.rl.debug_rollout", "pretty-print logged GRPO episodes"),
     "play-game": ("emoji_rl.rl.play_game", "play the retrieval game against the model, as sender or judge"),
     "eval-retrieval": ("emoji_rl.eval.retrieval", "base vs SFT vs RL on held-out targets: table, JSON, PNG"),
+    "play-web": ("emoji_rl.web.app", "people play the retrieval game in a browser (the human evaluation)"),
+    "eval-human": ("emoji_rl.eval.human", "what people played in play-web: per sender, with 95% intervals"),
     "wordle-data": (
         "emoji_rl.data.wordle_data",
         "Wordle SFT traces from the entropy solver + RL answer splits",

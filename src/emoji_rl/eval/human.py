@@ -1,0 +1,136 @@
+"""`emoji-rl eval-human`: what people played in `emoji-rl play-web`, reported per sender.
+
+Guess mode's answers are the human evaluation: a person, not the model judge, reconstructs the
+message from a sender's emoji, scored by the training scorer (MiniLM similarity). Per sender and
+mode, with 95% percentile-bootstrap intervals over rounds: mean similarity and success@0.5 / 0.7;
+beside them, the model judge's similarity on the same emoji and the agreement between the two
+(Pearson r over rounds): how far the judge-based figures of `eval-retrieval` stand for people.
+`single` is every round's first turn, `multi` its last answered turn, as in `eval-retrieval`'s table.
+Writes a table, `human.json` and `human.png` to `output_dir`.
+
+    emoji-rl eval-human --db runs/play-web/answers.db
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from emoji_rl.data.jsonl import Record, write_json
+from emoji_rl.errors import UserError
+from emoji_rl.eval.report import bar_figure, format_table
+from emoji_rl.web.store import Store
+
+THRESHOLDS = (0.5, 0.7)
+LEVEL = 0.95
+
+
+@dataclass
+class Config:
+    """Report on what people played in play-web: per sender, with 95% bootstrap intervals."""
+
+    db: str = field(default="runs/play-web/answers.db", metadata={"help": "play-web's SQLite file"})
+    output_dir: str = field(default="reports/human", metadata={"help": "where the JSON and PNG go"})
+    resamples: int = field(default=2000, metadata={"help": "bootstrap resamples per interval"})
+    seed: int = field(default=0, metadata={"help": "seed of the bootstrap"})
+
+    def __post_init__(self) -> None:
+        if self.resamples < 100:
+            raise ValueError(f"resamples={self.resamples}: use at least 100 for a 95% interval")
+
+
+def bootstrap_ci(
+    values: Sequence[float], resamples: int = 2000, level: float = LEVEL, seed: int = 0
+) -> tuple[float, float] | None:
+    """Percentile bootstrap interval of the mean (resampling the values with replacement); None for
+    fewer than two values, where there is no spread to resample."""
+    if len(values) < 2:
+        return None
+    data = np.asarray(values, dtype=float)
+    rng = np.random.default_rng(seed)
+    means = data[rng.integers(0, len(data), size=(resamples, len(data)))].mean(axis=1)
+    tail = (1 - level) / 2
+    low, high = np.quantile(means, [tail, 1 - tail])
+    return float(low), float(high)
+
+
+def pearson(xs: Sequence[float], ys: Sequence[float]) -> float | None:
+    """Pearson correlation; None for fewer than three pairs or a constant side (undefined)."""
+    if len(xs) < 3 or np.std(xs) == 0 or np.std(ys) == 0:
+        return None
+    return float(np.corrcoef(xs, ys)[0, 1])
+
+
+def rounds_by_mode(answers: Sequence[Record]) -> dict[str, list[Record]]:
+    """Guess-mode answers as one record per round: its first turn (`single`), its last (`multi`)."""
+    by_round: dict[str, list[Record]] = {}
+    for a in answers:
+        by_round.setdefault(a["round_id"], []).append(a)
+    turns = [sorted(rows, key=lambda r: r["turn"]) for rows in by_round.values()]
+    return {
+        "single": [rows[0] for rows in turns if rows[0]["turn"] == 1],
+        "multi": [rows[-1] for rows in turns],
+    }
+
+
+def summarize(rounds: Sequence[Record], resamples: int, seed: int) -> dict[str, float | int | None]:
+    human = [r["similarity"] for r in rounds]
+    judge = [r["judge_similarity"] for r in rounds]
+    row: dict[str, float | int | None] = {"rounds": len(rounds)}
+    series = {"similarity": human, **{f"success@{t}": [float(s >= t) for s in human] for t in THRESHOLDS}}
+    for name, values in series.items():
+        row[name] = sum(values) / len(values)
+        interval = bootstrap_ci(values, resamples, LEVEL, seed)
+        row[f"{name}_lo"], row[f"{name}_hi"] = interval or (None, None)
+    row["judge_similarity"] = sum(judge) / len(judge)
+    row["agreement_r"] = pearson(judge, human)
+    return row
+
+
+def main(cfg: Config) -> None:
+    if not Path(cfg.db).is_file():
+        raise UserError(f"db {cfg.db} does not exist: people play with `emoji-rl play-web` (make play-web)")
+    answers = Store(cfg.db).answers("guess")
+    if not answers:
+        raise UserError(f"{cfg.db} holds no guess-mode answers yet: play some with `emoji-rl play-web`")
+    senders = list(dict.fromkeys(a["sender"] for a in answers))
+    rows = []
+    for mode, rounds in rounds_by_mode(answers).items():
+        for sender in senders:
+            mine = [r for r in rounds if r["sender"] == sender]
+            if mine:
+                rows.append({"system": sender, "mode": mode, **summarize(mine, cfg.resamples, cfg.seed)})
+    everyone = [r for rows_ in rounds_by_mode(answers).values() for r in rows_]
+    overall_r = pearson([r["judge_similarity"] for r in everyone], [r["similarity"] for r in everyone])
+    columns = ["system", "mode", "rounds"]
+    for name in ("similarity", *[f"success@{t}" for t in THRESHOLDS]):
+        columns += [name, f"{name}_lo", f"{name}_hi"]
+    columns += ["judge_similarity", "agreement_r"]
+    out = Path(cfg.output_dir)
+    write_json(
+        out / "human.json",
+        {
+            "db": cfg.db,
+            "answers": len(answers),
+            "interval": f"{LEVEL:.0%} percentile bootstrap over rounds, {cfg.resamples} resamples",
+            "agreement_r_all": overall_r,
+            "rows": rows,
+        },
+    )
+    figure = bar_figure(
+        rows,
+        ["similarity", *[f"success@{t}" for t in THRESHOLDS], "judge_similarity"],
+        group="mode",
+        series="system",
+        title="people guessing the senders' emoji (play-web)",
+        path=out / "human.png",
+    )
+    agreement = "-" if overall_r is None else f"{overall_r:.3f}"
+    print(
+        f"\n{len(answers)} answers from {cfg.db}; judge-human agreement (Pearson r, all rounds): {agreement}"
+    )
+    print(f"{format_table(rows, columns)}\n")
+    print(f"report: {out / 'human.json'}\nplot:   {figure}")

@@ -1,0 +1,260 @@
+"""`emoji-rl play-web`: people play the retrieval game in a browser, against trained senders.
+
+    emoji-rl play-web --systems base sft=runs/sft/adapter rl=runs/grpo/adapter --data data/rl_eval.jsonl
+    make play-web
+
+Then open http://127.0.0.1:8000. Every answer goes to `db` (SQLite); `emoji-rl eval-human` reports on
+it. The server is the standard library's threaded HTTP server and a static page (docs/PLAY_WEB.md
+says why); the models load once and run on one worker thread, so pages answer while they generate.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import json
+import logging
+import time
+from dataclasses import dataclass, field
+from http import HTTPStatus
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import Any
+from urllib.parse import parse_qs, urlsplit
+
+from emoji_rl import models
+from emoji_rl.data.jsonl import read_jsonl
+from emoji_rl.emoji.alphabet import ALPHABET, MAX_EMOJI, MIN_EMOJI, emoji_name
+from emoji_rl.errors import UserError
+from emoji_rl.generate import MAX_NEW_TOKENS
+from emoji_rl.rl.judge import JudgeConfig
+from emoji_rl.web.game import MAX_TEXT_CHARS, BadInput, Game, LoadedModels, target_ids
+from emoji_rl.web.store import AnswerRejected, Store
+
+log = logging.getLogger(__name__)
+
+STATIC = Path(__file__).parent / "static"
+MAX_BODY = 16_384  # bytes of a request body: a guess is at most MAX_TEXT_CHARS characters
+_FILES = {"/": "index.html", "/app.js": "app.js", "/style.css": "style.css"}
+_TYPES = {".html": "text/html", ".js": "text/javascript", ".css": "text/css"}
+# Scripts from our own files only: even if a typed text reached the DOM as markup, it could not run.
+_CSP = "default-src 'self'; script-src 'self'; style-src 'self'; img-src 'self' data:"
+
+
+@dataclass
+class Config(JudgeConfig):
+    """Serve the retrieval game to people in a browser; their answers are the human evaluation."""
+
+    model: str = field(default=models.SMOLLM2, metadata={"help": "base model spec of every sender"})
+    systems: list[str] = field(
+        default_factory=lambda: ["base"],
+        metadata={"help": "senders, assigned blind and balanced: `base`, or NAME=ADAPTER_DIR"},
+    )
+    data: str = field(
+        default="data/rl_eval.jsonl", metadata={"help": "held-out targets, JSONL with `target`"}
+    )
+    db: str = field(default="runs/play-web/answers.db", metadata={"help": "SQLite file of every answer"})
+    host: str = field(
+        default="127.0.0.1", metadata={"help": "address to listen on; anything but loopback is warned about"}
+    )
+    port: int = field(default=8000, metadata={"help": "TCP port (0 picks a free one)"})
+    max_turns: int = field(default=3, metadata={"help": "turns a person may ask the sender for"})
+    tau: float = field(default=0.85, metadata={"help": "similarity that ends a round"})
+    temperature: float = field(default=0.7, metadata={"help": "sender sampling temperature"})
+    max_new_tokens: int = field(default=MAX_NEW_TOKENS, metadata={"help": "token budget of one sender turn"})
+    similarity_model: str = field(
+        default=models.MINILM, metadata={"help": "sentence embedder (the training scorer)"}
+    )
+    seed: int = field(default=0, metadata={"help": "seed of the assignment and the sampling"})
+    threads: int = field(
+        default=1,
+        metadata={
+            "help": "torch CPU threads of this process. 1: a batch of one gains little from more, and on a "
+            "busy machine two threads wait on each other (a sender turn took 57-114 s with 2, 3 s with 1, "
+            "2 cores at load 9)"
+        },
+    )
+
+    def __post_init__(self) -> None:
+        from emoji_rl.eval.retrieval import parse_systems
+
+        super().__post_init__()
+        parse_systems(self.systems)
+        if self.max_turns < 1:
+            raise ValueError(f"max_turns={self.max_turns} must be >= 1")
+        if self.threads < 1:
+            raise ValueError(f"threads={self.threads} must be >= 1")
+
+
+def is_loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+class Handler(BaseHTTPRequestHandler):
+    game: Game  # set on the subclass make_server builds
+    server_version = "emoji-rl"
+
+    def log_message(self, format: str, *args: Any) -> None:
+        log.debug("%s " + format, self.address_string(), *args)
+
+    def _send(self, status: int, body: bytes, content_type: str) -> None:
+        self.send_response(status)
+        self.send_header("Content-Type", f"{content_type}; charset=utf-8")
+        self.send_header("Content-Length", str(len(body)))
+        self.send_header("Content-Security-Policy", _CSP)
+        self.send_header("X-Content-Type-Options", "nosniff")
+        self.send_header("Cache-Control", "no-store")
+        self.end_headers()
+        self.wfile.write(body)
+
+    def _json(self, status: int, obj: object) -> None:
+        self._send(status, json.dumps(obj, ensure_ascii=False).encode(), "application/json")
+
+    def _body(self) -> dict[str, Any]:
+        length = int(self.headers.get("Content-Length") or 0)
+        if length > MAX_BODY:
+            raise _HTTPError(HTTPStatus.REQUEST_ENTITY_TOO_LARGE, f"request too large: {length} bytes")
+        try:
+            body = json.loads(self.rfile.read(length) or b"{}")
+        except (json.JSONDecodeError, UnicodeDecodeError) as err:
+            raise BadInput(f"the request is not JSON: {err}") from err
+        if not isinstance(body, dict):
+            raise BadInput("the request must be a JSON object")
+        return body
+
+    def do_GET(self) -> None:
+        url = urlsplit(self.path)
+        if url.path in _FILES:
+            path = STATIC / _FILES[url.path]
+            return self._send(HTTPStatus.OK, path.read_bytes(), _TYPES[path.suffix])
+        self._api(lambda: self._get(url.path, parse_qs(url.query)))
+
+    def do_POST(self) -> None:
+        self._api(lambda: self._post(urlsplit(self.path).path, self._body()))
+
+    def _api(self, handle) -> None:
+        try:
+            status, obj = handle()
+        except _HTTPError as err:
+            status, obj = err.status, {"error": err.message}
+        except BadInput as err:
+            status, obj = HTTPStatus.BAD_REQUEST, {"error": str(err)}
+        except AnswerRejected as err:
+            status, obj = HTTPStatus.CONFLICT, {"error": str(err)}
+        except UserError as err:
+            status, obj = HTTPStatus.BAD_REQUEST, {"error": str(err)}
+        self._json(status, obj)
+
+    def _get(self, path: str, query: dict[str, list[str]]) -> tuple[int, object]:
+        game = self.game
+        if path == "/api/config":
+            return HTTPStatus.OK, {
+                "max_turns": game.max_turns,
+                "max_text_chars": MAX_TEXT_CHARS,
+                "min_emoji": MIN_EMOJI,
+                "max_emoji": MAX_EMOJI,
+            }
+        if path == "/api/alphabet":
+            return HTTPStatus.OK, [[e, emoji_name(e)] for e in ALPHABET]
+        if path == "/api/job":
+            return HTTPStatus.OK, game.jobs.status(query.get("id", [""])[0])
+        if path == "/api/leaderboard":
+            return HTTPStatus.OK, game.leaderboard()
+        raise _HTTPError(HTTPStatus.NOT_FOUND, f"no such page: {path}")
+
+    def _post(self, path: str, body: dict[str, Any]) -> tuple[int, object]:
+        game = self.game
+        if path == "/api/guess/start":
+            return HTTPStatus.ACCEPTED, {"job": game.start_guess(body.get("player"))}
+        if path == "/api/guess/answer":
+            return HTTPStatus.OK, game.answer_guess(body.get("round_id"), body.get("turn"), body.get("text"))
+        if path == "/api/guess/next":
+            return HTTPStatus.ACCEPTED, {"job": game.next_turn(body.get("round_id"), body.get("turn"))}
+        if path == "/api/send/start":
+            return HTTPStatus.OK, game.start_send(body.get("player"))
+        if path == "/api/send/answer":
+            return HTTPStatus.ACCEPTED, {"job": game.answer_send(body.get("round_id"), body.get("emoji"))}
+        raise _HTTPError(HTTPStatus.NOT_FOUND, f"no such action: {path}")
+
+
+class _HTTPError(Exception):
+    def __init__(self, status: int, message: str) -> None:
+        super().__init__(message)
+        self.status, self.message = status, message
+
+
+def make_server(game: Game, host: str, port: int) -> ThreadingHTTPServer:
+    """The server, bound and ready for `serve_forever` (port 0: a free port, in `server_address`)."""
+    handler = type("GameHandler", (Handler,), {"game": game})
+    server = ThreadingHTTPServer((host, port), handler)
+    server.daemon_threads = True
+    return server
+
+
+def load_game(cfg: Config) -> Game:
+    """Every model once: the base with each sender's adapter, the judge, the embedder; then one turn
+    of each, so the first person waits for a turn, not for the grammar compile and first calls."""
+    import torch
+
+    from emoji_rl.eval.retrieval import load_systems, parse_systems
+    from emoji_rl.rl.reward import Similarity
+
+    torch.set_num_threads(cfg.threads)
+    start = time.perf_counter()
+    records = read_jsonl(cfg.data, hint="make it with `emoji-rl rl-prompts` (it writes the held-out split)")
+    senders = parse_systems(cfg.systems)
+    runtime = models.pick_runtime()
+    tokenizer = models.load_tokenizer(cfg.model)
+    model = load_systems(models.load_causal_lm(cfg.model, runtime), senders)
+    loaded = LoadedModels(
+        model,
+        tokenizer,
+        senders,
+        cfg.build_judge(runtime, batch_size=1),
+        Similarity(models.load_embedder(cfg.similarity_model, device=runtime.device)),
+        cfg.temperature,
+        cfg.max_new_tokens,
+    )
+    loaded_s = time.perf_counter() - start
+    times = loaded.warm_up()
+    log.info(
+        "play-web: models loaded in %.1f s, warmed in %.1f s (%s)",
+        loaded_s,
+        sum(times.values()),
+        ", ".join(f"{what} {s:.1f} s" for what, s in times.items()),
+    )
+    return Game(
+        Store(cfg.db),
+        loaded,
+        senders,
+        target_ids(records, cfg.data),
+        max_turns=cfg.max_turns,
+        tau=cfg.tau,
+        seed=cfg.seed,
+    )
+
+
+def main(cfg: Config) -> None:
+    if not is_loopback(cfg.host):
+        log.warning(
+            "play-web listens on %s: anyone who reaches this address can play and write to %s "
+            "(no login, no TLS). Use 127.0.0.1 unless you mean it.",
+            cfg.host,
+            cfg.db,
+        )
+    game = load_game(cfg)
+    try:
+        server = make_server(game, cfg.host, cfg.port)
+    except OSError as err:
+        raise UserError(f"play-web cannot listen on {cfg.host}:{cfg.port}: {err} (try --port 0)") from err
+    host, port = server.server_address[:2]
+    print(f"play-web: http://{host}:{port}/  (answers in {cfg.db}; Ctrl-C stops)", flush=True)
+    try:
+        server.serve_forever()
+    finally:
+        server.server_close()
+        game.close()

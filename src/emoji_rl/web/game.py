@@ -1,0 +1,377 @@
+"""The rules of the browser game, apart from HTTP: who plays which target with which sender, the
+turns, the checks on what a person typed, and the jobs that run the models off the request threads.
+
+Guess mode is the human evaluation: a sender (assigned blind, the one with the fewest rounds so far,
+then its least-played target) writes emoji for a hidden target; the person guesses; the guess is
+scored with the training scorer (`rl.reward.Similarity`), and the model judge's guess of the same
+emoji is shown beside it. A guess below tau may ask the sender for another turn: the sender sees the
+person's guess as the correction prompt, as it sees the judge's in the game. Send mode swaps the
+roles: the person writes emoji (checked by the models' parser), the model judge guesses.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import random
+import threading
+import time
+import uuid
+from collections import OrderedDict
+from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+from emoji_rl.data.jsonl import Record
+from emoji_rl.emoji.alphabet import MAX_EMOJI, MIN_EMOJI, parse_message
+from emoji_rl.errors import UserError
+from emoji_rl.prompts import correction_message, sender_messages
+from emoji_rl.rl.judge import Guess, Judge, JudgeInput
+from emoji_rl.web.store import AnswerRejected, Round, Store, Turn, adapter_hash
+
+MAX_TEXT_CHARS = 300
+MAX_PLAYER_CHARS = 40
+ANONYMOUS = "anonymous"
+KEPT_JOBS = 2000  # finished jobs a page may still poll for; older ones are forgotten
+WARM_UP_TARGET = "See you at the beach tomorrow"
+
+
+class BadInput(UserError):
+    """What a person typed cannot be played; the message says what and is shown on the page."""
+
+
+class Models(Protocol):
+    """The models a game needs. Called from one worker thread at a time (`Jobs`), except
+    `similarity`, which must be safe to call from request threads."""
+
+    def write(self, sender: str, conversation: list[dict[str, str]], seed: int) -> str:
+        """The sender's emoji message for a chat (system, target, corrections)."""
+
+    def judge(self, episode: JudgeInput) -> Guess:
+        """The model judge's guess of an episode's emoji."""
+
+    def similarity(self, target: str, guess: str) -> float:
+        """The training score of a guess (MiniLM cosine)."""
+
+
+class LoadedModels:
+    """The real models, loaded once: every sender's adapter on one base, the judge, the embedder."""
+
+    def __init__(
+        self,
+        model: Any,
+        tokenizer: Any,
+        senders: dict[str, str | None],
+        judge: Judge,
+        similarity: Any,
+        temperature: float,
+        max_new_tokens: int,
+    ) -> None:
+        self.model, self.tokenizer, self.senders = model, tokenizer, senders
+        self._judge, self._similarity = judge, similarity
+        self.temperature, self.max_new_tokens = temperature, max_new_tokens
+        self._similarity_lock = threading.Lock()
+
+    def write(self, sender: str, conversation: list[dict[str, str]], seed: int) -> str:
+        from emoji_rl.eval.retrieval import active_system
+        from emoji_rl.generate import generate_replies
+
+        with active_system(self.model, sender, self.senders[sender]):
+            (reply,) = generate_replies(
+                self.model,
+                self.tokenizer,
+                [conversation],
+                constraint="grammar",
+                temperature=self.temperature,
+                max_new_tokens=self.max_new_tokens,
+                seed=seed,
+                min_emoji=MIN_EMOJI,
+                max_emoji=MAX_EMOJI,
+            )
+        return reply.text
+
+    def judge(self, episode: JudgeInput) -> Guess:
+        (guess,) = asyncio.run(self._judge.guess([episode]))
+        return guess
+
+    def similarity(self, target: str, guess: str) -> float:
+        with self._similarity_lock:
+            return self._similarity.similarity([target], [guess])[0]
+
+    def warm_up(self, target: str = WARM_UP_TARGET) -> dict[str, float]:
+        """One turn of every sender, the judge and the scorer, before anyone plays: the first call
+        compiles the emoji grammar and sets up torch's kernels (seconds on a CPU). Seconds per step."""
+        times: dict[str, float] = {}
+        start = time.perf_counter()
+        emoji = ""
+        for sender in self.senders:
+            emoji = self.write(sender, sender_messages(target), seed=0)
+            times[f"sender {sender}"], start = time.perf_counter() - start, time.perf_counter()
+        guess = self.judge(JudgeInput((parse_message(emoji).emoji,)))
+        times["judge"], start = time.perf_counter() - start, time.perf_counter()
+        self.similarity(target, guess.text)
+        times["similarity"] = time.perf_counter() - start
+        return times
+
+
+@dataclass
+class _Job:
+    state: str = "queued"  # queued | running | done | error
+    result: Record | None = None
+    error: str | None = None
+
+
+class Jobs:
+    """Model work on one worker thread (the models are shared and not thread-safe), so a request
+    never waits for a generation: it gets a job id and the page polls it."""
+
+    def __init__(self) -> None:
+        self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="models")
+        self._jobs: OrderedDict[str, _Job] = OrderedDict()
+        self._lock = threading.Lock()
+
+    def submit(self, work: Callable[[], Record]) -> str:
+        job_id, job = uuid.uuid4().hex, _Job()
+        with self._lock:
+            self._jobs[job_id] = job
+            while len(self._jobs) > KEPT_JOBS:
+                self._jobs.popitem(last=False)
+
+        def run() -> None:
+            job.state = "running"
+            try:
+                job.result = work()
+                job.state = "done"
+            except UserError as err:
+                job.error, job.state = str(err), "error"
+            except Exception as err:  # shown to the page; the server keeps serving
+                job.error, job.state = f"the models failed: {type(err).__name__}: {err}", "error"
+
+        self._pool.submit(run)
+        return job_id
+
+    def status(self, job_id: str) -> Record:
+        with self._lock:
+            job = self._jobs.get(job_id)
+            ahead = sum(
+                j.state == "queued" for j in itertools.takewhile(lambda j: j is not job, self._jobs.values())
+            )
+        if job is None:
+            raise BadInput(f"unknown job {job_id!r}: the server restarted or forgot it; start a new round")
+        return {"state": job.state, "ahead": ahead, "result": job.result, "error": job.error}
+
+    def close(self) -> None:
+        self._pool.shutdown(wait=True, cancel_futures=True)
+
+
+def clean_text(text: object, what: str, limit: int = MAX_TEXT_CHARS) -> str:
+    if not isinstance(text, str):
+        raise BadInput(f"{what} must be text")
+    text = " ".join(text.split())
+    if not text:
+        raise BadInput(f"{what} is empty: type something first")
+    if len(text) > limit:
+        raise BadInput(f"{what} is too long: {len(text)} characters, at most {limit}")
+    return text
+
+
+def clean_player(name: object) -> str:
+    if name in (None, ""):
+        return ANONYMOUS
+    return clean_text(name, "your name", MAX_PLAYER_CHARS)
+
+
+def target_ids(records: Sequence[Record], source: str) -> list[tuple[str, str]]:
+    """(id, target) per record: the record's `id`, else `source:line` so rows still say which one."""
+    return [(str(r.get("id") or f"{source}:{i}"), r["target"]) for i, r in enumerate(records, start=1)]
+
+
+class Game:
+    def __init__(
+        self,
+        store: Store,
+        models: Models,
+        senders: dict[str, str | None],
+        targets: Sequence[tuple[str, str]],
+        *,
+        max_turns: int,
+        tau: float,
+        seed: int = 0,
+    ) -> None:
+        if not senders:
+            raise UserError("play-web needs at least one sender (systems: base or NAME=ADAPTER_DIR)")
+        if not targets:
+            raise UserError("play-web needs at least one target message (data)")
+        self.store, self.models, self.senders = store, models, senders
+        self.hashes = {name: adapter_hash(path) for name, path in senders.items()}
+        self.targets = dict(targets)
+        self.max_turns, self.tau = max_turns, tau
+        self.jobs = Jobs()
+        self._rng = random.Random(seed)
+        self._seeds = itertools.count(seed)
+        self._lock = threading.Lock()
+        self._pending: dict[tuple[str, int], str] = {}  # (round, turn) being written or judged -> job
+
+    # --- assignment ----------------------------------------------------------------------------
+
+    def _least(self, counts: dict[str, int], keys: Sequence[str]) -> str:
+        fewest = min(counts.get(k, 0) for k in keys)
+        return self._rng.choice([k for k in keys if counts.get(k, 0) == fewest])
+
+    def _new_round(self, mode: str, player: str) -> Round:
+        with self._lock:  # two players starting at once must not both see the same counts
+            if mode == "guess":
+                sender = self._least(self.store.rounds_per_sender("guess"), list(self.senders))
+                adapter, digest = self.senders[sender], self.hashes[sender]
+            else:
+                sender, adapter, digest = "person", None, None
+            target_id = self._least(
+                self.store.rounds_per_target(mode, sender if mode == "guess" else None), list(self.targets)
+            )
+            return self.store.new_round(
+                mode=mode,
+                player=player,
+                sender=sender,
+                adapter=adapter,
+                adapter_hash=digest,
+                target_id=target_id,
+                target=self.targets[target_id],
+                max_turns=self.max_turns if mode == "guess" else 1,
+            )
+
+    def _once(self, key: tuple[str, int], work: Callable[[], Record]) -> str:
+        """One job per (round, turn): a second click while it runs gets the same job back."""
+        with self._lock:
+            if key in self._pending:
+                return self._pending[key]
+
+            def run() -> Record:
+                try:
+                    return work()
+                finally:
+                    with self._lock:
+                        self._pending.pop(key, None)
+
+            self._pending[key] = job = self.jobs.submit(run)
+            return job
+
+    # --- guess mode ------------------------------------------------------------------------------
+
+    def start_guess(self, player: object) -> str:
+        round_ = self._new_round("guess", clean_player(player))
+        return self._once((round_.round_id, 1), lambda: self._write_turn(round_, 1, []))
+
+    def _write_turn(self, round_: Round, turn: int, human_guesses: Sequence[str]) -> Record:
+        previous = self.store.turns(round_.round_id)
+        conversation = sender_messages(round_.target)
+        for t, guess in zip(previous, human_guesses, strict=True):
+            conversation += [
+                {"role": "assistant", "content": t.emoji},
+                correction_message(guess, round_.target),
+            ]
+        emoji = self.models.write(round_.sender, conversation, next(self._seeds))
+        turns = (*(parse_message(t.emoji).emoji for t in previous), parse_message(emoji).emoji)
+        judged = self.models.judge(JudgeInput(turns, tuple(t.judge_guess for t in previous)))
+        score = self.models.similarity(round_.target, judged.text)
+        self.store.add_turn(round_.round_id, Turn(turn, emoji, judged.text, score))
+        return {"round_id": round_.round_id, "turn": turn, "max_turns": round_.max_turns, "emoji": emoji}
+
+    def answer_guess(self, round_id: object, turn: object, text: object) -> Record:
+        text = clean_text(text, "your guess")
+        round_id, turn = _round_ref(round_id, turn)
+        round_ = self.store.check_open(round_id, turn)
+        if round_.mode != "guess":
+            raise AnswerRejected("this round is a send-mode round: answer it with emoji")
+        served = self.store.turns(round_id)[-1]
+        similarity = self.models.similarity(round_.target, text)
+        row = self.store.add_answer(
+            round_id,
+            turn,
+            emoji=served.emoji,
+            text=text,
+            similarity=similarity,
+            judge_guess=served.judge_guess,
+            judge_similarity=served.judge_similarity,
+        )
+        return {
+            "turn": turn,
+            "guess": text,
+            "target": round_.target,
+            "similarity": similarity,
+            "judge_guess": served.judge_guess,
+            "judge_similarity": served.judge_similarity,
+            "can_continue": similarity < self.tau and turn < round_.max_turns,
+            "answer_id": row["id"],
+        }
+
+    def next_turn(self, round_id: object, turn: object) -> str:
+        """Ask the sender for turn `turn` + 1, after the person's guess of `turn` fell short."""
+        round_id, turn = _round_ref(round_id, turn)
+        round_ = self.store.round(round_id)
+        answers = [a for a in self.store.answers("guess") if a["round_id"] == round_id]
+        served = self.store.turns(round_id)
+        if round_ is None or len(answers) != turn or len(served) != turn:
+            raise AnswerRejected("this page is out of date: reload, or start a new round")
+        if turn >= round_.max_turns or answers[-1]["similarity"] >= self.tau:
+            raise AnswerRejected("this round is over: start a new one")
+        guesses = [a["text"] for a in answers]
+        return self._once((round_id, turn + 1), lambda: self._write_turn(round_, turn + 1, guesses))
+
+    # --- send mode -------------------------------------------------------------------------------
+
+    def start_send(self, player: object) -> Record:
+        round_ = self._new_round("send", clean_player(player))
+        return {"round_id": round_.round_id, "turn": 1, "target": round_.target}
+
+    def answer_send(self, round_id: object, emoji: object) -> str:
+        if not isinstance(emoji, str):
+            raise BadInput("your emoji must be text")
+        parsed = parse_message(emoji.strip())
+        if not parsed.ok:
+            raise BadInput(f"not an emoji message the models could send: {parsed.reason}")
+        round_id, _ = _round_ref(round_id, 1)
+        round_ = self.store.check_open(round_id, 1)
+        if round_.mode != "send":
+            raise AnswerRejected("this round is a guess-mode round: answer it with a guess")
+        text = emoji.strip()
+
+        def judge() -> Record:
+            guess = self.models.judge(JudgeInput((parsed.emoji,)))
+            score = self.models.similarity(round_.target, guess.text)
+            self.store.add_answer(
+                round_id,
+                1,
+                emoji=text,
+                text=text,
+                similarity=score,
+                judge_guess=guess.text,
+                judge_similarity=score,
+            )
+            return {"target": round_.target, "emoji": text, "judge_guess": guess.text, "similarity": score}
+
+        return self._once((round_id, 1), judge)
+
+    def leaderboard(self) -> list[Record]:
+        """Mean judge similarity of each sender's first turns: people (send mode) beside the models."""
+        scores: dict[tuple[str, str], list[float]] = {}
+        for a in self.store.answers():
+            if a["turn"] == 1:
+                who = ("person", a["player"]) if a["mode"] == "send" else ("model", a["sender"])
+                scores.setdefault(who, []).append(a["judge_similarity"])
+        rows = [
+            {"kind": kind, "name": name, "score": sum(v) / len(v), "rounds": len(v)}
+            for (kind, name), v in scores.items()
+        ]
+        return sorted(rows, key=lambda r: -r["score"])
+
+    def close(self) -> None:
+        self.jobs.close()
+
+
+def _round_ref(round_id: object, turn: object) -> tuple[str, int]:
+    if not isinstance(round_id, str) or not round_id:
+        raise BadInput("the page sent no round id: reload it")
+    if not isinstance(turn, int) or isinstance(turn, bool) or turn < 1:
+        raise BadInput(f"the page sent a bad turn {turn!r}: reload it")
+    return round_id, turn

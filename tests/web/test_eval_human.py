@@ -1,0 +1,90 @@
+"""eval-human: the bootstrap and agreement numbers, and the report on answers played over HTTP."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from emoji_rl.errors import UserError
+from emoji_rl.eval.human import Config, bootstrap_ci, main, pearson, rounds_by_mode
+from emoji_rl.web.store import Store
+
+
+def test_bootstrap_interval_brackets_the_mean_and_narrows_with_data():
+    few = [0.2, 0.9, 0.4, 0.6]
+    low, high = bootstrap_ci(few, seed=1)
+    assert low < sum(few) / len(few) < high
+    many_low, many_high = bootstrap_ci(few * 25, seed=1)
+    assert many_high - many_low < (high - low) / 2
+    assert bootstrap_ci(few, seed=1) == (low, high)  # seeded
+    assert bootstrap_ci([0.7, 0.7, 0.7]) == pytest.approx((0.7, 0.7))
+    assert bootstrap_ci([0.5]) is None
+
+
+def test_bootstrap_covers_a_known_mean_about_95_percent_of_the_time():
+    import numpy as np
+
+    rng = np.random.default_rng(0)
+    hits = sum(
+        lo <= 0.5 <= hi
+        for lo, hi in (
+            bootstrap_ci(rng.uniform(0, 1, 40).tolist(), resamples=500, seed=s) for s in range(200)
+        )
+    )
+    assert 175 <= hits <= 199, hits  # 95% nominal; the percentile bootstrap runs a little narrow at n=40
+
+
+def test_pearson():
+    assert pearson([0.1, 0.2, 0.3], [0.2, 0.4, 0.6]) == pytest.approx(1.0)
+    assert pearson([0.1, 0.2, 0.3], [0.6, 0.4, 0.2]) == pytest.approx(-1.0)
+    assert pearson([0.1, 0.2], [0.2, 0.4]) is None
+    assert pearson([0.1, 0.2, 0.3], [0.5, 0.5, 0.5]) is None
+
+
+def test_rounds_by_mode_takes_first_and_last_turns():
+    rows = [
+        {"round_id": "a", "turn": 2, "similarity": 0.9},
+        {"round_id": "a", "turn": 1, "similarity": 0.3},
+        {"round_id": "b", "turn": 1, "similarity": 0.5},
+    ]
+    modes = rounds_by_mode(rows)
+    assert sorted(r["similarity"] for r in modes["single"]) == [0.3, 0.5]
+    assert sorted(r["similarity"] for r in modes["multi"]) == [0.5, 0.9]
+
+
+def test_report_on_answers_played_over_http(served, tmp_path, capsys):
+    client, game, _ = served
+    guesses = ["pizza tonight", "the movie at nine", "bus", "let's grab pizza tonight", "a cat", "nine"]
+    for text in guesses:
+        shown = client.guess_round()
+        assert (
+            client.post(
+                "/api/guess/answer", {"round_id": shown["round_id"], "turn": 1, "text": text}
+            ).status_code
+            == 200
+        )
+    out = tmp_path / "report"
+    main(Config(db=str(game.store.path), output_dir=str(out), resamples=200))
+    report = json.loads((out / "human.json").read_text())
+    assert report["answers"] == len(guesses)
+    rows = {(r["system"], r["mode"]): r for r in report["rows"]}
+    assert set(rows) == {(s, m) for s in ("base", "sft") for m in ("single", "multi")}
+    stored = game.store.answers()
+    for (sender, _), row in rows.items():
+        mine = [a["similarity"] for a in stored if a["sender"] == sender]
+        assert row["rounds"] == len(mine) == 3
+        assert row["similarity"] == pytest.approx(sum(mine) / 3)
+        assert row["success@0.5"] == pytest.approx(sum(s >= 0.5 for s in mine) / 3)
+        assert row["similarity_lo"] <= row["similarity"] <= row["similarity_hi"]
+    assert (out / "human.png").stat().st_size > 0
+    assert "judge-human agreement" in capsys.readouterr().out
+
+
+def test_missing_or_empty_db_is_a_clear_error(tmp_path):
+    with pytest.raises(UserError, match="does not exist"):
+        main(Config(db=str(tmp_path / "none.db"), output_dir=str(tmp_path)))
+    assert not (tmp_path / "none.db").exists()
+    Store(tmp_path / "empty.db")
+    with pytest.raises(UserError, match="no guess-mode answers"):
+        main(Config(db=str(tmp_path / "empty.db"), output_dir=str(tmp_path)))
