@@ -46,6 +46,9 @@ class StandInModels:
         a, b = set(target.lower().split()), set(guess.lower().split())
         return len(a & b) / len(a | b)
 
+    def stop(self):
+        self.hold.set()
+
 
 class Client:
     def __init__(self, base: str) -> None:
@@ -108,35 +111,49 @@ def served(tmp_path, senders):
 # Debian's browser and its matching driver: a browser downloaded at install time (Playwright's,
 # Selenium Manager's) cannot work on a machine that reaches only the package registries.
 CHROMIUM_PACKAGES = ("chromium", "chromium-driver")
+# Chromium draws emoji with the system's fonts: without a colour emoji font, a screenshot shows
+# empty boxes where the page shows the senders' emoji (the tests read text, so they pass either way).
+EMOJI_FONT, EMOJI_FONT_PACKAGE = "Noto Color Emoji", "fonts-noto-color-emoji"
 
 
 def _chromium() -> tuple[str | None, str | None]:
     return shutil.which("chromium"), shutil.which("chromedriver")
 
 
-@pytest.fixture(scope="session")
-def chromium_paths() -> tuple[str, str]:
-    """(browser, driver), apt-get installing them when missing and running as root (as on CI);
-    otherwise the test fails naming the packages. A session fixture rather than a `make test`
-    prerequisite: it runs only when a browser test is selected, under plain `pytest` too (CI
-    steps, an editor), and costs two PATH look-ups once installed."""
-    browser, driver = _chromium()
-    if browser and driver:
-        return browser, driver
-    names = " ".join(CHROMIUM_PACKAGES)
-    if os.geteuid() != 0 or not shutil.which("apt-get"):
-        pytest.fail(f"the browser tests need Debian's {names}: sudo apt-get install {names}")
+def has_emoji_font() -> bool:
+    fc_list = shutil.which("fc-list")  # fontconfig, which chromium depends on
+    found = subprocess.run([fc_list, EMOJI_FONT], capture_output=True, text=True) if fc_list else None
+    return bool(found and EMOJI_FONT in found.stdout)
+
+
+def _apt_get_install(packages: list[str]) -> None:
     env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
-    install = ["apt-get", "install", "-y", "--no-install-recommends", *CHROMIUM_PACKAGES]
+    install = ["apt-get", "install", "-y", "--no-install-recommends", *packages]
     if subprocess.run(install, env=env, capture_output=True).returncode != 0:
         # A fresh machine's package lists may be missing or stale: refresh them once, then retry.
         subprocess.run(["apt-get", "update"], env=env, capture_output=True, check=False)
         done = subprocess.run(install, env=env, capture_output=True, text=True)
         if done.returncode != 0:
             pytest.fail(f"`{' '.join(install)}` failed ({done.returncode}): {done.stderr[-2000:]}")
+
+
+@pytest.fixture(scope="session")
+def chromium_paths() -> tuple[str, str]:
+    """(browser, driver), apt-get installing them and the emoji font when missing and running as
+    root (as on CI); otherwise a missing browser fails the test naming the packages. A session
+    fixture rather than a `make test` prerequisite: it runs only when a browser test is selected,
+    under plain `pytest` too (CI steps, an editor), and costs two PATH look-ups and one fc-list
+    once installed."""
     browser, driver = _chromium()
+    missing = [] if browser and driver else list(CHROMIUM_PACKAGES)
+    if not has_emoji_font():
+        missing.append(EMOJI_FONT_PACKAGE)
+    if missing and os.geteuid() == 0 and shutil.which("apt-get"):
+        _apt_get_install(missing)
+        browser, driver = _chromium()
     if not (browser and driver):
-        pytest.fail(f"{names} installed, but chromium or chromedriver is not on PATH")
+        names = " ".join(CHROMIUM_PACKAGES)
+        pytest.fail(f"the browser tests need Debian's {names}: sudo apt-get install {names}")
     return browser, driver
 
 

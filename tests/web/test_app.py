@@ -4,10 +4,13 @@ test is the web layer's (what is stored, what is refused, what the page can see)
 from __future__ import annotations
 
 import time
+from types import SimpleNamespace
+
+import pytest
 
 from emoji_rl.cli import STAGES
 from emoji_rl.web.app import STATIC, Config, is_loopback
-from emoji_rl.web.game import MAX_TEXT_CHARS
+from emoji_rl.web.game import MAX_TEXT_CHARS, LoadedModels, Stopped
 
 
 def test_a_guess_round_stores_one_full_row(served, senders):
@@ -92,14 +95,19 @@ def test_another_turn_shows_the_sender_the_persons_guess(served):
         "/api/guess/answer", {"round_id": shown["round_id"], "turn": 1, "text": "a cat"}
     ).json()
     assert first["can_continue"]
-    # Two clicks on "another turn" while the sender writes make one turn; a click after it is stale.
+    # Two requests for "another turn" while the sender writes make one turn; one after it was
+    # written (a retry, a click the page let through) gets that same turn back, written once.
     models.hold.clear()
     body = {"round_id": shown["round_id"], "turn": 1}
     (job,) = {client.post("/api/guess/next", body).json()["job"] for _ in range(2)}
     models.hold.set()
     second = client.wait(job)["result"]
     assert second["turn"] == 2 and second["round_id"] == shown["round_id"]
-    assert client.post("/api/guess/next", body).status_code == 409
+    writes = len(models.conversations)
+    repeat = client.post("/api/guess/next", body)
+    assert repeat.status_code == 202 and repeat.json()["job"] != job
+    assert client.get("/api/job", params={"id": repeat.json()["job"]}).json()["result"] == second
+    assert len(models.conversations) == writes and len(game.store.turns(shown["round_id"])) == 2
     _, conversation = models.conversations[-1]
     assert conversation[-1]["role"] == "user" and '"a cat"' in conversation[-1]["content"]
     assert conversation[-2] == {"role": "assistant", "content": "🍕 🎬"}
@@ -112,6 +120,8 @@ def test_another_turn_shows_the_sender_the_persons_guess(served):
     assert not last["can_continue"]  # max_turns=2
     over = client.post("/api/guess/next", {"round_id": shown["round_id"], "turn": 2})
     assert over.status_code == 409 and "over" in over.json()["error"]
+    stale = client.post("/api/guess/next", body)  # turn 2 is answered: asking after turn 1 is stale
+    assert stale.status_code == 409 and "out of date" in stale.json()["error"]
     assert [(a["turn"], a["text"]) for a in game.store.answers()] == [(1, "a cat"), (2, "a dog")]
 
 
@@ -196,3 +206,29 @@ def test_stage_and_host_checks():
     assert is_loopback("127.0.0.1") and is_loopback("localhost") and is_loopback("::1")
     assert not is_loopback("0.0.0.0") and not is_loopback("192.168.1.4")
     assert Config(systems=["base", "rl=x"]).host == "127.0.0.1"
+
+
+def test_a_stop_cuts_the_models_short_at_their_next_forward_pass():
+    import torch
+
+    sender, judge_model = torch.nn.Linear(2, 2), torch.nn.Linear(2, 2)
+    judge = SimpleNamespace(model=judge_model)  # an hf judge holds its model as `.model`
+    loaded = LoadedModels(sender, None, {"base": None}, judge, None, temperature=0.7, max_new_tokens=4)
+    x = torch.ones(1, 2)
+    assert sender(x).shape == judge_model(x).shape == (1, 2)  # they run until the stop
+    loaded.stop()
+    for model in (sender, judge_model):
+        with pytest.raises(Stopped):
+            model(x)
+
+
+def test_closing_the_game_ends_the_job_in_flight(served):
+    client, game, models = served
+    models.hold.clear()
+    job = client.post("/api/guess/start", {}).json()["job"]
+    queued = client.post("/api/guess/start", {}).json()["job"]
+    start = time.perf_counter()
+    game.close()  # models.stop releases the held sender; the queued job is dropped
+    assert time.perf_counter() - start < 5
+    assert game.jobs.status(job)["state"] == "done"
+    assert game.jobs.status(queued)["state"] == "queued"

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import json
 import os
-import selectors
 import shutil
 import signal
 import subprocess
@@ -23,7 +22,7 @@ from emoji_rl.eval.human import Config as HumanConfig
 from emoji_rl.eval.human import main as eval_human
 from emoji_rl.web.store import Store
 
-from .conftest import TARGETS
+from .conftest import EMOJI_FONT_PACKAGE, TARGETS, has_emoji_font
 
 
 class Page:
@@ -67,6 +66,11 @@ class Page:
     def click(self, id_: str) -> None:
         self.el(id_).click()
 
+    def double_click(self, id_: str) -> None:
+        from selenium.webdriver import ActionChains
+
+        ActionChains(self.driver).double_click(self.el(id_)).perform()
+
     def turns(self) -> list[str]:
         from selenium.webdriver.common.by import By
 
@@ -93,13 +97,20 @@ class Page:
         path = tmp_path / name
         assert self.driver.save_screenshot(str(path)), path
         if keep := os.environ.get("EMOJI_RL_SCREENSHOTS"):
+            assert has_emoji_font(), (
+                f"screenshots for {keep} need {EMOJI_FONT_PACKAGE} (emoji are boxes without)"
+            )
             Path(keep).mkdir(parents=True, exist_ok=True)
             shutil.copy(path, Path(keep) / name)
         return path
 
 
-def test_a_person_plays_both_modes_in_chromium(browser, served, tmp_path):
-    client, game, _ = served
+def test_a_person_plays_both_modes_in_chromium(browser, served, tmp_path, monkeypatch):
+    client, game, models = served
+    asked = []  # what reached the server for the buttons a person double-clicks
+    for action in ("next_turn", "start_send"):
+        real = getattr(game, action)
+        monkeypatch.setattr(game, action, lambda *a, real=real, name=action: asked.append(name) or real(*a))
     page = Page(browser, str(client.http.base_url).rstrip("/"))
     page.open()
     page.type("player", "ann")
@@ -114,8 +125,15 @@ def test_a_person_plays_both_modes_in_chromium(browser, served, tmp_path):
     target = page.text("guess-target")
     assert target in dict(TARGETS).values()
     assert page.text("guess-judge") == "pizza and a movie"
-    page.click("guess-next")  # 0.00 < tau: another turn
+    # 0.00 < tau: another turn. A double click asks once: the button stays disabled while the
+    # sender writes (held here, so the request is surely still in flight at the second click).
+    models.hold.clear()
+    page.double_click("guess-next")
+    page.shown("guess-progress")
+    assert not page.el("guess-next").is_enabled()
+    models.hold.set()
     page.guess(target, turn=2)
+    assert asked == ["next_turn"]
     assert page.text("guess-score") == "1.00" and not page.el("guess-next").is_displayed()  # max_turns=2
 
     browser.refresh()  # a reload starts afresh, remembers the name, and stores nothing more
@@ -124,8 +142,9 @@ def test_a_person_plays_both_modes_in_chromium(browser, served, tmp_path):
     assert not page.el("guess-form").is_displayed() and page.turns() == []
 
     page.click("tab-send")
-    page.click("send-new")
+    page.double_click("send-new")
     page.shown("send-form")
+    assert asked.count("start_send") == 1 and sum(game.store.rounds_per_target("send").values()) == 1
     assert page.text("send-target") in dict(TARGETS).values()
     page.pick("pizza", 1)
     page.click("send-submit")  # one emoji: the models' parser refuses it, the page says why
@@ -134,6 +153,8 @@ def test_a_person_plays_both_modes_in_chromium(browser, served, tmp_path):
     page.click("send-submit")
     page.shown("send-result")
     assert page.text("send-judge") == "pizza and a movie"
+    sent = page.text("send-sent")
+    assert sent.startswith("🍕 ") and len(sent.split(" ")) == 2
 
     page.click("tab-board")
     page.until(lambda _: "ann" in page.text("board-rows"))
@@ -146,33 +167,56 @@ def test_a_person_plays_both_modes_in_chromium(browser, served, tmp_path):
         ("send", 1, "ann"),
     ]
     assert rows[0]["text"] == markup and rows[1]["text"] == target and rows[1]["similarity"] == 1.0
-    assert rows[2]["emoji"].startswith("🍕 ") and len(rows[2]["emoji"].split(" ")) == 2
+    assert rows[2]["emoji"] == sent
     out = tmp_path / "report"
     eval_human(HumanConfig(db=str(game.store.path), output_dir=str(out), resamples=200))
     report = json.loads((out / "human.json").read_text())
-    assert report["answers"] == 2  # guess mode only: the human evaluation
-    by_mode = {r["mode"]: r for r in report["rows"]}
+    assert report["answers"] == {"guess": 2, "send": 1}
+    by_mode = {r["mode"]: r for r in report["rows"]}  # people guessing: the human evaluation
     assert by_mode["single"]["similarity"] == 0.0 and by_mode["multi"]["similarity"] == 1.0
+    board = {r["kind"]: r for r in report["send_rows"]}  # the judge guessing ann's emoji
+    assert board["person"]["system"] == "ann" and board["person"]["similarity"] == rows[2]["similarity"]
+
+
+STOP_S = 30  # a stop cuts the model turn in flight short: what is left is closing files and exiting
 
 
 def _start_play_web(args: list[str], log: Path) -> tuple[subprocess.Popen, str]:
-    """`emoji-rl play-web` in a child process; (process, URL) once it says it is serving."""
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "emoji_rl.cli", "play-web", "--port", "0", *args],
-        stdout=subprocess.PIPE,
-        stderr=log.open("w"),
-        text=True,
-    )
-    with selectors.DefaultSelector() as sel:
-        sel.register(proc.stdout, selectors.EVENT_READ)
-        deadline = time.monotonic() + 240
-        while time.monotonic() < deadline and proc.poll() is None:
-            if sel.select(timeout=1):
-                line = proc.stdout.readline()
-                if line.startswith("play-web: http://"):
-                    return proc, line.split()[1].rstrip("/")
-    proc.kill()
-    raise AssertionError(f"play-web did not start: {log.read_text()[-3000:]}")
+    """`emoji-rl play-web` in a child process, all its output in `log` (a file, so a child that
+    writes much can never block on a pipe nobody reads); (process, URL) once it says it serves."""
+    with log.open("w") as out:
+        proc = subprocess.Popen(
+            [sys.executable, "-X", "faulthandler", "-m", "emoji_rl.cli", "play-web", "--port", "0", *args],
+            stdout=out,
+            stderr=subprocess.STDOUT,
+        )
+    deadline = time.monotonic() + 240
+    while time.monotonic() < deadline and proc.poll() is None:
+        for line in log.read_text().splitlines():
+            if line.startswith("play-web: http://"):
+                return proc, line.split()[1].rstrip("/")
+        time.sleep(0.5)
+    _stop_play_web(proc, log)
+    raise AssertionError(f"play-web did not start in 240 s: {log.read_text()[-3000:]}")
+
+
+def _stop_play_web(proc: subprocess.Popen, log: Path) -> float:
+    """Stop play-web with SIGTERM, as a supervisor does (SIGINT would do if it were not inherited
+    ignored, as under a script's `&`: web/app.py); the seconds it took. Past STOP_S, every thread's
+    stack (faulthandler, on SIGABRT) goes to the log, and the log into the failure."""
+    start = time.monotonic()
+    proc.terminate()
+    try:
+        proc.wait(STOP_S)
+        return time.monotonic() - start
+    except subprocess.TimeoutExpired:
+        proc.send_signal(signal.SIGABRT)
+        try:
+            proc.wait(10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+    raise AssertionError(f"play-web did not stop within {STOP_S} s of SIGTERM:\n{log.read_text()[-6000:]}")
 
 
 @pytest.mark.slow
@@ -214,13 +258,22 @@ def test_a_person_plays_the_embedded_models(browser, tmp_path):
         page.click("tab-board")
         page.until(lambda _: "bea" in page.text("board-rows"))
         page.screenshot("play_web_leaderboard.png", tmp_path)
+
+        # A stop while the sender writes does not wait for the turn (it waited, once, over 30 s).
+        page.click("tab-guess")
+        page.click("guess-new")
+        page.shown("guess-progress")
     finally:
-        proc.send_signal(signal.SIGINT)  # as Ctrl-C: the server closes the store and exits
-        proc.wait(30)
-    warmed = [line for line in log.read_text().splitlines() if "models loaded in" in line]
-    print(f"\nplay-web ready {ready_s:.1f} s; first turn {first_turn_s:.1f} s; send judged {judge_s:.1f} s")
+        stop_s = _stop_play_web(proc, log)
+    output = log.read_text()
+    assert proc.returncode == 0 and "play-web: stopped" in output, output[-3000:]
+    warmed = [line for line in output.splitlines() if "models loaded in" in line]
+    print(
+        f"\nplay-web ready {ready_s:.1f} s; first turn {first_turn_s:.1f} s; send judged {judge_s:.1f} s; "
+        f"stopped in {stop_s:.1f} s"
+    )
     print(*warmed, sep="\n")
-    assert warmed, log.read_text()[-3000:]
+    assert warmed, output[-3000:]
     # Warmed at start-up, a turn is a few seconds on 2 busy cores (it was minutes before: issue 17).
     assert first_turn_s < 30 and judge_s < 30
 

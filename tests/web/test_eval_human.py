@@ -7,7 +7,7 @@ import json
 import pytest
 
 from emoji_rl.errors import UserError
-from emoji_rl.eval.human import Config, bootstrap_ci, main, pearson, rounds_by_mode
+from emoji_rl.eval.human import ALL_PEOPLE, Config, bootstrap_ci, main, pearson, rounds_by_mode
 from emoji_rl.web.store import Store
 
 
@@ -53,6 +53,13 @@ def test_rounds_by_mode_takes_first_and_last_turns():
     assert sorted(r["similarity"] for r in modes["multi"]) == [0.5, 0.9]
 
 
+def play_send(client, player: str) -> None:
+    """One send-mode round: `player` writes emoji, the stand-in judge guesses."""
+    shown = client.post("/api/send/start", {"player": player}).json()
+    job = client.post("/api/send/answer", {"round_id": shown["round_id"], "emoji": "🍕 🎬"}).json()["job"]
+    assert client.wait(job)["state"] == "done"
+
+
 def test_report_on_answers_played_over_http(served, tmp_path, capsys):
     client, game, _ = served
     guesses = ["pizza tonight", "the movie at nine", "bus", "let's grab pizza tonight", "a cat", "nine"]
@@ -64,10 +71,12 @@ def test_report_on_answers_played_over_http(served, tmp_path, capsys):
             ).status_code
             == 200
         )
+    for player in ("bob", "bob", "bob", "cy", "cy"):
+        play_send(client, player)
     out = tmp_path / "report"
     main(Config(db=str(game.store.path), output_dir=str(out), resamples=200))
     report = json.loads((out / "human.json").read_text())
-    assert report["answers"] == len(guesses)
+    assert report["answers"] == {"guess": len(guesses), "send": 5}
     rows = {(r["system"], r["mode"]): r for r in report["rows"]}
     assert set(rows) == {(s, m) for s in ("base", "sft") for m in ("single", "multi")}
     stored = game.store.answers()
@@ -78,7 +87,49 @@ def test_report_on_answers_played_over_http(served, tmp_path, capsys):
         assert row["success@0.5"] == pytest.approx(sum(s >= 0.5 for s in mine) / 3)
         assert row["similarity_lo"] <= row["similarity"] <= row["similarity_hi"]
     assert (out / "human.png").stat().st_size > 0
-    assert "judge-human agreement" in capsys.readouterr().out
+
+    # Send mode: the leaderboard's numbers, with intervals; the judge's similarity on first turns.
+    board = {(r["kind"], r["system"]): r for r in report["send_rows"]}
+    assert [kind for kind, _ in board] == ["model", "model", "people", "person", "person"]
+    assert set(board) == {
+        ("model", "base"),
+        ("model", "sft"),
+        ("people", ALL_PEOPLE),
+        ("person", "bob"),
+        ("person", "cy"),
+    }
+    sent = [a for a in stored if a["mode"] == "send"]
+    for who, mine in [
+        (("person", "bob"), [a for a in sent if a["player"] == "bob"]),
+        (("people", ALL_PEOPLE), sent),
+        *(
+            (("model", s), [a for a in stored if a["mode"] == "guess" and a["sender"] == s])
+            for s in ("base", "sft")
+        ),
+    ]:
+        row = board[who]
+        scores = [a["judge_similarity"] for a in mine]
+        assert row["rounds"] == len(scores) and row["similarity"] == pytest.approx(sum(scores) / len(scores))
+        assert row["similarity_lo"] <= row["similarity"] <= row["similarity_hi"]
+    web_board = {(r["kind"], r["name"]): r["score"] for r in client.get("/api/leaderboard").json()}
+    for (kind, name), row in board.items():
+        if kind != "people":  # the page's leaderboard shows the same numbers
+            assert row["similarity"] == pytest.approx(web_board[kind, name])
+    assert (out / "human_send.png").stat().st_size > 0
+    printed = capsys.readouterr().out
+    assert "judge-human agreement" in printed and f"{ALL_PEOPLE}  people" in printed
+
+
+def test_report_on_send_mode_alone(served, tmp_path, capsys):
+    client, game, _ = served
+    play_send(client, "dee")
+    out = tmp_path / "report"
+    main(Config(db=str(game.store.path), output_dir=str(out), resamples=200))
+    report = json.loads((out / "human.json").read_text())
+    assert report["rows"] == [] and [r["system"] for r in report["send_rows"]] == [ALL_PEOPLE, "dee"]
+    assert report["send_rows"][0]["similarity_lo"] is None  # one round: no interval
+    assert not (out / "human.png").exists() and (out / "human_send.png").exists()
+    assert "guess mode" not in capsys.readouterr().out
 
 
 def test_missing_or_empty_db_is_a_clear_error(tmp_path):
@@ -86,5 +137,5 @@ def test_missing_or_empty_db_is_a_clear_error(tmp_path):
         main(Config(db=str(tmp_path / "none.db"), output_dir=str(tmp_path)))
     assert not (tmp_path / "none.db").exists()
     Store(tmp_path / "empty.db")
-    with pytest.raises(UserError, match="no guess-mode answers"):
+    with pytest.raises(UserError, match="no answers yet"):
         main(Config(db=str(tmp_path / "empty.db"), output_dir=str(tmp_path)))

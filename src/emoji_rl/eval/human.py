@@ -6,7 +6,11 @@ mode, with 95% percentile-bootstrap intervals over rounds: mean similarity and s
 beside them, the model judge's similarity on the same emoji and the agreement between the two
 (Pearson r over rounds): how far the judge-based figures of `eval-retrieval` stand for people.
 `single` is every round's first turn, `multi` its last answered turn, as in `eval-retrieval`'s table.
-Writes a table, `human.json` and `human.png` to `output_dir`.
+
+Send mode swaps the roles: people write the emoji and the model judge guesses. Its table is the
+leaderboard's: the judge's similarity on first turns, each person's and all people's beside each
+model sender's (on the rounds people answered in guess mode), with the same intervals.
+Writes both tables, `human.json`, `human.png` and `human_send.png` to `output_dir`.
 
     emoji-rl eval-human --db runs/play-web/answers.db
 """
@@ -22,10 +26,13 @@ import numpy as np
 from emoji_rl.data.jsonl import Record, write_json
 from emoji_rl.errors import UserError
 from emoji_rl.eval.report import bar_figure, format_table
-from emoji_rl.web.store import Store
+from emoji_rl.web.store import Store, judge_scores_by_sender
 
 THRESHOLDS = (0.5, 0.7)
 LEVEL = 0.95
+METRICS = ("similarity", *[f"success@{t}" for t in THRESHOLDS])
+SCORE_COLUMNS = [column for name in METRICS for column in (name, f"{name}_lo", f"{name}_hi")]
+ALL_PEOPLE = "all people"
 
 
 @dataclass
@@ -76,61 +83,109 @@ def rounds_by_mode(answers: Sequence[Record]) -> dict[str, list[Record]]:
     }
 
 
-def summarize(rounds: Sequence[Record], resamples: int, seed: int) -> dict[str, float | int | None]:
-    human = [r["similarity"] for r in rounds]
-    judge = [r["judge_similarity"] for r in rounds]
-    row: dict[str, float | int | None] = {"rounds": len(rounds)}
-    series = {"similarity": human, **{f"success@{t}": [float(s >= t) for s in human] for t in THRESHOLDS}}
+def score_row(similarities: Sequence[float], resamples: int, seed: int) -> dict[str, float | int | None]:
+    """Rounds, mean similarity and success@t of one sender's rounds, each mean with its interval."""
+    row: dict[str, float | int | None] = {"rounds": len(similarities)}
+    series = {
+        "similarity": similarities,
+        **{f"success@{t}": [float(s >= t) for s in similarities] for t in THRESHOLDS},
+    }
     for name, values in series.items():
         row[name] = sum(values) / len(values)
         interval = bootstrap_ci(values, resamples, LEVEL, seed)
         row[f"{name}_lo"], row[f"{name}_hi"] = interval or (None, None)
+    return row
+
+
+def summarize(rounds: Sequence[Record], resamples: int, seed: int) -> dict[str, float | int | None]:
+    human = [r["similarity"] for r in rounds]
+    judge = [r["judge_similarity"] for r in rounds]
+    row = score_row(human, resamples, seed)
     row["judge_similarity"] = sum(judge) / len(judge)
     row["agreement_r"] = pearson(judge, human)
     return row
 
 
-def main(cfg: Config) -> None:
-    if not Path(cfg.db).is_file():
-        raise UserError(f"db {cfg.db} does not exist: people play with `emoji-rl play-web` (make play-web)")
-    answers = Store(cfg.db).answers("guess")
-    if not answers:
-        raise UserError(f"{cfg.db} holds no guess-mode answers yet: play some with `emoji-rl play-web`")
+def send_rows(answers: Sequence[Record], resamples: int, seed: int) -> list[Record]:
+    """Send mode's table: the judge's similarity on the first turns of the model senders, of all
+    people together, then of each person (`kind`: model, people, person)."""
+    by_sender = judge_scores_by_sender(answers)
+    people = [s for (kind, _), values in by_sender.items() if kind == "person" for s in values]
+    groups = [
+        *((("model", name), values) for (kind, name), values in by_sender.items() if kind == "model"),
+        *([(("people", ALL_PEOPLE), people)] if people else []),
+        *((("person", name), values) for (kind, name), values in by_sender.items() if kind == "person"),
+    ]
+    return [
+        {"system": name, "kind": kind, "mode": "send", **score_row(values, resamples, seed)}
+        for (kind, name), values in groups
+    ]
+
+
+def guess_rows(answers: Sequence[Record], resamples: int, seed: int) -> list[Record]:
+    """Guess mode's table: per mode (single, multi) and sender, people's similarity and the judge's."""
     senders = list(dict.fromkeys(a["sender"] for a in answers))
     rows = []
     for mode, rounds in rounds_by_mode(answers).items():
         for sender in senders:
             mine = [r for r in rounds if r["sender"] == sender]
             if mine:
-                rows.append({"system": sender, "mode": mode, **summarize(mine, cfg.resamples, cfg.seed)})
-    everyone = [r for rows_ in rounds_by_mode(answers).values() for r in rows_]
+                rows.append({"system": sender, "mode": mode, **summarize(mine, resamples, seed)})
+    return rows
+
+
+def main(cfg: Config) -> None:
+    if not Path(cfg.db).is_file():
+        raise UserError(f"db {cfg.db} does not exist: people play with `emoji-rl play-web` (make play-web)")
+    answers = Store(cfg.db).answers()
+    if not answers:
+        raise UserError(f"{cfg.db} holds no answers yet: play some with `emoji-rl play-web`")
+    guessed = [a for a in answers if a["mode"] == "guess"]
+    sent = [a for a in answers if a["mode"] == "send"]
+    rows = guess_rows(guessed, cfg.resamples, cfg.seed)
+    board = send_rows(answers, cfg.resamples, cfg.seed)
+    everyone = [r for rows_ in rounds_by_mode(guessed).values() for r in rows_]
     overall_r = pearson([r["judge_similarity"] for r in everyone], [r["similarity"] for r in everyone])
-    columns = ["system", "mode", "rounds"]
-    for name in ("similarity", *[f"success@{t}" for t in THRESHOLDS]):
-        columns += [name, f"{name}_lo", f"{name}_hi"]
-    columns += ["judge_similarity", "agreement_r"]
     out = Path(cfg.output_dir)
     write_json(
         out / "human.json",
         {
             "db": cfg.db,
-            "answers": len(answers),
+            "answers": {"guess": len(guessed), "send": len(sent)},
             "interval": f"{LEVEL:.0%} percentile bootstrap over rounds, {cfg.resamples} resamples",
             "agreement_r_all": overall_r,
             "rows": rows,
+            "send_rows": board,
         },
     )
-    figure = bar_figure(
-        rows,
-        ["similarity", *[f"success@{t}" for t in THRESHOLDS], "judge_similarity"],
-        group="mode",
-        series="system",
-        title="people guessing the senders' emoji (play-web)",
-        path=out / "human.png",
-    )
-    agreement = "-" if overall_r is None else f"{overall_r:.3f}"
-    print(
-        f"\n{len(answers)} answers from {cfg.db}; judge-human agreement (Pearson r, all rounds): {agreement}"
-    )
-    print(f"{format_table(rows, columns)}\n")
-    print(f"report: {out / 'human.json'}\nplot:   {figure}")
+    print(f"\n{len(guessed)} guess-mode and {len(sent)} send-mode answers from {cfg.db}")
+    if rows:
+        figure = bar_figure(
+            rows,
+            [*METRICS, "judge_similarity"],
+            group="mode",
+            series="system",
+            title="people guessing the senders' emoji (play-web)",
+            path=out / "human.png",
+        )
+        agreement = "-" if overall_r is None else f"{overall_r:.3f}"
+        print(f"\nguess mode: people guess; judge-human agreement (Pearson r, all rounds): {agreement}")
+        print(
+            format_table(
+                rows, ["system", "mode", "rounds", *SCORE_COLUMNS, "judge_similarity", "agreement_r"]
+            )
+        )
+        print(f"plot: {figure}")
+    if sent:
+        figure = bar_figure(
+            [r for r in board if r["kind"] != "person"],
+            METRICS,
+            group="mode",
+            series="system",
+            title="the model judge guessing people's and the senders' emoji (play-web)",
+            path=out / "human_send.png",
+        )
+        print("\nsend mode: the model judge guesses first turns, people's beside the model senders'")
+        print(format_table(board, ["system", "kind", "rounds", *SCORE_COLUMNS]))
+        print(f"plot: {figure}")
+    print(f"\nreport: {out / 'human.json'}")

@@ -13,6 +13,7 @@ from __future__ import annotations
 import ipaddress
 import json
 import logging
+import signal
 import time
 from dataclasses import dataclass, field
 from http import HTTPStatus
@@ -187,12 +188,17 @@ class _HTTPError(Exception):
         self.status, self.message = status, message
 
 
-def make_server(game: Game, host: str, port: int) -> ThreadingHTTPServer:
+class Server(ThreadingHTTPServer):
+    daemon_threads = True  # a request in flight does not hold up a stop
+    # socketserver listens with a backlog of 5. Every request is a new connection (HTTP/1.0) and
+    # each page polls its jobs, so 20 players at once overflowed it: the kernel then dropped
+    # connections, or reset them (ListenOverflows, SyncookiesFailed; the load test saw resets).
+    request_queue_size = 128
+
+
+def make_server(game: Game, host: str, port: int) -> Server:
     """The server, bound and ready for `serve_forever` (port 0: a free port, in `server_address`)."""
-    handler = type("GameHandler", (Handler,), {"game": game})
-    server = ThreadingHTTPServer((host, port), handler)
-    server.daemon_threads = True
-    return server
+    return Server((host, port), type("GameHandler", (Handler,), {"game": game}))
 
 
 def load_game(cfg: Config) -> Game:
@@ -238,7 +244,15 @@ def load_game(cfg: Config) -> Game:
     )
 
 
+def _stop(signum: int, frame: object) -> None:
+    raise KeyboardInterrupt
+
+
 def main(cfg: Config) -> None:
+    # SIGTERM (kill, systemd, a container's stop) stops the server as Ctrl-C does, closing the store
+    # and cutting short the model turn in flight. It also works where SIGINT cannot: a process
+    # started in the background by a script inherits SIGINT ignored, and Python then keeps it so.
+    signal.signal(signal.SIGTERM, _stop)
     if not is_loopback(cfg.host):
         log.warning(
             "play-web listens on %s: anyone who reaches this address can play and write to %s "
@@ -252,9 +266,12 @@ def main(cfg: Config) -> None:
     except OSError as err:
         raise UserError(f"play-web cannot listen on {cfg.host}:{cfg.port}: {err} (try --port 0)") from err
     host, port = server.server_address[:2]
-    print(f"play-web: http://{host}:{port}/  (answers in {cfg.db}; Ctrl-C stops)", flush=True)
+    print(f"play-web: http://{host}:{port}/  (answers in {cfg.db}; Ctrl-C or SIGTERM stops)", flush=True)
     try:
         server.serve_forever()
+    except KeyboardInterrupt:
+        log.info("play-web: stopping")
     finally:
         server.server_close()
         game.close()
+    print(f"play-web: stopped; every answer is in {cfg.db}", flush=True)

@@ -28,7 +28,15 @@ from emoji_rl.emoji.alphabet import MAX_EMOJI, MIN_EMOJI, parse_message
 from emoji_rl.errors import UserError
 from emoji_rl.prompts import correction_message, sender_messages
 from emoji_rl.rl.judge import Guess, Judge, JudgeInput
-from emoji_rl.web.store import AnswerRejected, Round, Store, Turn, adapter_hash
+from emoji_rl.web.store import (
+    AnswerRejected,
+    Round,
+    StaleAnswer,
+    Store,
+    Turn,
+    adapter_hash,
+    judge_scores_by_sender,
+)
 
 MAX_TEXT_CHARS = 300
 MAX_PLAYER_CHARS = 40
@@ -39,6 +47,10 @@ WARM_UP_TARGET = "See you at the beach tomorrow"
 
 class BadInput(UserError):
     """What a person typed cannot be played; the message says what and is shown on the page."""
+
+
+class Stopped(Exception):
+    """The server is stopping: a model call in flight was cut short at its next forward pass."""
 
 
 class Models(Protocol):
@@ -53,6 +65,9 @@ class Models(Protocol):
 
     def similarity(self, target: str, guess: str) -> float:
         """The training score of a guess (MiniLM cosine)."""
+
+    def stop(self) -> None:
+        """Cut short the model call in flight and any later one: the server is stopping."""
 
 
 class LoadedModels:
@@ -72,6 +87,19 @@ class LoadedModels:
         self._judge, self._similarity = judge, similarity
         self.temperature, self.max_new_tokens = temperature, max_new_tokens
         self._similarity_lock = threading.Lock()
+        # A sender turn or a judge guess runs seconds, and minutes on a busy CPU: a stop must not
+        # wait for it. Both decode step by step through the model's forward, so a check there ends
+        # one within a step. An hf judge holds its own model; other judges run no torch here.
+        self._stopping = threading.Event()
+        for module in {id(m): m for m in (model, getattr(judge, "model", None)) if m is not None}.values():
+            module.register_forward_pre_hook(self._check_stopping)
+
+    def _check_stopping(self, module: Any, args: Any) -> None:
+        if self._stopping.is_set():
+            raise Stopped("play-web is stopping")
+
+    def stop(self) -> None:
+        self._stopping.set()
 
     def write(self, sender: str, conversation: list[dict[str, str]], seed: int) -> str:
         from emoji_rl.eval.retrieval import active_system
@@ -131,12 +159,21 @@ class Jobs:
         self._jobs: OrderedDict[str, _Job] = OrderedDict()
         self._lock = threading.Lock()
 
-    def submit(self, work: Callable[[], Record]) -> str:
-        job_id, job = uuid.uuid4().hex, _Job()
+    def _add(self, job: _Job) -> str:
+        job_id = uuid.uuid4().hex
         with self._lock:
             self._jobs[job_id] = job
             while len(self._jobs) > KEPT_JOBS:
                 self._jobs.popitem(last=False)
+        return job_id
+
+    def done(self, result: Record) -> str:
+        """A job finished already, with `result`: what a repeated request gets, polled like any job."""
+        return self._add(_Job("done", result))
+
+    def submit(self, work: Callable[[], Record]) -> str:
+        job = _Job()
+        job_id = self._add(job)
 
         def run() -> None:
             job.state = "running"
@@ -145,6 +182,8 @@ class Jobs:
                 job.state = "done"
             except UserError as err:
                 job.error, job.state = str(err), "error"
+            except Stopped as err:
+                job.error, job.state = f"{err}: start a new round once it is back", "error"
             except Exception as err:  # shown to the page; the server keeps serving
                 job.error, job.state = f"the models failed: {type(err).__name__}: {err}", "error"
 
@@ -162,6 +201,7 @@ class Jobs:
         return {"state": job.state, "ahead": ahead, "result": job.result, "error": job.error}
 
     def close(self) -> None:
+        """Drop the queued jobs and wait for the running one (`Models.stop` first, to cut it short)."""
         self._pool.shutdown(wait=True, cancel_futures=True)
 
 
@@ -240,11 +280,20 @@ class Game:
                 max_turns=self.max_turns if mode == "guess" else 1,
             )
 
-    def _once(self, key: tuple[str, int], work: Callable[[], Record]) -> str:
-        """One job per (round, turn): a second click while it runs gets the same job back."""
+    def _once(
+        self,
+        key: tuple[str, int],
+        work: Callable[[], Record],
+        done: Callable[[], Record | None] = lambda: None,
+    ) -> str:
+        """One job per (round, turn): a second request while it runs gets the same job back, and
+        one after it ran a finished job with `done()`'s record, if that is not None. Both checks and
+        the submit hold the lock a job holds to leave `_pending`, so a repeat never runs it twice."""
         with self._lock:
             if key in self._pending:
                 return self._pending[key]
+            if (result := done()) is not None:
+                return self.jobs.done(result)
 
             def run() -> Record:
                 try:
@@ -275,7 +324,7 @@ class Game:
         judged = self.models.judge(JudgeInput(turns, tuple(t.judge_guess for t in previous)))
         score = self.models.similarity(round_.target, judged.text)
         self.store.add_turn(round_.round_id, Turn(turn, emoji, judged.text, score))
-        return {"round_id": round_.round_id, "turn": turn, "max_turns": round_.max_turns, "emoji": emoji}
+        return _shown(round_, turn, emoji)
 
     def answer_guess(self, round_id: object, turn: object, text: object) -> Record:
         text = clean_text(text, "your guess")
@@ -306,17 +355,29 @@ class Game:
         }
 
     def next_turn(self, round_id: object, turn: object) -> str:
-        """Ask the sender for turn `turn` + 1, after the person's guess of `turn` fell short."""
+        """Ask the sender for turn `turn` + 1, after the person's guess of `turn` fell short. A repeat
+        (a double click, a retry) gets the same turn, whether it is still being written or not."""
         round_id, turn = _round_ref(round_id, turn)
         round_ = self.store.round(round_id)
-        answers = [a for a in self.store.answers("guess") if a["round_id"] == round_id]
-        served = self.store.turns(round_id)
-        if round_ is None or len(answers) != turn or len(served) != turn:
-            raise AnswerRejected("this page is out of date: reload, or start a new round")
+        if round_ is None or round_.mode != "guess":
+            raise StaleAnswer("this page is out of date: the server does not know its round; start a new one")
+        answers = self.store.answers("guess", round_id)
+        if len(answers) != turn:
+            raise StaleAnswer(
+                f"this page is out of date: it asks for turn {turn + 1}, the round has {len(answers)} "
+                "answered turns; reload, or start a new round"
+            )
         if turn >= round_.max_turns or answers[-1]["similarity"] >= self.tau:
             raise AnswerRejected("this round is over: start a new one")
         guesses = [a["text"] for a in answers]
-        return self._once((round_id, turn + 1), lambda: self._write_turn(round_, turn + 1, guesses))
+
+        def written() -> Record | None:
+            served = self.store.turns(round_id)
+            return _shown(round_, turn + 1, served[turn].emoji) if len(served) > turn else None
+
+        return self._once(
+            (round_id, turn + 1), lambda: self._write_turn(round_, turn + 1, guesses), done=written
+        )
 
     # --- send mode -------------------------------------------------------------------------------
 
@@ -354,19 +415,22 @@ class Game:
 
     def leaderboard(self) -> list[Record]:
         """Mean judge similarity of each sender's first turns: people (send mode) beside the models."""
-        scores: dict[tuple[str, str], list[float]] = {}
-        for a in self.store.answers():
-            if a["turn"] == 1:
-                who = ("person", a["player"]) if a["mode"] == "send" else ("model", a["sender"])
-                scores.setdefault(who, []).append(a["judge_similarity"])
         rows = [
             {"kind": kind, "name": name, "score": sum(v) / len(v), "rounds": len(v)}
-            for (kind, name), v in scores.items()
+            for (kind, name), v in judge_scores_by_sender(self.store.answers()).items()
         ]
         return sorted(rows, key=lambda r: -r["score"])
 
     def close(self) -> None:
+        """Stop: the model call in flight is cut short, queued ones dropped, then the store closes."""
+        self.models.stop()
         self.jobs.close()
+        self.store.close()
+
+
+def _shown(round_: Round, turn: int, emoji: str) -> Record:
+    """A sender's turn as the page shows it: never the sender's name nor the target."""
+    return {"round_id": round_.round_id, "turn": turn, "max_turns": round_.max_turns, "emoji": emoji}
 
 
 def _round_ref(round_id: object, turn: object) -> tuple[str, int]:

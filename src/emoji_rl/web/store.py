@@ -14,6 +14,7 @@ import sqlite3
 import threading
 import time
 import uuid
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
@@ -84,6 +85,18 @@ ANSWER_COLUMNS = (
     "judge_similarity",
     "answered_at",
 )
+
+
+def judge_scores_by_sender(answers: Iterable[Record]) -> dict[tuple[str, str], list[float]]:
+    """The model judge's similarity on each sender's first turns, by (kind, name): people by name
+    (send mode: they wrote the emoji) as ("person", player), models as ("model", sender) (guess mode's
+    answered rounds). The leaderboard's numbers, and eval-human's send-mode table."""
+    scores: dict[tuple[str, str], list[float]] = {}
+    for a in answers:
+        if a["turn"] == 1:
+            who = ("person", a["player"]) if a["mode"] == "send" else ("model", a["sender"])
+            scores.setdefault(who, []).append(a["judge_similarity"])
+    return scores
 
 
 class AnswerRejected(UserError):
@@ -303,12 +316,16 @@ class Store:
             self._db.execute("COMMIT")
         return dict(zip(ANSWER_COLUMNS, (cursor.lastrowid, *values), strict=True))
 
-    def answers(self, mode: Mode | None = None) -> list[Record]:
-        """Every stored answer, oldest first (optionally one mode's)."""
-        where, params = ("WHERE mode = ?", (mode,)) if mode else ("", ())
+    def answers(self, mode: Mode | None = None, round_id: str | None = None) -> list[Record]:
+        """Every stored answer, oldest first (optionally one mode's, one round's)."""
+        filters = {"mode": mode, "round_id": round_id}
+        where = [f"{column} = ?" for column, value in filters.items() if value is not None]
+        params = tuple(value for value in filters.values() if value is not None)
         with self._lock:
             rows = self._db.execute(
-                f"SELECT {', '.join(ANSWER_COLUMNS)} FROM answers {where} ORDER BY id", params
+                f"SELECT {', '.join(ANSWER_COLUMNS)} FROM answers "
+                f"{'WHERE ' + ' AND '.join(where) if where else ''} ORDER BY id",
+                params,
             ).fetchall()
         return [dict(r) for r in rows]
 

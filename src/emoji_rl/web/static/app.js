@@ -45,6 +45,25 @@ async function waitFor(job, progressId) {
   }
 }
 
+// Run an action with its button disabled until the action's requests are answered: a second click
+// meanwhile (a double click, an impatient one) sends nothing, since a disabled button fires no click.
+// `keep` leaves it disabled after success (a form that was answered).
+async function busy(id, action, keep = false) {
+  const button = $(id);
+  if (button.disabled) return;
+  button.disabled = true;
+  showError("");
+  let ok = false;
+  try {
+    await action();
+    ok = true;
+  } catch (err) {
+    showError(err.message);
+  } finally {
+    button.disabled = keep && ok;
+  }
+}
+
 function player() {
   const name = $("player").value.trim();
   localStorage.setItem("player", name);
@@ -68,32 +87,22 @@ function showTurn(result) {
   $("guess-text").focus();
 }
 
-async function newGuessRound() {
-  showError("");
-  $("guess-new").disabled = true;
+const newGuessRound = () => busy("guess-new", async () => {
   $("guess-turns").replaceChildren();
   $("guess-form").hidden = true;
   $("guess-result").hidden = true;
-  try {
-    const { job } = await api("/api/guess/start", { player: player() });
-    showTurn(await waitFor(job, "guess-progress"));
-  } catch (err) {
-    showError(err.message);
-  } finally {
-    $("guess-new").disabled = false;
-  }
-}
+  const { job } = await api("/api/guess/start", { player: player() });
+  showTurn(await waitFor(job, "guess-progress"));
+});
 
-async function submitGuess(event) {
+function submitGuess(event) {
   event.preventDefault();
-  showError("");
   const text = $("guess-text").value;
   if (!text.trim()) return showError("Your guess is empty: type something first.");
   if (text.length > config.max_text_chars) {
     return showError(`Your guess is too long: at most ${config.max_text_chars} characters.`);
   }
-  $("guess-submit").disabled = true;
-  try {
+  return busy("guess-submit", async () => {
     const r = await api("/api/guess/answer", { round_id: round.round_id, turn: round.turn, text });
     const guess = document.createElement("span");
     guess.className = "guess";
@@ -106,25 +115,14 @@ async function submitGuess(event) {
     $("guess-judge-score").textContent = r.judge_similarity.toFixed(2);
     $("guess-next").hidden = !r.can_continue;
     $("guess-result").hidden = false;
-  } catch (err) {
-    showError(err.message);
-    $("guess-submit").disabled = false;
-  }
+  }, true);
 }
 
-async function nextTurn() {
-  showError("");
-  $("guess-next").disabled = true;
-  try {
-    const { job } = await api("/api/guess/next", { round_id: round.round_id, turn: round.turn });
-    $("guess-result").hidden = true;
-    showTurn(await waitFor(job, "guess-progress"));
-  } catch (err) {
-    showError(err.message);
-  } finally {
-    $("guess-next").disabled = false;
-  }
-}
+const nextTurn = () => busy("guess-next", async () => {
+  const { job } = await api("/api/guess/next", { round_id: round.round_id, turn: round.turn });
+  $("guess-result").hidden = true;
+  showTurn(await waitFor(job, "guess-progress"));
+});
 
 function renderPicker() {
   const query = $("send-search").value.trim().toLowerCase();
@@ -142,38 +140,29 @@ function renderPicker() {
   }));
 }
 
-async function newSendRound() {
-  showError("");
+const newSendRound = () => busy("send-new", async () => {
   $("send-result").hidden = true;
-  try {
-    if (!alphabet) alphabet = await api("/api/alphabet");
-    sendRound = await api("/api/send/start", { player: player() });
-    $("send-target").textContent = sendRound.target;
-    $("send-target-line").hidden = false;
-    $("send-emoji").value = "";
-    $("send-form").hidden = false;
-    $("send-submit").disabled = false;
-    renderPicker();
-  } catch (err) {
-    showError(err.message);
-  }
-}
+  if (!alphabet) alphabet = await api("/api/alphabet");
+  sendRound = await api("/api/send/start", { player: player() });
+  $("send-target").textContent = sendRound.target;
+  $("send-target-line").hidden = false;
+  $("send-emoji").value = "";
+  $("send-form").hidden = false;
+  $("send-submit").disabled = false;
+  renderPicker();
+});
 
-async function submitSend(event) {
+function submitSend(event) {
   event.preventDefault();
-  showError("");
-  $("send-submit").disabled = true;
-  try {
+  return busy("send-submit", async () => {
     const { job } = await api("/api/send/answer", { round_id: sendRound.round_id, emoji: $("send-emoji").value });
     const r = await waitFor(job, "send-progress");
+    $("send-sent").textContent = r.emoji;
     $("send-judge").textContent = r.judge_guess;
     $("send-score").textContent = r.similarity.toFixed(2);
     $("send-result").hidden = false;
     $("send-form").hidden = true;
-  } catch (err) {
-    showError(err.message);
-    $("send-submit").disabled = false;
-  }
+  }, true);
 }
 
 async function showBoard() {
