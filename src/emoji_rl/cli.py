@@ -26,6 +26,10 @@ STAGES: dict[str, tuple[str, str]] = {
         "emoji_rl.judge_check",
         "does the judge tell teacher emoji from random emoji? (similarity gap)",
     ),
+    "reward-check": (
+        "emoji_rl.reward_check",
+        "is GRPO's reward signal above the judge's noise? (spread inside groups vs re-reading)",
+    ),
     "sft": ("emoji_rl.sft.train", "LoRA SFT of the sender on (message, emoji) chats (TRL + PEFT)"),
     "eval-sft": ("emoji_rl.sft.evaluate", "base vs SFT: format compliance and emoji stats, table/JSON/PNG"),
     "rl-prompts": (

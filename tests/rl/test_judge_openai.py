@@ -125,4 +125,4 @@ def test_a_refused_key_names_its_variable_and_is_never_shown(make_server, monkey
 
 def test_describe_names_model_url_and_view(make_server):
     server = make_server()
-    assert judge_for(server).describe() == f"openai(judge at {server.url}, view=raw)"
+    assert judge_for(server).describe() == f"openai(judge at {server.url}, view=raw, T=0.3)"

@@ -47,6 +47,10 @@ class Config(JudgeConfig):
     """Evaluate senders on the retrieval game: base vs SFT vs RL."""
 
     model: str = field(default=models.SMOLLM2, metadata={"help": "base model spec of every system"})
+    # Greedy: every system's emoji read the same way, so a difference between systems is the senders'.
+    judge_temperature: float = field(
+        default=0.0, metadata={"help": "the judge's sampling temperature; 0 = greedy, deterministic"}
+    )
     systems: list[str] = field(
         default_factory=lambda: ["base"],
         metadata={"help": "systems to compare: `base`, or NAME=ADAPTER_DIR (e.g. sft=runs/sft/adapter)"},

@@ -250,4 +250,4 @@ class HFJudge(Judge):
         return [reply.text for reply in replies]
 
     def describe(self) -> str:
-        return f"hf({self.name}, view={self.view})"
+        return f"hf({self.name}, view={self.view}, T={self.temperature:g})"

@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 from emoji_rl import models
 from emoji_rl.errors import UserError
 from emoji_rl.rl.endpoint import PROGRESS_S, SERVER_WAIT_S, Endpoint, wait_for_server
-from emoji_rl.rl.judge import BATCH_SIZE, HFJudge, Judge, JudgeKind, JudgeView, LexiconJudge
+from emoji_rl.rl.judge import BATCH_SIZE, TEMPERATURE, HFJudge, Judge, JudgeKind, JudgeView, LexiconJudge
 from emoji_rl.rl.judge_openai import OpenAIJudge
 
 JUDGE_URL = "http://127.0.0.1:8001"  # launch/serve_judge.sh's default host and port
@@ -39,6 +39,7 @@ def make_judge(
     url: str = JUDGE_URL,
     api_key_env: str | None = JUDGE_API_KEY_ENV,
     wait_s: float = SERVER_WAIT_S,
+    temperature: float = TEMPERATURE,
 ) -> Judge:
     """Build a judge once, for the game or a check to hold; `model_spec` and `view` serve LLM judges.
     For `openai`, `model_spec` is the served model name at `url` (launch/serve_judge.sh: `judge`),
@@ -49,10 +50,12 @@ def make_judge(
     if kind == "hf":
         model = models.load_causal_lm(model_spec, runtime)
         tokenizer = models.load_tokenizer(model_spec)
-        return HFJudge(model, tokenizer, view, name=str(model_spec), batch_size=batch_size)
+        return HFJudge(
+            model, tokenizer, view, name=str(model_spec), batch_size=batch_size, temperature=temperature
+        )
     if kind == "openai":
         wait_for_server(url, "the judge server", wait_s, JUDGE_START_HINT)
-        return OpenAIJudge(Endpoint(url, api_key_env), model_spec, view)
+        return OpenAIJudge(Endpoint(url, api_key_env), model_spec, view, temperature=temperature)
     raise UserError(f"judge kind {kind!r} is unknown; kinds: lexicon, hf, openai")
 
 
@@ -81,6 +84,13 @@ class JudgeConfig:
         default=models.SMOLLM2,
         metadata={
             "help": "hf judge: model spec (hub id, path or embedded:NAME); openai: the served model name"
+        },
+    )
+    judge_temperature: float = field(
+        default=TEMPERATURE,
+        metadata={
+            "help": "an LLM judge's sampling temperature; 0 = greedy, the same guess for the same emoji "
+            "(evaluation's default: a sampled judge moves a 60-message score by ~0.02 on its own)"
         },
     )
     judge_url: str = field(
@@ -113,6 +123,7 @@ class JudgeConfig:
             url=self.judge_url,
             api_key_env=self.judge_api_key_env,
             wait_s=self.server_wait_s,
+            temperature=self.judge_temperature,
         )
 
     @property

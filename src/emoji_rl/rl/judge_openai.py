@@ -92,4 +92,4 @@ class OpenAIJudge(Judge):
         return clean_guess(content if isinstance(content, str) else "")
 
     def describe(self) -> str:
-        return f"openai({self.model} at {self.endpoint.url}, view={self.view})"
+        return f"openai({self.model} at {self.endpoint.url}, view={self.view}, T={self.temperature:g})"
