@@ -21,6 +21,17 @@ def test_group_advantages_hand_worked():
     assert torch.allclose(batch, none / rewards.std())
 
 
+def test_without_std_scaling_a_small_spread_stays_small():
+    # The original's advantages (reward minus the group mean) against GRPO's on one 4-reward group:
+    # mean 0.5; deviations 0, +0.02, -0.02, 0; sample std sqrt(0.0008 / 3) = 0.016330.
+    rewards = torch.tensor([[0.50, 0.52, 0.48, 0.50]])
+    none = grpo.group_advantages(rewards, "none")
+    assert torch.allclose(none, torch.tensor([[0.0, 0.02, -0.02, 0.0]]), atol=1e-6)
+    group = grpo.group_advantages(rewards, "group", eps=0.0)
+    # GRPO divides by the std: the same near-tie becomes +-1.2247, as large as a clear win would be.
+    assert torch.allclose(group, torch.tensor([[0.0, 1.2247, -1.2247, 0.0]]), atol=1e-4)
+
+
 def test_equal_rewards_give_zero_advantage_and_are_flagged():
     rewards = torch.tensor([[0.7, 0.7, 0.7], [0.1, 0.9, 0.5]])
     adv = grpo.group_advantages(rewards, "group")
@@ -53,6 +64,37 @@ def test_ppo_clip_loss_hand_worked():
     assert clipped.tolist() == [[1.0, 0.0], [0.0, 1.0]]
 
 
+def test_k1_kl_is_the_log_ratio_of_the_sampled_token():
+    logp = torch.tensor([[math.log(0.5), math.log(0.2)]])
+    ref = torch.tensor([[math.log(0.25), math.log(0.4)]])
+    # ln(0.5 / 0.25) = ln 2; ln(0.2 / 0.4) = -ln 2: one token's k1 can be negative, unlike k3.
+    assert torch.allclose(grpo.k1_kl(logp, ref), torch.tensor([[math.log(2), -math.log(2)]]))
+
+
+def test_kl_in_the_reward_shapes_each_token_around_the_step_mean():
+    # Two episodes, advantages +0.5 and -0.5; per-token KL 0.2, -0.1, 0.5 and 0.3 (then padding, whose
+    # value must not count). The mean over the 4 sender tokens is 0.9 / 4 = 0.225; beta 0.1.
+    advantages = torch.tensor([0.5, -0.5])
+    kl = torch.tensor([[0.2, -0.1, 0.5], [0.3, 9.0, 9.0]])
+    mask = torch.tensor([[1, 1, 1], [1, 0, 0]], dtype=torch.bool)
+    shaped = grpo.kl_penalized_advantages(advantages, kl, mask, beta=0.1, mean_kl=0.225)
+    # 0.5 + 0.1 * (0.225 - 0.2) = 0.5025; 0.5 + 0.1 * 0.325 = 0.5325; 0.5 - 0.1 * 0.275 = 0.4725;
+    # -0.5 + 0.1 * (0.225 - 0.3) = -0.5075; padding 0.
+    expected = torch.tensor([[0.5025, 0.5325, 0.4725], [-0.5075, 0.0, 0.0]])
+    assert torch.allclose(shaped, expected, atol=1e-6)
+    # With the step's mean as the baseline the KL moves no advantage on average: the penalty only
+    # ranks tokens against each other.
+    assert (shaped - advantages.unsqueeze(-1))[mask].sum().item() == pytest.approx(0.0, abs=1e-6)
+
+
+def test_ppo_clip_loss_takes_one_advantage_per_token():
+    new = torch.log(torch.tensor([[1.5, 0.9]]))
+    loss, clipped = grpo.ppo_clip_loss(new, torch.zeros(1, 2), torch.tensor([[1.0, -1.0]]), 0.2, 0.2)
+    # A=+1, ratio 1.5: clipped to 1.2 -> -1.2; A=-1, ratio 0.9 (inside the range): -min(-0.9, -0.9) = 0.9.
+    assert torch.allclose(loss, torch.tensor([[-1.2, 0.9]]))
+    assert clipped.tolist() == [[1.0, 0.0]]
+
+
 def test_clip_higher_widens_the_upper_bound_only():
     loss, _ = grpo.ppo_clip_loss(
         torch.log(torch.tensor([[1.5]])), torch.zeros(1, 1), torch.tensor([1.0]), 0.2, 0.28
@@ -60,19 +102,36 @@ def test_clip_higher_widens_the_upper_bound_only():
     assert loss.item() == pytest.approx(-1.28)
 
 
-def test_aggregations_hand_worked():
+def test_loss_types_hand_worked():
     values = torch.tensor([[1.0, 2.0, 3.0, 0.0], [4.0, 0.0, 0.0, 0.0]])
     mask = torch.tensor([[1, 1, 1, 0], [1, 0, 0, 0]])
-    assert grpo.aggregate(values, mask, "token_mean").item() == pytest.approx(10 / 4)
-    assert grpo.aggregate(values, mask, "seq_mean").item() == pytest.approx((2 + 4) / 2)
-    assert grpo.aggregate(values, mask, "constant", max_tokens=5).item() == pytest.approx(10 / (2 * 5))
+    assert grpo.aggregate(values, mask, "dapo").item() == pytest.approx(10 / 4)
+    assert grpo.aggregate(values, mask, "grpo").item() == pytest.approx((2 + 4) / 2)
+    assert grpo.aggregate(values, mask, "dr_grpo", max_tokens=5).item() == pytest.approx(10 / (2 * 5))
+    assert grpo.aggregate(values, mask, "sum").item() == pytest.approx(10)
+
+
+@pytest.mark.parametrize(
+    ("loss_type", "long_token", "short_token"),
+    [
+        ("sum", 1.0, 1.0),  # the original: every token once, no normalizer
+        ("dapo", 1 / 4, 1 / 4),  # ours: every token alike, over the 4 tokens of the batch
+        ("grpo", 1 / 6, 1 / 2),  # per episode: the 1-token episode's token weighs 3 times more
+    ],
+)
+def test_how_much_each_token_weighs_in_two_episodes_of_3_and_1_tokens(loss_type, long_token, short_token):
+    values = torch.zeros(2, 4, requires_grad=True)
+    mask = torch.tensor([[1, 1, 1, 0], [1, 0, 0, 0]])
+    grpo.aggregate(values, mask, loss_type).backward()
+    expected = torch.tensor([[long_token] * 3 + [0.0], [short_token, 0.0, 0.0, 0.0]])
+    assert torch.allclose(values.grad, expected)
 
 
 def test_empty_mask_is_an_error_not_a_nan():
     with pytest.raises(ValueError, match="selects no token"):
-        grpo.aggregate(torch.ones(2, 3), torch.zeros(2, 3), "token_mean")
+        grpo.aggregate(torch.ones(2, 3), torch.zeros(2, 3), "dapo")
     with pytest.raises(ValueError, match="max_tokens"):
-        grpo.aggregate(torch.ones(1, 1), torch.ones(1, 1), "constant")
+        grpo.aggregate(torch.ones(1, 1), torch.ones(1, 1), "dr_grpo")
 
 
 def test_masked_logprobs_renormalize_over_allowed_tokens():

@@ -86,13 +86,13 @@ def collate(
 
 def collate_groups(
     groups: Sequence[EpisodeGroup],
-    std_scaling: grpo.StdScaling,
+    scale_rewards: grpo.ScaleRewards,
     pad_id: int,
     constraint: EmojiConstraint | None,
 ) -> Batch:
     """A step's groups as one batch, each episode with its advantage within its group."""
     rewards_P_G = torch.tensor([g.rewards for g in groups], dtype=torch.float)
-    advantages_D = grpo.group_advantages(rewards_P_G, std_scaling).flatten()
+    advantages_D = grpo.group_advantages(rewards_P_G, scale_rewards).flatten()
     return collate([e for g in groups for e in g.episodes], advantages_D, pad_id, constraint)
 
 

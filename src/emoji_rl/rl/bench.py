@@ -220,7 +220,7 @@ class _OurStep:
             self.cfg.group_size,
         )
         if rollouts.kept:
-            batch = collate_groups(rollouts.kept, self.cfg.std_scaling, self.tokenizer.pad_token_id, None)
+            batch = collate_groups(rollouts.kept, self.cfg.scale_rewards, self.tokenizer.pad_token_id, None)
             update(self.cfg, self.accelerator, self.model, self.optimizer, batch, False)
             self.optimizer.step()
         seconds = time.perf_counter() - start
@@ -267,7 +267,7 @@ def _trl_trainer(
         max_completion_length=max_new_tokens,
         temperature=1.0,
         beta=0.0,
-        loss_type="dapo",  # our token_mean
+        loss_type="dapo",  # ours too (the default)
         scale_rewards="group",
         learning_rate=LEARNING_RATE,
         lr_scheduler_type="constant",

@@ -11,18 +11,20 @@ from typing import Literal
 
 import torch
 
-StdScaling = Literal["group", "batch", "none"]
-Aggregation = Literal["token_mean", "seq_mean", "constant"]
+# The values of TRL's GRPOConfig `scale_rewards` and `loss_type`, where they mean the same thing; `sum`
+# is the original's loss (docs/SEED_RECIPE.md).
+ScaleRewards = Literal["group", "batch", "none"]
+LossType = Literal["dapo", "grpo", "dr_grpo", "sum"]
 
 
 def group_advantages(
-    rewards_P_G: torch.Tensor, std_scaling: StdScaling = "group", eps: float = 1e-6
+    rewards_P_G: torch.Tensor, scale_rewards: ScaleRewards = "group", eps: float = 1e-6
 ) -> torch.Tensor:
     """Reward minus its group's mean, optionally divided by a standard deviation.
 
     `group` divides by each group's std (GRPO), `batch` by the std of the whole batch (more stable
-    when groups are small), `none` not at all (Dr. GRPO: std scaling favours easy and hard prompts).
-    The std is the sample std (n-1), as TRL computes it.
+    when groups are small), `none` not at all (Dr. GRPO: std scaling favours easy and hard prompts; the
+    original's recipe). The std is the sample std (n-1), as TRL computes it.
     """
     if rewards_P_G.ndim != 2 or rewards_P_G.shape[1] < 2:
         raise ValueError(
@@ -30,9 +32,9 @@ def group_advantages(
             "the advantage is reward minus the group mean"
         )
     centered_P_G = rewards_P_G - rewards_P_G.mean(dim=1, keepdim=True)
-    if std_scaling == "group":
+    if scale_rewards == "group":
         return centered_P_G / (rewards_P_G.std(dim=1, keepdim=True) + eps)
-    if std_scaling == "batch":
+    if scale_rewards == "batch":
         return centered_P_G / (rewards_P_G.std() + eps)
     return centered_P_G
 
@@ -70,6 +72,26 @@ def k3_kl(logp_D_T: torch.Tensor, ref_logp_D_T: torch.Tensor) -> torch.Tensor:
     return torch.exp(log_ratio) - log_ratio - 1.0
 
 
+def k1_kl(logp_D_T: torch.Tensor, ref_logp_D_T: torch.Tensor) -> torch.Tensor:
+    """Per-token k1 estimator of KL(policy || reference): policy minus reference log-prob of the sampled
+    token. Unbiased, but a single token's value can be negative; the original's estimator."""
+    return logp_D_T - ref_logp_D_T
+
+
+def kl_penalized_advantages(
+    advantages_D: torch.Tensor, kl_D_T: torch.Tensor, mask_D_T: torch.Tensor, beta: float, mean_kl: float
+) -> torch.Tensor:
+    """Per-token advantages with the KL to the reference as a reward penalty (the original's recipe).
+
+    On sender tokens A_{d,t} = A_d + beta * (mean_kl - kl_{d,t}), where `kl_D_T` is the per-token
+    estimate (`k1_kl` of the sampler's log-probs) and `mean_kl` its mean over every sender token of the
+    step, the baseline; 0 elsewhere. Per token, not per episode, and undiscounted: what tinker-cookbook's
+    `incorporate_kl_penalty` does with `kl_discount_factor=0`, which the original calls.
+    """
+    mask = mask_D_T.to(kl_D_T.dtype)
+    return (advantages_D.unsqueeze(-1) + beta * (mean_kl - kl_D_T)) * mask
+
+
 def ppo_clip_loss(
     logp_D_T: torch.Tensor,
     old_logp_D_T: torch.Tensor,
@@ -80,35 +102,40 @@ def ppo_clip_loss(
     """Per-token clipped surrogate loss and a 0/1 tensor of where the clip was active.
 
     loss = -min(ratio * A, clip(ratio, 1 - eps_low, 1 + eps_high) * A). `eps_high > eps_low` is
-    DAPO's clip-higher, which keeps low-probability tokens from being stuck.
+    DAPO's clip-higher, which keeps low-probability tokens from being stuck. The advantages are one
+    per episode, [D], or one per token, [D, T] (`kl_penalized_advantages`).
     """
     ratio_D_T = torch.exp(logp_D_T - old_logp_D_T)
-    adv_D_1 = advantages_D.unsqueeze(-1)
-    unclipped = ratio_D_T * adv_D_1
-    clipped = torch.clamp(ratio_D_T, 1.0 - eps_low, 1.0 + eps_high) * adv_D_1
+    adv = advantages_D.unsqueeze(-1) if advantages_D.ndim == 1 else advantages_D
+    unclipped = ratio_D_T * adv
+    clipped = torch.clamp(ratio_D_T, 1.0 - eps_low, 1.0 + eps_high) * adv
     loss_D_T = -torch.minimum(unclipped, clipped)
     return loss_D_T, (clipped < unclipped).float()
 
 
 def aggregate(
-    values_D_T: torch.Tensor, mask_D_T: torch.Tensor, mode: Aggregation, max_tokens: int | None = None
+    values_D_T: torch.Tensor, mask_D_T: torch.Tensor, loss_type: LossType, max_tokens: int | None = None
 ) -> torch.Tensor:
     """Reduce per-token values to one scalar over the masked tokens.
 
-    `token_mean` (DAPO): every token of the batch weighs the same. `seq_mean` (GRPO): mean per
-    episode, then over episodes, so long episodes weigh as much as short ones. `constant` (Dr. GRPO):
-    sum divided by rows x `max_tokens`, a fixed normalizer with no length bias.
+    `dapo`: mean over tokens, every token of the batch weighs the same. `grpo`: mean per episode,
+    then over episodes, so long episodes weigh as much as short ones. `dr_grpo`: sum divided by rows x
+    `max_tokens`, a fixed normalizer with no length bias. `sum`: the sum over tokens, no normalizer
+    (the original's: tinker's `ppo` loss is `-objective.sum()`), so the gradient grows with the number
+    of tokens in the step; Adam divides most of that out, a gradient-norm clip does not.
     """
     mask = mask_D_T.to(values_D_T.dtype)
     if mask.sum() == 0:
         raise ValueError("the loss mask selects no token: no episode has a sender token to train on")
-    if mode == "token_mean":
+    if loss_type == "dapo":
         return (values_D_T * mask).sum() / mask.sum()
-    if mode == "seq_mean":
+    if loss_type == "grpo":
         per_row = (values_D_T * mask).sum(dim=1) / mask.sum(dim=1).clamp(min=1)
         return per_row[mask.sum(dim=1) > 0].mean()
+    if loss_type == "sum":
+        return (values_D_T * mask).sum()
     if max_tokens is None or max_tokens <= 0:
-        raise ValueError(f"aggregation 'constant' needs max_tokens > 0, got {max_tokens}")
+        raise ValueError(f"loss_type 'dr_grpo' needs max_tokens > 0, got {max_tokens}")
     return (values_D_T * mask).sum() / (values_D_T.shape[0] * max_tokens)
 
 

@@ -3,8 +3,9 @@
 Each step plays B prompts x G rollouts to the end (every turn emoji-constrained), scores them with
 the terminal reward, turns rewards into group advantages, drops groups with no spread (they carry
 no signal; `dynamic_sampling` draws more prompts to refill), and takes one clipped policy-gradient
-step on the LoRA adapter, with a k3 KL to the reference: the starting (SFT) adapter kept frozen as a
-second PEFT adapter, or the base model via `disable_adapter()`, never a second copy of the weights.
+step on the LoRA adapter, with a KL to the reference (in the loss, or in the advantages as the
+original had it: docs/SEED_RECIPE.md): the starting (SFT) adapter kept frozen as a second PEFT adapter,
+or the base model via `disable_adapter()`, never a second copy of the weights.
 Here: the loop (its settings are `rl/train_config.py`, the update `rl/update.py`); what game is played
 with which sampler is wired in `rl/setup.py`, and what a step's rollouts report is in `rl/rollout/metrics.py`.
 
@@ -149,7 +150,13 @@ def train(
     )
     warn_if_fsdp_ignored(accelerator.distributed_type.value, log)
     run_dir = Path(cfg.output_dir)
-    optimizer = torch.optim.AdamW([p for p in policy.parameters() if p.requires_grad], lr=cfg.learning_rate)
+    optimizer = torch.optim.AdamW(
+        [p for p in policy.parameters() if p.requires_grad],
+        lr=cfg.learning_rate,
+        betas=(cfg.adam_beta1, cfg.adam_beta2),
+        eps=cfg.adam_epsilon,
+        weight_decay=cfg.weight_decay,
+    )
     scheduler = get_scheduler(cfg.lr_scheduler_type, optimizer, cfg.warmup_steps, cfg.max_steps)
     state = TrainState()
     checkpoint = latest_checkpoint(run_dir) if cfg.resume else None
@@ -194,12 +201,12 @@ def train(
             game.observe(everyone.played)
             metrics = _step_metrics(everyone, slowest)
             if rollout_log is not None:
-                log_rollouts(rollout_log, step + 1, everyone.played, cfg.std_scaling)
+                log_rollouts(rollout_log, step + 1, everyone.played, cfg.scale_rewards)
             start = time.perf_counter()
             if everyone.kept:
                 # This process's groups; with none kept, its played ones stand in at weight 0.
                 groups = rollouts.kept or rollouts.played
-                batch = collate_groups(groups, cfg.std_scaling, pad_id, game.constraint)
+                batch = collate_groups(groups, cfg.scale_rewards, pad_id, game.constraint)
                 metrics.update(
                     update(
                         cfg,

@@ -45,8 +45,13 @@ class Config(JudgeConfig):
         default=4, metadata={"help": "rollouts per prompt (G >= 2); seed 003: G=2 wastes 75% of steps"}
     )
     learning_rate: float = field(default=1e-4, metadata={"help": "AdamW step size; gpu: 5e-6 (seed 001)"})
-    beta: float = field(
-        default=0.01, metadata={"help": "KL coefficient (k3 estimator); 0 skips the reference"}
+    beta: float = field(default=0.01, metadata={"help": "KL coefficient; 0 skips the reference"})
+    kl_in: Literal["loss", "reward"] = field(
+        default="loss",
+        metadata={
+            "help": "where the KL to the reference goes: `loss` = beta x k3 KL added to the loss (TRL); "
+            "`reward` = beta x k1 KL per token subtracted from the advantages (the original's, as tinker-cookbook)"
+        },
     )
     # With init_adapter, the adapter decides these three; a value given here must agree with it.
     lora_r: int | None = field(
@@ -83,12 +88,16 @@ class Config(JudgeConfig):
     success_bonus: float = field(default=0.5, metadata={"help": "reward added when similarity >= tau"})
     turn_cost: float = field(default=0.1, metadata={"help": "reward subtracted per turn used"})
     format_penalty: float = field(default=0.5, metadata={"help": "reward subtracted for an invalid turn"})
-    repetition_penalty: float = field(default=0.3, metadata={"help": "times (1 - unique/total emoji)"})
+    repetition_penalty: float = field(
+        default=0.3, metadata={"help": "times (1 - unique/total emoji); the original: none"}
+    )
     similarity_model: str = field(
         default=models.MINILM, metadata={"help": "sentence embedder for the reward"}
     )
     # --- sampling ---
-    temperature: float = field(default=1.0, metadata={"help": "sampling temperature of the sender"})
+    temperature: float = field(
+        default=1.0, metadata={"help": "sampling temperature of the sender (the original: 0.8)"}
+    )
     max_new_tokens: int = field(default=MAX_NEW_TOKENS, metadata={"help": "token budget of one sender turn"})
     engine: Literal["hf", "vllm"] = field(
         default="hf",
@@ -114,15 +123,22 @@ class Config(JudgeConfig):
     )
     vllm_timeout_s: float = field(default=300.0, metadata={"help": "seconds per request before a retry"})
     # --- advanced ---
-    std_scaling: grpo.StdScaling = field(
-        default="group", metadata={"help": "advantage scaling: group std (GRPO), batch std, none (Dr. GRPO)"}
+    scale_rewards: grpo.ScaleRewards = field(
+        default="group",
+        metadata={"help": "advantage scaling: group std (GRPO), batch std, none (Dr. GRPO; the original)"},
     )
-    aggregation: grpo.Aggregation = field(
-        default="token_mean",
-        metadata={"help": "loss reduction: token_mean (DAPO), seq_mean (GRPO), constant (Dr. GRPO)"},
+    loss_type: grpo.LossType = field(
+        default="dapo",
+        metadata={
+            "help": "loss reduction over tokens: dapo (token mean), grpo (mean per episode), dr_grpo (sum / "
+            "rows x max tokens), sum (the original's)"
+        },
     )
-    eps_low: float = field(default=0.2, metadata={"help": "PPO clip below 1"})
-    eps_high: float = field(default=0.2, metadata={"help": "PPO clip above 1 (DAPO clip-higher: 0.28)"})
+    epsilon: float = field(default=0.2, metadata={"help": "PPO clip: the ratio is kept above 1 - epsilon"})
+    epsilon_high: float | None = field(
+        default=None,
+        metadata={"help": "PPO clip above 1 (DAPO clip-higher: 0.28); none: epsilon, as in TRL"},
+    )
     dynamic_sampling: bool = field(
         default=False,
         metadata={
@@ -137,7 +153,17 @@ class Config(JudgeConfig):
         default=8,
         metadata={"help": "episodes per forward/backward pass (gradient accumulation inside a step)"},
     )
-    max_grad_norm: float = field(default=1.0, metadata={"help": "gradient clipping norm"})
+    max_grad_norm: float = field(
+        default=1.0, metadata={"help": "gradient clipping norm; 0: no clipping (the original's)"}
+    )
+    # The optimizer is torch's AdamW; with weight_decay 0 it is Adam. Names as in transformers'
+    # TrainingArguments, which TRL's configs inherit.
+    adam_beta1: float = field(default=0.9, metadata={"help": "AdamW beta1"})
+    adam_beta2: float = field(default=0.999, metadata={"help": "AdamW beta2 (the original: 0.95)"})
+    adam_epsilon: float = field(default=1e-8, metadata={"help": "AdamW epsilon"})
+    weight_decay: float = field(
+        default=0.01, metadata={"help": "AdamW decoupled weight decay (torch's default; the original: 0)"}
+    )
     nan_patience: int = field(default=3, metadata={"help": "stop after this many non-finite steps in a row"})
     lr_scheduler_type: Literal["constant", "linear", "cosine"] = field(
         default="constant", metadata={"help": "learning-rate schedule over max_steps"}
@@ -155,10 +181,12 @@ class Config(JudgeConfig):
             raise ValueError(
                 f"group_size={self.group_size} must be >= 2: the advantage is reward minus the group mean"
             )
-        if self.aggregation == "constant" and self.max_new_tokens <= 0:
+        if self.loss_type == "dr_grpo" and self.max_new_tokens <= 0:
             raise ValueError(
-                "aggregation=constant normalizes by max_new_tokens * max_turns: set max_new_tokens > 0"
+                "loss_type=dr_grpo normalizes by max_new_tokens * max_turns: set max_new_tokens > 0"
             )
+        if self.max_grad_norm < 0:
+            raise ValueError(f"max_grad_norm={self.max_grad_norm} must be >= 0 (0: no clipping)")
         if self.game == "wordle" and self.engine == "vllm":
             raise ValueError(
                 "game=wordle with engine=vllm is not supported yet: the vllm sampler always sends the emoji "
@@ -170,3 +198,8 @@ class Config(JudgeConfig):
             )
         if self.reference == "init" and self.init_adapter is None and self.beta > 0:
             self.reference = "base"  # a fresh adapter starts equal to the base model
+
+    @property
+    def clip_range(self) -> tuple[float, float]:
+        """(epsilon below 1, epsilon above 1) of the PPO clip; epsilon_high unset is epsilon, as in TRL."""
+        return self.epsilon, self.epsilon if self.epsilon_high is None else self.epsilon_high

@@ -1,6 +1,7 @@
 """One GRPO update: the step's episodes, split into micro-batches, give one clipped policy-gradient
-step on the LoRA adapter with a k3 KL to the reference (docs/DESIGN.md §6). The math is in `rl/grpo.py`;
-this is where it meets the model, the micro-batches and the processes."""
+step on the LoRA adapter with a KL to the reference, in the loss (k3) or in the advantages (k1 per
+token, the original's: docs/SEED_RECIPE.md) (docs/DESIGN.md §6). The math is in `rl/grpo.py`; this is
+where it meets the model, the micro-batches and the processes."""
 
 from __future__ import annotations
 
@@ -22,8 +23,8 @@ if TYPE_CHECKING:
 
 
 def _size(batch: Batch, cfg: Config) -> float:
-    """What the loss aggregate averages over: tokens (token_mean) or episodes."""
-    return batch.mask_D_T.sum().item() if cfg.aggregation == "token_mean" else float(batch.size)
+    """What the loss aggregate averages over: tokens (dapo; sum, for its metrics) or episodes."""
+    return batch.mask_D_T.sum().item() if cfg.loss_type in ("dapo", "sum") else float(batch.size)
 
 
 def _shares(batch: Batch, cfg: Config, total: float) -> Iterator[tuple[Batch, float]]:
@@ -32,6 +33,36 @@ def _shares(batch: Batch, cfg: Config, total: float) -> Iterator[tuple[Batch, fl
     for start in range(0, batch.size, cfg.per_device_train_batch_size):
         micro = batch.rows(start, start + cfg.per_device_train_batch_size)
         yield micro, _size(micro, cfg) / total
+
+
+def _reference_logprobs(
+    cfg: Config, policy: torch.nn.Module, unwrapped: torch.nn.Module, micro: Batch
+) -> torch.Tensor:
+    with torch.no_grad(), reference_mode(unwrapped, cfg.reference):
+        return token_logprobs(policy, micro, cfg.temperature)
+
+
+def _kl_in_reward(
+    cfg: Config, policy: torch.nn.Module, unwrapped: torch.nn.Module, micros: list[tuple[Batch, float]]
+) -> tuple[list[torch.Tensor], float]:
+    """Per micro-batch, per-token advantages with the KL penalty, and the step's mean KL (its baseline,
+    over every contributing process's sender tokens). Every process runs a reference pass for each of
+    its micro-batches, padding included: under FSDP a forward pass is a collective."""
+    kls = [
+        grpo.k1_kl(micro.sampler_logp_D_T, _reference_logprobs(cfg, policy, unwrapped, micro))
+        for micro, _ in micros
+    ]
+    sums = [
+        (float((kl * micro.mask_D_T).sum()), float(micro.mask_D_T.sum())) if weight > 0 else (0.0, 0.0)
+        for (micro, weight), kl in zip(micros, kls, strict=True)
+    ]
+    totals = gather((sum(s for s, _ in sums), sum(n for _, n in sums)))
+    mean_kl = sum(s for s, _ in totals) / max(sum(n for _, n in totals), 1.0)
+    advantages = [
+        grpo.kl_penalized_advantages(micro.advantages_D, kl, micro.mask_D_T, cfg.beta, mean_kl)
+        for (micro, _), kl in zip(micros, kls, strict=True)
+    ]
+    return advantages, mean_kl
 
 
 def update(
@@ -55,24 +86,31 @@ def update(
     total = sum(size for size, _ in counts)
     shares = [(micro, weight if contributes else 0.0) for micro, weight in _shares(batch, cfg, total)]
     shares += [(batch.rows(0, micro_size), 0.0)] * (max(n for _, n in counts) - len(shares))
+    shares = [(micro.to(accelerator.device), weight) for micro, weight in shares]
+    kl_in_loss = cfg.beta > 0 and cfg.kl_in == "loss"
+    kl_in_reward = cfg.beta > 0 and cfg.kl_in == "reward"
+    advantages = [micro.advantages_D for micro, _ in shares]
+    mean_kl = 0.0
+    if kl_in_reward:
+        advantages, mean_kl = _kl_in_reward(cfg, policy, unwrapped, shares)
     optimizer.zero_grad(set_to_none=True)
-    for micro, weight in shares:
-        micro = micro.to(accelerator.device)
+    for (micro, weight), advantage in zip(shares, advantages, strict=True):
         logp = token_logprobs(policy, micro, cfg.temperature)
         # One update per batch: the policy that sampled is the policy being updated, so the old
         # log-probs are the current ones, detached (ratio 1, gradient of the ratio intact).
         old = logp.detach()
-        pg_loss, clipped = grpo.ppo_clip_loss(logp, old, micro.advantages_D, cfg.eps_low, cfg.eps_high)
+        pg_loss, clipped = grpo.ppo_clip_loss(logp, old, advantage, *cfg.clip_range)
         if use_importance_weights:
             pg_loss = pg_loss * grpo.truncated_importance_weights(old, micro.sampler_logp_D_T)
         per_token = pg_loss
-        if cfg.beta > 0:
-            with torch.no_grad(), reference_mode(unwrapped, cfg.reference):
-                ref = token_logprobs(policy, micro, cfg.temperature)
-            kl = grpo.k3_kl(logp, ref)
+        if kl_in_loss:
+            kl = grpo.k3_kl(logp, _reference_logprobs(cfg, policy, unwrapped, micro))
             per_token = per_token + cfg.beta * kl
             sums["kl"] += weight * grpo.masked_mean(kl.detach(), micro.mask_D_T).item()
-        loss = grpo.aggregate(per_token, micro.mask_D_T, cfg.aggregation, max_tokens) * weight
+        # A sum counts every token once, whatever micro-batch holds it: the weight scales only the
+        # metrics (and is 0 for a pass that must not count).
+        scale = float(weight > 0) if cfg.loss_type == "sum" else weight
+        loss = grpo.aggregate(per_token, micro.mask_D_T, cfg.loss_type, max_tokens) * scale
         # The weights split the step's aggregate between the processes; DDP and FSDP average the
         # processes' gradients, so each contributes its part times their number.
         accelerator.backward(loss * accelerator.num_processes)
@@ -80,8 +118,11 @@ def update(
         sums["clip_frac"] += weight * grpo.masked_mean(clipped, micro.mask_D_T).item()
         sums["sampler_kl"] += weight * grpo.masked_mean(micro.sampler_logp_D_T - old, micro.mask_D_T).item()
     sums = {key: sum(part[key] for part in gather(sums)) for key in sums}
+    if kl_in_reward:
+        sums["kl"] = mean_kl  # already the whole step's
     params = [p for p in policy.parameters() if p.requires_grad]
-    grad_norm = float(accelerator.clip_grad_norm_(params, cfg.max_grad_norm))
+    # An infinite norm clips nothing and still measures the gradient, which the non-finite check needs.
+    grad_norm = float(accelerator.clip_grad_norm_(params, cfg.max_grad_norm or math.inf))
     return {
         **{f"optim/{k}": v for k, v in sums.items() if k != "sampler_kl"},
         "sampler/kl_vs_trainer": sums["sampler_kl"],

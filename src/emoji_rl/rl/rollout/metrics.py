@@ -38,12 +38,12 @@ def rollout_metrics(played: Sequence[EpisodeGroup], kept: int) -> dict[str, floa
 
 
 def log_rollouts(
-    log_file: AppendLog, step: int, groups: Sequence[EpisodeGroup], std_scaling: grpo.StdScaling
+    log_file: AppendLog, step: int, groups: Sequence[EpisodeGroup], scale_rewards: grpo.ScaleRewards
 ) -> None:
     """One record per episode: its reward, its advantage in its group, and every turn's log and metrics."""
     for group in groups:
         rewards = torch.tensor([group.rewards], dtype=torch.float)
-        advantages = grpo.group_advantages(rewards, std_scaling)[0].tolist()
+        advantages = grpo.group_advantages(rewards, scale_rewards)[0].tolist()
         for g, (episode, advantage) in enumerate(zip(group.episodes, advantages, strict=True)):
             log_file.append(
                 {
