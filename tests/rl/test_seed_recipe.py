@@ -87,8 +87,10 @@ def test_a_summed_loss_counts_every_token_once_in_any_micro_batches(policy, acce
         policy, accelerator, batch, loss_type="dapo", beta=0.0, per_device_train_batch_size=2
     )
     assert one.abs().sum() > 0
-    assert torch.allclose(one, whole, atol=1e-6)
-    assert torch.allclose(whole, TOKENS * mean, atol=1e-5)
+    # Micro-batches change only the float32 summation order (CI saw 1e-6 apart); a token counted
+    # twice or not at all moves a gradient by a whole token's share, orders of magnitude more.
+    assert torch.allclose(one, whole, rtol=1e-4, atol=1e-5)
+    assert torch.allclose(whole, TOKENS * mean, rtol=1e-4, atol=1e-5)
     # At ratio 1 each token's loss is -A: summed, -(5 x 1 + 3 x -0.5 + 1 x -0.5) = -3; averaged, -3 / 9.
     assert one_metrics["optim/loss"] == pytest.approx(-3.0) == whole_metrics["optim/loss"]
     assert mean_metrics["optim/loss"] == pytest.approx(-3.0 / TOKENS)
@@ -102,7 +104,7 @@ def test_kl_in_the_reward_takes_its_baseline_over_the_whole_step(policy, acceler
         policy, accelerator, batch, per_device_train_batch_size=3, loss_type="dapo", beta=0.0
     )
     # A baseline taken per micro-batch would change the gradient with the micro-batch size.
-    assert torch.allclose(one, whole, atol=1e-6)
+    assert torch.allclose(one, whole, rtol=1e-4, atol=1e-5)
     assert not torch.allclose(whole, without, atol=1e-4)
     # The reported KL is the k1 mean over the 9 sender tokens: sampler minus base log-probs.
     with torch.no_grad(), policy.disable_adapter():
