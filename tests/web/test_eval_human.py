@@ -1,4 +1,4 @@
-"""eval-human: the bootstrap and agreement numbers, and the report on answers played over HTTP."""
+"""eval-human: the agreement numbers, and the report on answers played over HTTP."""
 
 from __future__ import annotations
 
@@ -7,32 +7,8 @@ import json
 import pytest
 
 from emoji_rl.errors import UserError
-from emoji_rl.eval.human import ALL_PEOPLE, Config, bootstrap_ci, main, pearson, rounds_by_mode
+from emoji_rl.eval.human import ALL_PEOPLE, Config, main, pearson, rounds_by_mode
 from emoji_rl.web.store import Store
-
-
-def test_bootstrap_interval_brackets_the_mean_and_narrows_with_data():
-    few = [0.2, 0.9, 0.4, 0.6]
-    low, high = bootstrap_ci(few, seed=1)
-    assert low < sum(few) / len(few) < high
-    many_low, many_high = bootstrap_ci(few * 25, seed=1)
-    assert many_high - many_low < (high - low) / 2
-    assert bootstrap_ci(few, seed=1) == (low, high)  # seeded
-    assert bootstrap_ci([0.7, 0.7, 0.7]) == pytest.approx((0.7, 0.7))
-    assert bootstrap_ci([0.5]) is None
-
-
-def test_bootstrap_covers_a_known_mean_about_95_percent_of_the_time():
-    import numpy as np
-
-    rng = np.random.default_rng(0)
-    hits = sum(
-        lo <= 0.5 <= hi
-        for lo, hi in (
-            bootstrap_ci(rng.uniform(0, 1, 40).tolist(), resamples=500, seed=s) for s in range(200)
-        )
-    )
-    assert 175 <= hits <= 199, hits  # 95% nominal; the percentile bootstrap runs a little narrow at n=40
 
 
 def test_pearson():

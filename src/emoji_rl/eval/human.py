@@ -26,6 +26,7 @@ import numpy as np
 from emoji_rl.data.jsonl import Record, write_json
 from emoji_rl.errors import UserError
 from emoji_rl.eval.report import bar_figure, format_table
+from emoji_rl.eval.stats import bootstrap_mean
 from emoji_rl.web.store import Store, judge_scores_by_sender
 
 THRESHOLDS = (0.5, 0.7)
@@ -47,21 +48,6 @@ class Config:
     def __post_init__(self) -> None:
         if self.resamples < 100:
             raise ValueError(f"resamples={self.resamples}: use at least 100 for a 95% interval")
-
-
-def bootstrap_ci(
-    values: Sequence[float], resamples: int = 2000, level: float = LEVEL, seed: int = 0
-) -> tuple[float, float] | None:
-    """Percentile bootstrap interval of the mean (resampling the values with replacement); None for
-    fewer than two values, where there is no spread to resample."""
-    if len(values) < 2:
-        return None
-    data = np.asarray(values, dtype=float)
-    rng = np.random.default_rng(seed)
-    means = data[rng.integers(0, len(data), size=(resamples, len(data)))].mean(axis=1)
-    tail = (1 - level) / 2
-    low, high = np.quantile(means, [tail, 1 - tail])
-    return float(low), float(high)
 
 
 def pearson(xs: Sequence[float], ys: Sequence[float]) -> float | None:
@@ -91,9 +77,8 @@ def score_row(similarities: Sequence[float], resamples: int, seed: int) -> dict[
         **{f"success@{t}": [float(s >= t) for s in similarities] for t in THRESHOLDS},
     }
     for name, values in series.items():
-        row[name] = sum(values) / len(values)
-        interval = bootstrap_ci(values, resamples, LEVEL, seed)
-        row[f"{name}_lo"], row[f"{name}_hi"] = interval or (None, None)
+        interval = bootstrap_mean(values, resamples, seed, LEVEL)
+        row[name], row[f"{name}_lo"], row[f"{name}_hi"] = interval.mean, interval.low, interval.high
     return row
 
 
