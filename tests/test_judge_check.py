@@ -1,4 +1,4 @@
-"""`emoji-rl judge-check`: the messages file, the random baseline, and a CLI smoke run (lexicon judge)."""
+"""`emoji-rl judge-check`: the messages file and a CLI smoke run (lexicon judge)."""
 
 from __future__ import annotations
 
@@ -8,9 +8,8 @@ from pathlib import Path
 import pytest
 
 from emoji_rl import cli, models
-from emoji_rl.emoji.alphabet import parse_message
 from emoji_rl.errors import DataError, UserError
-from emoji_rl.judge_check import DEFAULT_MESSAGES, random_answers, read_messages
+from emoji_rl.judge_check import DEFAULT_MESSAGES, read_messages
 from emoji_rl.rl.judge import NAMES_CAVEAT
 
 SAMPLES = Path(__file__).resolve().parents[1] / DEFAULT_MESSAGES
@@ -35,14 +34,6 @@ def test_unusable_messages_file_is_an_error_naming_it(tmp_path, content):
         path.write_text(content)
     with pytest.raises(UserError, match=str(path)):
         read_messages(path)
-
-
-def test_random_answers_are_valid_seeded_and_of_the_asked_lengths():
-    lengths = [2, 3, 8, 5]
-    answers = random_answers(lengths, seed=1)
-    assert [len(parse_message(a).emoji) for a in answers] == lengths
-    assert all(parse_message(a).ok for a in answers)
-    assert random_answers(lengths, seed=1) == answers != random_answers(lengths, seed=2)
 
 
 @pytest.fixture

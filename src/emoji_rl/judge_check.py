@@ -16,7 +16,6 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-import random
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -25,7 +24,7 @@ import torch
 from emoji_rl import config, models
 from emoji_rl.data.jsonl import read_jsonl
 from emoji_rl.data.offline_teacher import OfflineTeacher
-from emoji_rl.emoji.alphabet import ALPHABET, SEPARATOR, parse_message
+from emoji_rl.emoji.alphabet import parse_message, random_answers
 from emoji_rl.errors import DataError, UserError
 from emoji_rl.rl.judge import NAMES_CAVEAT, UNKNOWN, Guess, JudgeInput
 from emoji_rl.rl.judge_config import JudgeConfig
@@ -105,12 +104,6 @@ def read_messages(path: str | Path) -> list[str]:
             f"messages file {path} holds {len(messages)} message(s); judge-check needs at least 2"
         )
     return messages
-
-
-def random_answers(lengths: list[int], seed: int) -> list[str]:
-    """Uniformly random alphabet emoji, no repeat within an answer, one answer per requested length."""
-    rng = random.Random(seed)
-    return [SEPARATOR.join(rng.sample(ALPHABET, n)) for n in lengths]
 
 
 def check_metrics(

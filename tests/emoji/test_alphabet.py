@@ -12,7 +12,7 @@ import pytest
 from hypothesis import event, given, settings
 from hypothesis import strategies as st
 
-from emoji_rl.emoji.alphabet import ALPHABET, MAX_EMOJI, MIN_EMOJI, parse_message
+from emoji_rl.emoji.alphabet import ALPHABET, MAX_EMOJI, MIN_EMOJI, parse_message, random_answers
 from emoji_rl.emoji.constraint import grammar_accepts
 
 _ALPHABET_SET = frozenset(ALPHABET)
@@ -156,3 +156,11 @@ def test_parse_reasons_name_the_fault() -> None:
     assert parse_message("🍕").reason == "too few emoji: 1 < 2"
     assert parse_message("🍕" * 9).reason == "too many emoji: 9 > 8"
     assert parse_message("🍕 ").reason == "trailing space at position 1"
+
+
+def test_random_answers_are_valid_seeded_and_of_the_asked_lengths():
+    lengths = [2, 3, 8, 5]
+    answers = random_answers(lengths, seed=1)
+    assert [len(parse_message(a).emoji) for a in answers] == lengths
+    assert all(parse_message(a).ok for a in answers)
+    assert random_answers(lengths, seed=1) == answers != random_answers(lengths, seed=2)

@@ -4,28 +4,173 @@ import pytest
 import torch
 
 from emoji_rl import cli, models
+from emoji_rl.config import parse_config
+from emoji_rl.emoji.alphabet import parse_message
+from emoji_rl.errors import DataError, UserError
 from emoji_rl.eval import retrieval
+from emoji_rl.prompts import sender_messages
 from emoji_rl.rl.reward import Similarity
 
 
 def test_systems_parse_and_reject_bad_specs():
-    assert retrieval.parse_systems(["base", "sft=runs/sft/adapter"]) == {
-        "base": None,
-        "sft": "runs/sft/adapter",
+    systems = retrieval.parse_systems(
+        ["base", "sft=runs/sft/adapter", "teacher=data/sft_train.jsonl", "random"]
+    )
+    assert systems == {
+        "base": retrieval.System("base", "base"),
+        "sft": retrieval.System("sft", "adapter", "runs/sft/adapter"),
+        "teacher": retrieval.System("teacher", "teacher", "data/sft_train.jsonl"),
+        "random": retrieval.System("random", "random"),
     }
+    assert [s.fixed for s in systems.values()] == [False, False, True, True]
     with pytest.raises(ValueError, match="NAME=ADAPTER_DIR"):
         retrieval.parse_systems(["sft"])
     with pytest.raises(ValueError, match="appears twice"):
         retrieval.parse_systems(["a=x", "a=y"])
 
 
-def test_retrieval_at_k_hand_checked(embedder):
-    similarity = Similarity(embedder)
+def test_compare_defaults_to_adjacent_systems_and_checks_names():
+    systems = retrieval.parse_systems(["base", "sft=s", "rl=r"])
+    assert retrieval.compare_pairs([], systems) == [("sft", "base"), ("rl", "sft")]
+    assert retrieval.compare_pairs(["rl:base"], systems) == [("rl", "base")]
+    for bad in ("rl-sft", "rl:teacher", "rl:rl"):
+        with pytest.raises(ValueError, match="A:B"):
+            retrieval.compare_pairs([bad], systems)
+    with pytest.raises(UserError, match="modes"):
+        parse_config(retrieval.Config, ["--modes", "single", "both"], "eval-retrieval")
+
+
+def test_teacher_answers_are_the_last_assistant_turn_matched_by_target(tmp_path):
+    path = tmp_path / "sft_train.jsonl"
+    path.write_text(
+        json.dumps(
+            {"target": "pizza tonight", "messages": [*sender_messages("pizza tonight"), ANSWER("🍕 🌙")]}
+        )
+        + "\n"
+    )
+    assert retrieval.teacher_answers(str(path), ["no such message", "pizza tonight"]) == [None, "🍕 🌙"]
+    path.write_text(json.dumps({"target": "pizza tonight", "messages": []}) + "\n")
+    with pytest.raises(DataError, match=r"sft_train\.jsonl:1"):
+        retrieval.teacher_answers(str(path), ["pizza tonight"])
+
+
+def test_distractors_are_the_same_for_every_system_and_retrieval_ranks_among_them(embedder):
     targets = ["I love pizza", "the car broke down", "my cat is asleep", "we won the football match"]
+    candidates = retrieval.distractor_sets(targets, k=3, seed=0)
+    assert candidates == retrieval.distractor_sets(targets, k=3, seed=0)
+    for target, cands in zip(targets, candidates, strict=True):
+        assert cands[0] == target and len(set(cands)) == 3 and set(cands) <= set(targets)
+    everything = retrieval.distractor_sets(targets, k=4, seed=0)
     guesses = ["pizza is my favourite food", "engine trouble with the car", "the dog barks", "pizza"]
-    # guesses 1 and 2 pick their own target; 3 (dog) may or may not; 4 (pizza) picks target 1, a miss.
-    score = retrieval.retrieval_at_k(similarity, targets, guesses, k=4, seed=0)
-    assert 0.5 <= score <= 0.75
+    # 1 and 2 pick their own target out of all four; 4 (pizza) picks target 1, a miss.
+    hits = retrieval.retrieved(Similarity(embedder), everything, guesses)
+    assert hits[:2] == [True, True] and hits[3] is False
+    with pytest.raises(UserError, match="at least 5 distinct targets"):
+        retrieval.distractor_sets(targets, k=5, seed=0)
+
+
+def ANSWER(emoji):
+    return {"role": "assistant", "content": emoji}
+
+
+TARGETS = [
+    "let's get pizza tonight",
+    "the train is late again",
+    "happy birthday to my sister",
+    "I lost my keys at the beach",
+    "we are going to the cinema",
+    "my cat is sleeping on the sofa",
+]
+TEACHER = ["🍕 🌙", "🚆 ⏰", "🎂 👧 🎉", "🔑 🏖️", "🎬 🍿", None]  # the teacher never answered the last
+
+
+@pytest.fixture
+def shared_embedder(monkeypatch, embedder):
+    """The session's MiniLM instead of a fresh load per CLI run."""
+    monkeypatch.setattr(models, "load_embedder", lambda *args, **kwargs: embedder)
+
+
+def test_teacher_and_random_through_the_same_judge_with_paired_differences(tmp_path, capsys, shared_embedder):
+    data = tmp_path / "rl_eval.jsonl"
+    data.write_text("".join(json.dumps({"id": f"m{i}", "target": t}) + "\n" for i, t in enumerate(TARGETS)))
+    teacher = tmp_path / "sft_train.jsonl"
+    teacher.write_text(
+        "".join(
+            json.dumps({"id": "x", "target": t, "messages": [*sender_messages(t), ANSWER(a)]}) + "\n"
+            for t, a in zip(TARGETS, TEACHER, strict=True)
+            if a is not None
+        )
+    )
+    out = tmp_path / "report"
+    args = ["eval-retrieval", "--systems", f"teacher={teacher}", "random", "--data", str(data)]
+    args += ["--judge", "lexicon", "--distractors", "4", "--output_dir", str(out)]
+    assert cli.main(args) == 0
+    report = json.loads((out / "retrieval.json").read_text())
+    rows = {(r["system"], r["mode"]): r for r in report["rows"]}
+    assert list(rows) == [
+        ("teacher", "single"),
+        ("teacher", "multi"),
+        ("random", "single"),
+        ("random", "multi"),
+    ]
+    assert rows["teacher", "multi"]["n"] == 0 and "similarity" not in rows["teacher", "multi"]
+    assert rows["teacher", "single"]["n"] == 5 and rows["random", "single"]["n"] == 6
+
+    records = {(r["system"], r["id"]): r for r in report["records"]}
+    # The judge read the teacher's own emoji: the lexicon judge names them.
+    pizza = records["teacher", "m0"]
+    assert pizza["target"] == TARGETS[0] and pizza["turns"] == [
+        {"emoji": "🍕 🌙", "guess": "pizza, crescent moon"}
+    ]
+    # Random answers are as long as the teacher's for the same message, 3 where it has none.
+    lengths = [len(parse_message(records["random", f"m{i}"]["turns"][0]["emoji"]).emoji) for i in range(6)]
+    assert lengths == [2, 2, 3, 2, 2, 3]
+    # The row is the mean over its records; success@0.5 sits beside the game's thresholds.
+    teacher_sims = [records["teacher", f"m{i}"]["similarity"] for i in range(5)]
+    assert rows["teacher", "single"]["similarity"] == pytest.approx(sum(teacher_sims) / 5)
+    assert rows["teacher", "single"]["success@0.5"] == sum(s >= 0.5 for s in teacher_sims) / 5
+    assert {"success@0.65", "success@0.7", "success@0.85", "retrieval@1/4", "emoji_per_message"} <= set(
+        rows["random", "single"]
+    )
+    assert rows["teacher", "single"]["emoji_per_message"] == pytest.approx(11 / 5)
+
+    # Default comparison: the adjacent pair random - teacher, over the 5 messages both played.
+    diffs = {(c["metric"]): c for c in report["comparisons"]}
+    assert set(diffs) == {"similarity", "success@0.5", "success@0.7"}
+    random_sims = [records["random", f"m{i}"]["similarity"] for i in range(5)]
+    similarity = diffs["similarity"]
+    assert (similarity["a"], similarity["b"], similarity["mode"], similarity["n"]) == (
+        "random",
+        "teacher",
+        "single",
+        5,
+    )
+    assert similarity["mean"] == pytest.approx((sum(random_sims) - sum(teacher_sims)) / 5)
+    assert similarity["low"] <= similarity["mean"] <= similarity["high"]
+    printed = capsys.readouterr().out
+    assert "random - teacher (single, 5 messages) similarity" in printed and "success@0.5" in printed
+
+    # --modes single: no multi rows at all; the same messages and random draws give the same numbers.
+    assert cli.main([*args, "--modes", "single", "--output_dir", str(tmp_path / "again")]) == 0
+    again = json.loads((tmp_path / "again" / "retrieval.json").read_text())
+    assert [r["mode"] for r in again["rows"]] == ["single", "single"]
+    assert again["records"] == [r for r in report["records"] if r["mode"] == "single"]
+
+
+@pytest.mark.slow
+def test_the_judge_reads_the_same_emoji_the_same_way_at_temperature_0(smollm2_model, smollm2_tokenizer):
+    import asyncio
+
+    from emoji_rl.rl.judge import HFJudge, JudgeInput
+
+    judge = HFJudge(smollm2_model, smollm2_tokenizer, "gloss", "smollm2", temperature=0.0, max_new_tokens=12)
+    pizza, train = JudgeInput((("🍕", "🌙"),)), JudgeInput((("🚆", "⏰", "😤"),))
+    torch.manual_seed(1)
+    first = asyncio.run(judge.guess([pizza, train, pizza]))
+    torch.manual_seed(2)
+    alone = asyncio.run(judge.guess([pizza]))
+    # Within a batch, across batches of other sizes (other padding) and other seeds: one guess.
+    assert first[0] == first[2] == alone[0]
 
 
 @pytest.mark.slow
@@ -75,10 +220,48 @@ def test_eval_retrieval_compares_systems(tmp_path, capsys):
         ("noisy", "multi"),
     ]
     for row in report["rows"]:
-        assert 0.0 <= row["success@0.65"] <= 1.0 and row["turns"] >= 1.0
+        assert 0.0 <= row["success@0.5"] <= 1.0 and row["turns"] >= 1.0
         assert row["turns"] <= (1.0 if row["mode"] == "single" else 2.0)
     assert report["caveat"] and (tmp_path / "report" / "retrieval.png").stat().st_size > 0
+    assert {(c["a"], c["b"], c["mode"]) for c in report["comparisons"]} == {
+        ("noisy", "base", "single"),
+        ("noisy", "base", "multi"),
+    }
+    multi = [r for r in report["records"] if r["system"] == "noisy" and r["mode"] == "multi"]
+    assert [r["target"] for r in multi] == targets and all(1 <= len(r["turns"]) <= 2 for r in multi)
     assert "retrieval@1/4" in capsys.readouterr().out
+
+    # The seed's protocol: sampled at T 0.7, no grammar; a reply the parser rejects scores 0.
+    seed_out = tmp_path / "seed"
+    args = [
+        "eval-retrieval",
+        "--systems",
+        "base",
+        "--data",
+        str(data),
+        "--judge",
+        "lexicon",
+        "--modes",
+        "single",
+    ]
+    args += [
+        "--protocol",
+        "seed",
+        "--distractors",
+        "4",
+        "--max_new_tokens",
+        "24",
+        "--output_dir",
+        str(seed_out),
+    ]
+    assert cli.main(args) == 0
+    seed = json.loads((seed_out / "retrieval.json").read_text())
+    assert (seed["protocol"], seed["sender_temperature"]) == ("seed", 0.7)
+    assert [r["mode"] for r in seed["rows"]] == ["single"]
+    violations = [r for r in seed["records"] if r["violation"]]
+    assert violations, "the base model, unconstrained, writes words"
+    assert all(r["similarity"] == 0.0 and "guess" not in r["turns"][0] for r in violations)
+    assert seed["rows"][0]["violations"] == len(violations) / len(targets)
 
 
 @pytest.mark.slow
@@ -88,7 +271,7 @@ def test_a_judge_server_that_is_not_there_is_said_at_once_and_fails_with_its_url
     import time
 
     data = tmp_path / "eval.jsonl"
-    data.write_text(json.dumps({"target": "let's get pizza tonight"}) + "\n")
+    data.write_text("".join(json.dumps({"target": f"let's get pizza at {h}"}) + "\n" for h in range(10)))
     wait_s = 4
     stage = [sys.executable, "-m", "emoji_rl.cli", "eval-retrieval", "--data", str(data)]
     stage += ["--output_dir", str(tmp_path / "out"), "--judge", "openai", "--judge_url", "http://127.0.0.1:9"]

@@ -34,6 +34,7 @@ def test_entropy_by_hand():
 def test_entropy_of_n_equally_used_emoji_is_log2_n():
     assert entropy_bits([("🍕", "🎉"), ("🎬", "🐱")]) == pytest.approx(2.0)
     assert entropy_bits([("🍕", "🍕")]) == 0.0
+    assert f"{entropy_bits([('🍕', '🍕')]):.3f}" == "0.000"
 
 
 def test_top_k_share_by_hand():

@@ -10,6 +10,8 @@ letters (`Ⓜ️ 🅰️`).
 from __future__ import annotations
 
 import functools
+import random
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import emoji as emoji_pkg
@@ -38,6 +40,13 @@ def _curated() -> tuple[str, ...]:
 ALPHABET: tuple[str, ...] = _curated()
 _ALPHABET_SET = frozenset(ALPHABET)
 _LONGEST = max(map(len, ALPHABET))
+
+
+def random_answers(lengths: Sequence[int], seed: int) -> list[str]:
+    """Uniformly random alphabet emoji, no repeat within an answer, one answer per requested length:
+    the floor a judge and a sender are measured against (judge-check, eval-retrieval)."""
+    rng = random.Random(seed)
+    return [SEPARATOR.join(rng.sample(ALPHABET, n)) for n in lengths]
 
 
 @functools.cache

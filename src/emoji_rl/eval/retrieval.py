@@ -1,14 +1,37 @@
-"""`emoji-rl eval-retrieval`: the retrieval game on held-out messages, base vs SFT vs RL side by side.
+"""`emoji-rl eval-retrieval`: the retrieval game on held-out messages, systems side by side, with the
+differences between them as paired 95% bootstrap intervals.
 
-Each system plays every held-out target twice: single-turn (one emoji message, one guess) and
-multi-turn (up to `max_turns`, with the judge's guess shown back to the sender). Reported per system
-and mode: mean final similarity, success at 0.65 / 0.7 / 0.85, turns used, format violations,
-retrieval@1 (does the final guess pick out its target among K-1 distractor messages?), and emoji
-statistics (distinct, entropy, share of the 10 most used: seed 001's SFT emoji were "generic").
-Writes a table, `retrieval.json` and `retrieval.png` to `output_dir`.
+Systems: `base` (the base model as sender), NAME=ADAPTER_DIR (e.g. sft=runs/sft/adapter),
+`teacher=FILE.jsonl` (the teacher's own answer per target, read from SFT split records: `target` and
+`messages`, whose last assistant turn is the emoji) and `random` (random alphabet emoji, as many per
+message as the teacher's answer for it, else `random_length`). Each system plays every target
+single-turn (one emoji message, one guess) and multi-turn (up to `max_turns`, the judge's guess shown
+back to the sender); the teacher and random answers are one message, so their multi-turn rows are
+n/a. Reported per system and mode: mean final similarity, success at 0.5 / 0.65 / 0.7 / 0.85, turns,
+format violations, retrieval@1 (does the final guess pick out its target among K-1 distractor
+messages?), emoji per message and emoji statistics (distinct, entropy, share of the 10 most used:
+seed 001's SFT emoji were "generic").
 
-    emoji-rl eval-retrieval --systems base sft=runs/sft/adapter rl=runs/grpo/adapter
-    emoji-rl eval-retrieval --config configs/gpu/eval_retrieval.yaml
+Differences can be believed because every system sees the same messages, the same distractors and
+the same judge (greedy by default, so one emoji message always gets one guess): `--compare A:B`
+(default: each adjacent pair in `systems` order) gives mean(A - B) over the messages both played,
+similarity and success@0.5 / 0.7, with a paired percentile-bootstrap interval (`eval/stats.py`).
+
+Protocols (`--protocol`):
+- `ours` (default): the sender decodes greedily under the emoji grammar, so every reply is an emoji
+  message and a system is measured by what it means, not by luck or format; held-out targets.
+- `seed`: as seed 001's original evaluated, so a number can sit beside the seed's (held-out success
+  rose from 15-20% to 54% after RL there): the sender samples at T 0.7 with no constraint, the parser
+  is the filter (a reply that is no emoji message is a format violation and ends the game; with no
+  earlier guess its similarity is 0), and success@0.7 is the headline. Unlike the original we keep the
+  held-out targets (it evaluated on its training prompts).
+
+Writes a table, `retrieval.json` (rows, comparisons and one record per message: what each turn sent
+and what the judge guessed) and `retrieval.png` to `output_dir`.
+
+    emoji-rl eval-retrieval --systems base sft=runs/sft/adapter rl=runs/grpo/adapter \
+        teacher=data/sft_train.jsonl random --compare rl:sft sft:base rl:teacher
+    emoji-rl eval-retrieval --config configs/gpu/eval_retrieval.yaml --protocol seed --modes single
 """
 
 from __future__ import annotations
@@ -16,35 +39,60 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import random
+import time
 from collections.abc import Iterator, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Literal
 
 import torch
 
 from emoji_rl import models
-from emoji_rl.data.jsonl import read_jsonl, write_json
-from emoji_rl.emoji.alphabet import MAX_EMOJI, MIN_EMOJI
-from emoji_rl.errors import UserError
+from emoji_rl.data.jsonl import Record, read_jsonl, write_json
+from emoji_rl.emoji.alphabet import MAX_EMOJI, MIN_EMOJI, parse_message, random_answers
+from emoji_rl.errors import DataError, UserError
 from emoji_rl.eval.report import bar_figure, format_table
-from emoji_rl.eval.stats import reply_stats
+from emoji_rl.eval.stats import bootstrap_mean, paired_bootstrap, reply_stats
 from emoji_rl.generate import MAX_NEW_TOKENS
 from emoji_rl.rl.games.retrieval import SUCCESS_THRESHOLDS, RetrievalBuilder, RetrievalRules
 from emoji_rl.rl.judge_config import JudgeConfig
 from emoji_rl.rl.rollout.hf import HFSampler
-from emoji_rl.rl.rollout.play import play
+from emoji_rl.rl.rollout.play import Sample, play
 from emoji_rl.rl.types import Episode
 
 if TYPE_CHECKING:
     from peft import PeftModel
+    from transformers import PreTrainedTokenizerBase
 
     from emoji_rl.rl.reward import Similarity
+
+Mode = Literal["single", "multi"]
+Protocol = Literal["ours", "seed"]
+MODES: tuple[Mode, ...] = ("single", "multi")
+THRESHOLDS = (0.5, *SUCCESS_THRESHOLDS)
+COMPARED = ("similarity", "success@0.5", "success@0.7")
+SEED_TEMPERATURE = 0.7
+RANDOM_LENGTH = 3
+LEVEL = 0.95
+
+
+@dataclass(frozen=True)
+class System:
+    """One sender under evaluation: the base model, a LoRA adapter on it, or fixed answers."""
+
+    name: str
+    kind: Literal["base", "adapter", "teacher", "random"]
+    path: str | None = None
+
+    @property
+    def fixed(self) -> bool:
+        """Answers given in advance, one message per target: single-turn only."""
+        return self.kind in ("teacher", "random")
 
 
 @dataclass
 class Config(JudgeConfig):
-    """Evaluate senders on the retrieval game: base vs SFT vs RL."""
+    """Evaluate senders on the retrieval game, with paired intervals of their differences."""
 
     model: str = field(default=models.SMOLLM2, metadata={"help": "base model spec of every system"})
     # Greedy: every system's emoji read the same way, so a difference between systems is the senders'.
@@ -53,7 +101,24 @@ class Config(JudgeConfig):
     )
     systems: list[str] = field(
         default_factory=lambda: ["base"],
-        metadata={"help": "systems to compare: `base`, or NAME=ADAPTER_DIR (e.g. sft=runs/sft/adapter)"},
+        metadata={
+            "help": "systems to compare: `base`, NAME=ADAPTER_DIR (e.g. sft=runs/sft/adapter), "
+            "teacher=FILE.jsonl (SFT split records: the teacher's answers) and `random`"
+        },
+    )
+    compare: list[str] = field(
+        default_factory=list,
+        metadata={"help": "pairs A:B to report mean(A - B) with a paired interval; none: adjacent systems"},
+    )
+    modes: list[str] = field(
+        default_factory=lambda: list(MODES), metadata={"help": "which games: single, multi or both"}
+    )
+    protocol: Protocol = field(
+        default="ours",
+        metadata={
+            "help": "ours: greedy, emoji-constrained sender; seed: as seed 001 evaluated (sampled at "
+            "T 0.7, unconstrained, the parser as filter)"
+        },
     )
     data: str = field(
         default="data/rl_eval.jsonl", metadata={"help": "held-out targets, JSONL with `target`"}
@@ -65,13 +130,21 @@ class Config(JudgeConfig):
     distractors: int = field(
         default=10, metadata={"help": "K: candidates (target + K-1 others) for retrieval@1"}
     )
-    temperature: float = field(default=0.0, metadata={"help": "sender sampling temperature; 0 = greedy"})
+    temperature: float | None = field(
+        default=None,
+        metadata={"help": "sender sampling temperature; none: the protocol's (ours 0 = greedy, seed 0.7)"},
+    )
     max_new_tokens: int = field(default=MAX_NEW_TOKENS, metadata={"help": "token budget of one sender turn"})
     min_emoji: int = field(default=MIN_EMOJI, metadata={"help": "fewest emoji in a valid turn"})
     max_emoji: int = field(default=MAX_EMOJI, metadata={"help": "most emoji in a valid turn"})
+    random_length: int = field(
+        default=RANDOM_LENGTH,
+        metadata={"help": "emoji per `random` answer where no teacher answer gives the length"},
+    )
     similarity_model: str = field(default=models.MINILM, metadata={"help": "sentence embedder"})
     batch_size: int = field(default=32, metadata={"help": "episodes per generate call"})
-    seed: int = field(default=0, metadata={"help": "seed for sampling and distractor choice"})
+    resamples: int = field(default=2000, metadata={"help": "bootstrap resamples per interval"})
+    seed: int = field(default=0, metadata={"help": "seed for sampling, distractors, random emoji, bootstrap"})
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -79,165 +152,398 @@ class Config(JudgeConfig):
             raise ValueError(
                 f"distractors={self.distractors} must be >= 2: retrieval ranks the target among them"
             )
-        parse_systems(self.systems)
+        if not self.modes or set(self.modes) - set(MODES):
+            raise ValueError(f"modes={self.modes}: choose from {', '.join(MODES)}")
+        if not self.min_emoji <= self.random_length <= self.max_emoji:
+            raise ValueError(
+                f"random_length={self.random_length} must lie within {self.min_emoji}..{self.max_emoji}"
+            )
+        compare_pairs(self.compare, parse_systems(self.systems))
+
+    @property
+    def sender_temperature(self) -> float:
+        if self.temperature is not None:
+            return self.temperature
+        return SEED_TEMPERATURE if self.protocol == "seed" else 0.0
 
 
-def parse_systems(specs: Sequence[str]) -> dict[str, str | None]:
-    """`base` -> no adapter; `NAME=DIR` -> that adapter. Names must be unique."""
-    systems: dict[str, str | None] = {}
+def parse_systems(specs: Sequence[str]) -> dict[str, System]:
+    """`base`, `random`, `teacher=FILE` and NAME=ADAPTER_DIR; names must be unique."""
+    systems: dict[str, System] = {}
     for spec in specs:
-        name, _, adapter = spec.partition("=")
-        if not name or (spec != "base" and not adapter):
-            raise ValueError(f"system {spec!r}: use `base` or NAME=ADAPTER_DIR")
+        name, _, path = spec.partition("=")
+        if spec in ("base", "random"):
+            system = System(spec, spec)
+        elif name and path:
+            system = System(name, "teacher" if name == "teacher" else "adapter", path)
+        else:
+            raise ValueError(f"system {spec!r}: use `base`, `random`, teacher=FILE.jsonl or NAME=ADAPTER_DIR")
         if name in systems:
             raise ValueError(f"system name {name!r} appears twice in systems")
-        systems[name] = adapter or None
+        systems[name] = system
     return systems
 
 
-def load_systems(base: torch.nn.Module, systems: dict[str, str | None]) -> PeftModel | torch.nn.Module:
+def compare_pairs(specs: Sequence[str], systems: dict[str, System]) -> list[tuple[str, str]]:
+    """`A:B` pairs, each name a system; none given: each adjacent pair in `systems` order."""
+    names = list(systems)
+    if not specs:
+        return list(zip(names[1:], names[:-1], strict=True))
+    pairs = []
+    for spec in specs:
+        a, _, b = spec.partition(":")
+        if a not in systems or b not in systems or a == b:
+            raise ValueError(f"compare {spec!r}: use A:B, two different systems of {names}")
+        pairs.append((a, b))
+    return pairs
+
+
+def teacher_answers(path: str, targets: Sequence[str]) -> list[str | None]:
+    """Per target, the teacher's answer from SFT split records (`target`, and `messages` whose last
+    assistant turn holds the emoji), or None where the file has no record of that target."""
+    answers: dict[str, str] = {}
+    for number, record in enumerate(read_jsonl(path, hint="the teacher's SFT split (`emoji-rl teacher`)"), 1):
+        said = [m.get("content") for m in record.get("messages") or [] if m.get("role") == "assistant"]
+        if not isinstance(record.get("target"), str) or not said or not isinstance(said[-1], str):
+            raise DataError(
+                path, number, "record needs a string `target` and an assistant turn in `messages`"
+            )
+        answers[record["target"]] = said[-1]
+    return [answers.get(t) for t in targets]
+
+
+def load_systems(base: torch.nn.Module, systems: Sequence[System]) -> PeftModel | torch.nn.Module:
     """All adapters on one copy of the base weights, one PEFT adapter per system."""
     from peft import PeftModel
 
-    adapters = {name: path for name, path in systems.items() if path}
-    for name, path in adapters.items():
-        if not (Path(path) / "adapter_config.json").is_file():
+    adapters = [s for s in systems if s.kind == "adapter"]
+    for system in adapters:
+        if not (Path(str(system.path)) / "adapter_config.json").is_file():
             raise UserError(
-                f"system {name}: {path} has no adapter_config.json (is it a PEFT adapter directory?)"
+                f"system {system.name}: {system.path} has no adapter_config.json (is it a PEFT adapter directory?)"
             )
     model: torch.nn.Module = base
-    for name, path in adapters.items():
+    for system in adapters:
         if isinstance(model, PeftModel):
-            model.load_adapter(path, adapter_name=name)
+            model.load_adapter(system.path, adapter_name=system.name)
         else:
-            model = PeftModel.from_pretrained(base, path, adapter_name=name)
+            model = PeftModel.from_pretrained(base, system.path, adapter_name=system.name)
     model.eval()
     return model
 
 
 @contextlib.contextmanager
-def active_system(model: torch.nn.Module, name: str, adapter: str | None) -> Iterator[None]:
+def active_system(model: torch.nn.Module, system: System) -> Iterator[None]:
     from peft import PeftModel
 
-    if adapter is None and isinstance(model, PeftModel):
+    if system.kind == "base" and isinstance(model, PeftModel):
         with model.disable_adapter():
             yield
         return
-    if adapter is not None:
-        model.set_adapter(name)
+    if system.kind == "adapter":
+        model.set_adapter(system.name)
     yield
 
 
-def retrieval_at_k(
-    similarity: Similarity, targets: Sequence[str], guesses: Sequence[str], k: int, seed: int
-) -> float:
-    """Share of guesses closest to their own target among it and k-1 other targets (seeded draw)."""
+class FixedSender:
+    """A sender whose one message per game is given in advance (teacher or random emoji), in the
+    order of the games: the judge reads them through the same game as a model's."""
+
+    def __init__(self, tokenizer: PreTrainedTokenizerBase, answers: Sequence[str]) -> None:
+        stop = models.stop_token_id(tokenizer)
+        self.samples = [
+            Sample((*tokenizer(a, add_special_tokens=False)["input_ids"], stop), ()) for a in answers
+        ]
+
+    async def sample(
+        self, prompts: Sequence[tuple[int, ...]], previous: Sequence[Sample | None] | None = None
+    ) -> list[Sample]:
+        assert len(prompts) == len(self.samples), "a fixed sender answers every game's first turn at once"
+        assert previous is None or not any(previous), "a fixed sender has no second turn"
+        return self.samples
+
+
+def distractor_sets(targets: Sequence[str], k: int, seed: int) -> list[list[str]]:
+    """Per target, the K candidates retrieval@1 ranks: the target first, then K-1 other targets (a
+    seeded draw, so every system is ranked among the same ones)."""
     pool = list(dict.fromkeys(targets))
     if len(pool) < k:
         raise UserError(
             f"retrieval@1 among {k} needs at least {k} distinct targets, the data has {len(pool)}"
         )
     rng = random.Random(seed)
-    hits = 0
-    for target, guess in zip(targets, guesses, strict=True):
-        candidates = [target, *rng.sample([t for t in pool if t != target], k - 1)]
-        scores = similarity.similarity(candidates, [guess] * k)
-        hits += int(max(range(k), key=scores.__getitem__) == 0)
-    return hits / len(targets)
+    return [[target, *rng.sample([t for t in pool if t != target], k - 1)] for target in targets]
 
 
-def summarize(
-    episodes: Sequence[Episode], targets: Sequence[str], similarity: Similarity, cfg: Config
-) -> dict[str, float]:
-    finals = [e.turns[-1].result for e in episodes]
-    guesses = [
-        next((t.result.log["guess"] for t in reversed(e.turns) if "guess" in t.result.log), "")
-        for e in episodes
+def retrieved(
+    similarity: Similarity, candidates: Sequence[Sequence[str]], guesses: Sequence[str]
+) -> list[bool]:
+    """Per guess, whether its own target (candidates[i][0]) is nearer to it than every distractor;
+    a tie is a miss, as in `reward.retrieval_at_1`. One embedding call for all."""
+    pairs = [(c, g) for cands, g in zip(candidates, guesses, strict=True) for c in cands]
+    scores = similarity.similarity([c for c, _ in pairs], [g for _, g in pairs])
+    hits, start = [], 0
+    for cands in candidates:
+        row, start = scores[start : start + len(cands)], start + len(cands)
+        hits.append(all(row[0] > other for other in row[1:]))
+    return hits
+
+
+def episode_record(episode: Episode, system: str, mode: str, record: Record, index: int) -> Record:
+    """One message's game: what each turn sent and what the judge guessed, the final similarity."""
+    final = episode.turns[-1].result
+    turns = [
+        {k: v for k, v in turn.result.log.items() if k in ("emoji", "guess", "violation")}
+        for turn in episode.turns
     ]
-    emoji_texts = [t.result.log.get("emoji", "") for e in episodes for t in e.turns]
-    stats = reply_stats(emoji_texts, cfg.min_emoji, cfg.max_emoji)
-    n = len(episodes)
-    row = {
-        "similarity": sum(f.metrics["similarity"] for f in finals) / n,
-        **{f"success@{t}": sum(f.metrics[f"success@{t}"] for f in finals) / n for t in SUCCESS_THRESHOLDS},
-        "turns": sum(len(e.turns) for e in episodes) / n,
-        "violations": sum(f.metrics["format_violation"] for f in finals) / n,
-        f"retrieval@1/{cfg.distractors}": retrieval_at_k(
-            similarity, targets, [g or "[unknown]" for g in guesses], cfg.distractors, cfg.seed
-        ),
+    return {
+        "system": system,
+        "mode": mode,
+        "id": str(record.get("id", index)),
+        "target": record["target"],
+        "turns": turns,
+        "similarity": final.metrics["similarity"],
+        "violation": bool(final.metrics["format_violation"]),
     }
-    return {**row, **{k: v for k, v in asdict(stats).items() if k not in {"replies", "compliance"}}}
+
+
+def final_guess(record: Record) -> str:
+    return next((t["guess"] for t in reversed(record["turns"]) if "guess" in t), "[unknown]")
+
+
+def summarize(records: Sequence[Record], cfg: Config) -> dict[str, float | int | None]:
+    """A system's row in one mode, from its per-message records (those with `retrieved` set)."""
+    n = len(records)
+    similarity = bootstrap_mean([r["similarity"] for r in records], cfg.resamples, cfg.seed, LEVEL)
+    turns = [t for r in records for t in r["turns"]]
+    # A turn the game refused (cut off by the token budget, or no emoji message) counts for no emoji.
+    stopped = ["violation" not in t for t in turns]
+    stats = reply_stats([t.get("emoji", "") for t in turns], cfg.min_emoji, cfg.max_emoji, stopped=stopped)
+    return {
+        "n": n,
+        "similarity": similarity.mean,
+        "similarity_lo": similarity.low,
+        "similarity_hi": similarity.high,
+        **{f"success@{t}": sum(r["similarity"] >= t for r in records) / n for t in THRESHOLDS},
+        "turns": sum(len(r["turns"]) for r in records) / n,
+        "violations": sum(r["violation"] for r in records) / n,
+        f"retrieval@1/{cfg.distractors}": sum(r["retrieved"] for r in records) / n,
+        **{k: v for k, v in asdict(stats).items() if k not in ("replies", "compliance")},
+    }
+
+
+def not_applicable(system: System, mode: str) -> Record:
+    return {"system": system.name, "mode": mode, "n": 0, "note": "n/a: one fixed message per target"}
+
+
+def comparisons(records: Sequence[Record], pairs: Sequence[tuple[str, str]], cfg: Config) -> list[Record]:
+    """mean(A - B) per pair, mode and compared metric over the messages both systems played, with
+    its paired interval; a pair with no message in common in a mode is left out."""
+    by_key = {(r["system"], r["mode"], r["id"]): r for r in records}
+    out = []
+    for a, b in pairs:
+        for mode in cfg.modes:
+            ids = [i for (s, m, i) in by_key if s == a and m == mode and (b, mode, i) in by_key]
+            if not ids:
+                continue
+            for metric in COMPARED:
+                value = metric_of(metric)
+                diff = paired_bootstrap(
+                    [value(by_key[a, mode, i]) for i in ids],
+                    [value(by_key[b, mode, i]) for i in ids],
+                    cfg.resamples,
+                    cfg.seed,
+                    LEVEL,
+                )
+                out.append({"a": a, "b": b, "mode": mode, "metric": metric, "n": len(ids), **asdict(diff)})
+    return out
+
+
+def metric_of(metric: str):
+    """A per-message value of a compared metric: the similarity, or success at a threshold as 0/1."""
+    if metric == "similarity":
+        return lambda r: r["similarity"]
+    threshold = float(metric.removeprefix("success@"))
+    return lambda r: float(r["similarity"] >= threshold)
+
+
+def format_comparisons(rows: Sequence[Record]) -> str:
+    lines = [
+        f"{r['a']} - {r['b']} ({r['mode']}, {r['n']} messages) {r['metric']:<12} "
+        f"{r['mean']:+.3f}  [{r['low']:+.3f}, {r['high']:+.3f}]"
+        + ("  above 0" if r["low"] > 0 else "  below 0" if r["high"] < 0 else "")
+        for r in rows
+        if r["low"] is not None
+    ]
+    return "\n".join(lines)
 
 
 def main(cfg: Config) -> None:
     from emoji_rl.rl.judge import NAMES_CAVEAT
     from emoji_rl.rl.reward import Similarity
 
-    torch.manual_seed(cfg.seed)
     records = read_jsonl(cfg.data, hint="make it with `emoji-rl rl-prompts` (it writes the held-out split)")
     if cfg.max_examples:
         records = records[: cfg.max_examples]
+    for number, record in enumerate(records, 1):
+        if not isinstance(record.get("target"), str):
+            raise DataError(cfg.data, number, "record has no string `target`")
     targets = [r["target"] for r in records]
+    systems = parse_systems(cfg.systems)
+    pairs = compare_pairs(cfg.compare, systems)
+    candidates = distractor_sets(targets, cfg.distractors, cfg.seed)
+    fixed = fixed_answers(systems, targets, cfg)
     runtime = models.pick_runtime()
     tokenizer = models.load_tokenizer(cfg.model)
-    systems = parse_systems(cfg.systems)
-    model = load_systems(models.load_causal_lm(cfg.model, runtime), systems)
+    senders = [s for s in systems.values() if not s.fixed]
+    model = load_systems(models.load_causal_lm(cfg.model, runtime), senders) if senders else None
     judge = cfg.build_judge(runtime)
     similarity = Similarity(models.load_embedder(cfg.similarity_model, device=runtime.device))
-    sampler = HFSampler(
+    rows: list[Record] = []
+    played: list[Record] = []
+    for system in systems.values():
+        for mode in cfg.modes:
+            if system.fixed and mode == "multi":
+                rows.append(not_applicable(system, mode))
+                continue
+            start = time.perf_counter()
+            rules = RetrievalRules(
+                max_turns=1 if mode == "single" else cfg.max_turns,
+                tau=cfg.tau,
+                min_emoji=cfg.min_emoji,
+                max_emoji=cfg.max_emoji,
+            )
+            builder = RetrievalBuilder(tokenizer, judge, similarity, rules)
+            indices = [
+                i for i in range(len(records)) if not system.fixed or fixed[system.name][i] is not None
+            ]
+            games = [builder(records[i]) for i in indices]
+            # The same draws for every system: a sampled judge or sender differs by its inputs only.
+            torch.manual_seed(cfg.seed)
+            if system.fixed:
+                sender = FixedSender(tokenizer, [fixed[system.name][i] for i in indices])
+                episodes = asyncio.run(play(games, sender))
+            else:
+                assert model is not None
+                with active_system(model, system):
+                    episodes = asyncio.run(play(games, model_sender(model, tokenizer, cfg)))
+            mine = [
+                episode_record(e, system.name, mode, records[i], i)
+                for e, i in zip(episodes, indices, strict=True)
+            ]
+            hits = retrieved(similarity, [candidates[i] for i in indices], [final_guess(r) for r in mine])
+            for record, hit in zip(mine, hits, strict=True):
+                record["retrieved"] = hit
+            played.extend(mine)
+            rows.append({"system": system.name, "mode": mode, **summarize(mine, cfg)})
+            print(
+                f"eval-retrieval: {system.name} {mode}-turn: similarity {rows[-1]['similarity']:.3f} "
+                f"({len(mine)} messages, {time.perf_counter() - start:.0f} s)",
+                flush=True,
+            )
+    compared = comparisons(played, pairs, cfg)
+    write_outputs(
+        cfg,
+        judge.describe(),
+        len(records),
+        rows,
+        compared,
+        played,
+        NAMES_CAVEAT if cfg.judge_reads_names else None,
+    )
+
+
+def fixed_answers(
+    systems: dict[str, System], targets: Sequence[str], cfg: Config
+) -> dict[str, list[str | None]]:
+    """The teacher's and the random system's answer per target (None: the teacher has none); random
+    answers have the teacher's length for the message where there is one."""
+    answers: dict[str, list[str | None]] = {}
+    teacher = next((s for s in systems.values() if s.kind == "teacher"), None)
+    if teacher is not None:
+        answers[teacher.name] = teacher_answers(str(teacher.path), targets)
+        for target, answer in zip(targets, answers[teacher.name], strict=True):
+            if answer is not None and not parse_message(answer, cfg.min_emoji, cfg.max_emoji).ok:
+                raise UserError(
+                    f"{teacher.path}: the answer {answer!r} for {target!r} is not an emoji message"
+                )
+    if "random" in systems:
+        matched = answers[teacher.name] if teacher is not None else [None] * len(targets)
+        lengths = [cfg.random_length if a is None else len(parse_message(a).emoji) for a in matched]
+        answers["random"] = list(random_answers(lengths, cfg.seed))
+    return answers
+
+
+def model_sender(model: torch.nn.Module, tokenizer: PreTrainedTokenizerBase, cfg: Config) -> HFSampler:
+    """The protocol's sender: emoji-constrained (ours), or free text the parser filters (seed)."""
+    return HFSampler(
         model,
         tokenizer,
-        "grammar",
-        cfg.temperature,
+        "grammar" if cfg.protocol == "ours" else "none",
+        cfg.sender_temperature,
         cfg.max_new_tokens,
         cfg.batch_size,
         cfg.min_emoji,
         cfg.max_emoji,
     )
-    rows = []
-    for name, adapter in systems.items():
-        for mode, turns in (("single", 1), ("multi", cfg.max_turns)):
-            rules = RetrievalRules(
-                max_turns=turns, tau=cfg.tau, min_emoji=cfg.min_emoji, max_emoji=cfg.max_emoji
-            )
-            builder = RetrievalBuilder(tokenizer, judge, similarity, rules)
-            with active_system(model, name, adapter):
-                episodes = asyncio.run(play([builder(r) for r in records], sampler))
-            rows.append({"system": name, "mode": mode, **summarize(episodes, targets, similarity, cfg)})
-            print(f"eval-retrieval: {name} {mode}-turn: similarity {rows[-1]['similarity']:.3f}", flush=True)
+
+
+def write_outputs(
+    cfg: Config,
+    judge: str,
+    examples: int,
+    rows: list[Record],
+    compared: list[Record],
+    played: list[Record],
+    caveat: str | None,
+) -> None:
     out = Path(cfg.output_dir)
+    retrieval = f"retrieval@1/{cfg.distractors}"
     columns = [
         "system",
         "mode",
+        "n",
         "similarity",
-        *[f"success@{t}" for t in SUCCESS_THRESHOLDS],
+        *[f"success@{t}" for t in THRESHOLDS],
         "turns",
         "violations",
-        f"retrieval@1/{cfg.distractors}",
+        retrieval,
+        "emoji_per_message",
         "distinct_emoji",
         "entropy_bits",
         "top10_share",
     ]
-    table = format_table(rows, columns)
     write_json(
         out / "retrieval.json",
         {
-            "judge": judge.describe(),
+            "protocol": cfg.protocol,
+            "sender_temperature": cfg.sender_temperature,
+            "judge": judge,
             "data": cfg.data,
-            "examples": len(records),
+            "examples": examples,
+            "distractors": cfg.distractors,
+            "thresholds": list(THRESHOLDS),
+            "interval": f"{LEVEL:.0%} percentile bootstrap over messages, {cfg.resamples} resamples; "
+            "comparisons paired (the same messages resampled for both systems)",
             "rows": rows,
-            "caveat": NAMES_CAVEAT if cfg.judge_reads_names else None,
+            "comparisons": compared,
+            "records": played,
+            "caveat": caveat,
         },
     )
     figure = bar_figure(
         rows,
-        ["similarity", "success@0.7", f"retrieval@1/{cfg.distractors}", "distinct_emoji"],
+        ["similarity", "success@0.5", "success@0.7", retrieval, "distinct_emoji"],
         group="mode",
         series="system",
-        title=f"retrieval game, judge {judge.describe()}",
+        title=f"retrieval game ({cfg.protocol} protocol), judge {judge}",
         path=out / "retrieval.png",
     )
-    print(f"\njudge: {judge.describe()}; {len(records)} held-out targets\n{table}\n")
-    if cfg.judge_reads_names:
-        print(NAMES_CAVEAT)
+    print(f"\nprotocol {cfg.protocol}; judge: {judge}; {examples} held-out targets\n")
+    print(format_table(rows, columns) + "\n")
+    if compared:
+        print(f"differences, mean over the same messages with {LEVEL:.0%} paired bootstrap intervals:")
+        print(format_comparisons(compared) + "\n")
+    if caveat:
+        print(caveat)
     print(f"report: {out / 'retrieval.json'}\nplot:   {figure}")

@@ -38,7 +38,8 @@ def entropy_bits(messages: Sequence[Sequence[str]]) -> float:
     """Shannon entropy (bits) of the emoji frequency distribution: log2(n) for n equally used emoji."""
     counts = emoji_counts(messages)
     total = sum(counts.values())
-    return -sum(c / total * math.log2(c / total) for c in counts.values()) if total else 0.0
+    # + 0.0: one emoji's entropy is -0.0, which a table prints as "-0.000".
+    return -sum(c / total * math.log2(c / total) for c in counts.values()) + 0.0 if total else 0.0
 
 
 def top_k_share(messages: Sequence[Sequence[str]], k: int = TOP_K) -> float:
