@@ -1,5 +1,6 @@
-"""`emoji-rl debug-rollout`: logged GRPO episodes, pretty-printed: per turn the emoji, the judge's
-guess and the similarity; per episode the reward and its advantage in the group.
+"""`emoji-rl debug-rollout`: logged GRPO episodes, pretty-printed: per group the target the sender
+was trying to say; per turn the emoji, the judge's guess and the similarity; per episode the reward and
+its advantage in the group.
 
     emoji-rl debug-rollout --run runs/grpo --step 5
     emoji-rl debug-rollout --run runs/grpo --step -1 --sort worst --limit 4
@@ -29,11 +30,20 @@ class Config:
     limit: int = field(default=0, metadata={"help": "show at most this many episodes (0 = all)"})
 
 
-def format_episode(record: dict) -> str:
+def target_line(record: dict) -> str:
+    # Logs written before the target was logged have none: say so rather than fail.
+    return f"target {record['target']!r}" if record.get("target") else "target not logged"
+
+
+def format_episode(record: dict, with_target: bool = True) -> str:
+    """One episode; `with_target`: its target on its own line (episodes sorted by reward, out of
+    their groups, each need theirs)."""
     lines = [
         f"prompt {record['prompt_id']} rollout {record['rollout']}: "
         f"reward {record['reward']:+.3f}  advantage {record['advantage']:+.3f}"
     ]
+    if with_target:
+        lines.append(f"  {target_line(record)}")
     for t, turn in enumerate(record["turns"], start=1):
         guess = turn.get("guess", "-")
         similarity = f"{turn['similarity']:.3f}" if "similarity" in turn else "  -  "
@@ -60,8 +70,9 @@ def main(cfg: Config) -> None:
     chosen = select(records, cfg)
     print(f"{path}: step {chosen[0]['step'] if chosen else '-'}, {len(chosen)} episodes\n")
     for prompt_id, episodes in groupby(chosen, key=lambda r: r["prompt_id"]):
+        group = list(episodes)
         if cfg.sort == "group":
-            print(f"=== group {prompt_id}")
-        for record in episodes:
-            print(format_episode(record))
+            print(f"=== group {prompt_id}: {target_line(group[0])}")
+        for record in group:
+            print(format_episode(record, with_target=cfg.sort != "group"))
         print()

@@ -81,6 +81,9 @@ class EpisodeGroup:
 
     prompt_id: str
     episodes: tuple[Episode, ...]
+    target: str = ""
+    """What the sender was trying to say (the retrieval target) or find (the Wordle answer), for the
+    rollout log: a rollout read without it cannot be judged."""
 
     @property
     def rewards(self) -> tuple[float, ...]:

@@ -92,7 +92,9 @@ def collect(
         episodes = asyncio.run(play(games, sampler))
         for p, record in enumerate(records):
             group = EpisodeGroup(
-                str(record.get("id", p)), tuple(episodes[p * group_size : (p + 1) * group_size])
+                str(record.get("id", p)),
+                tuple(episodes[p * group_size : (p + 1) * group_size]),
+                target=str(record.get("target", record.get("answer", ""))),
             )
             played.append(group)
             if not grpo.zero_spread_groups(torch.tensor([group.rewards], dtype=torch.float)).item():

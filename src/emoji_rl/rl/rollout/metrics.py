@@ -1,5 +1,6 @@
 """What a GRPO step's rollouts report: aggregated numbers for `metrics.jsonl` (`reward/`, `game/`,
-`group/`, `tokens/`) and one record per episode for `rollouts.jsonl` (read by `emoji-rl debug-rollout`).
+`group/`, `tokens/`, and `emoji/` where the game sends emoji) and one record per episode for
+`rollouts.jsonl` (read by `emoji-rl debug-rollout`).
 The two stay apart: numbers to plot, text to read."""
 
 from __future__ import annotations
@@ -9,6 +10,7 @@ from collections.abc import Sequence
 import torch
 
 from emoji_rl.data.jsonl import AppendLog
+from emoji_rl.eval.stats import reply_stats
 from emoji_rl.rl import grpo
 from emoji_rl.rl.types import EpisodeGroup
 
@@ -34,13 +36,21 @@ def rollout_metrics(played: Sequence[EpisodeGroup], kept: int) -> dict[str, floa
         values = [m[key] for m in final if key in m]
         name = f"{key}/mean" if key.startswith("reward/") else f"game/{key}"
         metrics[name] = sum(values) / len(values)
+    # Collapse to a few generic emoji shows here first (seed 001's SFT did): over every turn's message.
+    sent = [t.result.log["emoji"] for e in episodes for t in e.turns if "emoji" in t.result.log]
+    if sent:
+        stats = reply_stats(sent)
+        metrics["emoji/distinct"] = float(stats.distinct_emoji)
+        metrics["emoji/entropy_bits"] = stats.entropy_bits
+        metrics["emoji/per_message"] = stats.emoji_per_message
     return metrics
 
 
 def log_rollouts(
     log_file: AppendLog, step: int, groups: Sequence[EpisodeGroup], scale_rewards: grpo.ScaleRewards
 ) -> None:
-    """One record per episode: its reward, its advantage in its group, and every turn's log and metrics."""
+    """One record per episode: the target its group played for, its reward, its advantage in its group,
+    and every turn's log and metrics."""
     for group in groups:
         rewards = torch.tensor([group.rewards], dtype=torch.float)
         advantages = grpo.group_advantages(rewards, scale_rewards)[0].tolist()
@@ -49,6 +59,7 @@ def log_rollouts(
                 {
                     "step": step,
                     "prompt_id": group.prompt_id,
+                    "target": group.target,
                     "rollout": g,
                     "reward": episode.reward,
                     "advantage": advantage,

@@ -1,0 +1,76 @@
+"""What a step's rollouts report: rollouts.jsonl and `emoji-rl debug-rollout` show what each group's
+sender was trying to say; metrics.jsonl counts the emoji sent."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from emoji_rl import cli
+from emoji_rl.data.jsonl import AppendLog
+from emoji_rl.rl.checkpoint import TrainState
+from emoji_rl.rl.rollout.collect import PromptStream, collect
+from emoji_rl.rl.rollout.metrics import log_rollouts, rollout_metrics
+from emoji_rl.rl.rollout.play import Sample
+from emoji_rl.rl.types import Game, StepResult
+
+
+class OneTurnGame(Game):
+    """Rewards the sender's first token id, logs it as the emoji: no model, no judge."""
+
+    async def start(self):
+        return (1, 2)
+
+    async def step(self, action_ids):
+        return StepResult(True, float(action_ids[0]), metrics={"similarity": 0.1}, log={"emoji": "🍕 🌙"})
+
+
+class CountingSampler:
+    def __init__(self):
+        self.calls = 0
+
+    async def sample(self, prompts, previous=None):
+        self.calls += 1
+        return [Sample((i % 2,), (-0.5,)) for i in range(len(prompts))]
+
+
+def test_each_rollout_record_names_its_target_and_debug_rollout_prints_it(tmp_path, capsys):
+    records = [{"id": "p0", "target": "let's get pizza tonight"}, {"id": "p1", "answer": "crane"}]
+    stream = PromptStream(records, seed=0, state=TrainState(), gather_counts=lambda n: [n])
+    rollouts = collect(stream, lambda record: OneTurnGame(), CountingSampler(), batch_size=2, group_size=2)
+    assert {g.prompt_id: g.target for g in rollouts.played} == {
+        "p0": "let's get pizza tonight",
+        "p1": "crane",
+    }
+
+    run = tmp_path / "grpo"
+    with AppendLog(run / "rollouts.jsonl") as log:
+        log_rollouts(log, 1, rollouts.played, "group")
+    logged = [json.loads(line) for line in (run / "rollouts.jsonl").read_text().splitlines()]
+    assert [(r["prompt_id"], r["target"]) for r in logged] == [
+        (g.prompt_id, g.target) for g in rollouts.played for _ in g.episodes
+    ]
+
+    assert cli.main(["debug-rollout", "--run", str(run)]) == 0
+    grouped = capsys.readouterr().out
+    assert '=== group p0: target "let\'s get pizza tonight"' in grouped
+    assert "=== group p1: target 'crane'" in grouped
+    # Sorted by reward, episodes leave their groups: each shows its own target.
+    assert cli.main(["debug-rollout", "--run", str(run), "--sort", "best", "--limit", "1"]) == 0
+    best = capsys.readouterr().out
+    assert "rollout 1: reward +1.000" in best and "  target " in best
+
+
+def test_step_metrics_count_the_emoji_sent():
+    records = [{"id": "p0", "target": "let's get pizza tonight"}]
+    stream = PromptStream(records, seed=0, state=TrainState(), gather_counts=lambda n: [n])
+    rollouts = collect(stream, lambda record: OneTurnGame(), CountingSampler(), batch_size=1, group_size=3)
+    metrics = rollout_metrics(rollouts.played, len(rollouts.kept))
+    # three messages of 🍕 🌙: 2 distinct emoji, used equally (1 bit), 2 a message
+    assert (metrics["emoji/distinct"], metrics["emoji/entropy_bits"], metrics["emoji/per_message"]) == (
+        2,
+        1,
+        2,
+    )
+    assert metrics["game/similarity"] == pytest.approx(0.1)
