@@ -39,7 +39,14 @@ STAGES: dict[str, tuple[str, str]] = {
     "grpo": ("emoji_rl.rl.train", "multi-turn GRPO of the sender on the retrieval game"),
     "debug-rollout": ("emoji_rl.rl.debug_rollout", "pretty-print logged GRPO episodes"),
     "play-game": ("emoji_rl.rl.play_game", "play the retrieval game against the model, as sender or judge"),
-    "eval-retrieval": ("emoji_rl.eval.retrieval", "base vs SFT vs RL on held-out targets: table, JSON, PNG"),
+    "eval-retrieval": (
+        "emoji_rl.eval.retrieval",
+        "base vs SFT vs RL (vs teacher, random) on held-out targets, paired intervals: table, JSON, PNG",
+    ),
+    "experiment-report": (
+        "emoji_rl.eval.experiment_report",
+        "one run directory's evaluation, curves, examples and timings as report.md + PNGs",
+    ),
     "play-web": ("emoji_rl.web.app", "people play the retrieval game in a browser (the human evaluation)"),
     "eval-human": ("emoji_rl.eval.human", "what people played in play-web: per sender, with 95% intervals"),
     "wordle-data": (

@@ -99,7 +99,9 @@ def read_jsonl(
     return parsed
 
 
-def _atomic_write_text(path: Path, text: str) -> None:
+def write_text(path: str | Path, text: str) -> None:
+    """Replace `path` with `text`, atomically."""
+    path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     # Same directory, so the rename is atomic: readers see the old file or the new one, never half.
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
@@ -119,13 +121,13 @@ def _atomic_write_text(path: Path, text: str) -> None:
 def write_jsonl(path: str | Path, records: Iterable[Record]) -> int:
     """Replace `path` with one JSON object per line, atomically; returns the number of records."""
     lines = [json.dumps(r, ensure_ascii=False) + "\n" for r in records]
-    _atomic_write_text(Path(path), "".join(lines))
+    write_text(Path(path), "".join(lines))
     return len(lines)
 
 
 def write_json(path: str | Path, obj: object) -> None:
     """Replace `path` with one indented JSON document, atomically."""
-    _atomic_write_text(Path(path), json.dumps(obj, ensure_ascii=False, indent=2) + "\n")
+    write_text(Path(path), json.dumps(obj, ensure_ascii=False, indent=2) + "\n")
 
 
 def drop_steps_after(path: str | Path, step: int) -> int:
@@ -148,7 +150,7 @@ def drop_steps_after(path: str | Path, step: int) -> int:
             kept.append(lines[number - 1] + "\n")
     text = "".join(kept)
     if text.encode("utf-8") != data:
-        _atomic_write_text(path, text)
+        write_text(path, text)
     dropped = len(numbered) - len(kept) + (len(complete) < len(data))
     if dropped:
         log.info("%s: dropped %d line(s) after step %d, which the resumed run redoes", path, dropped, step)

@@ -1,4 +1,5 @@
-"""Evaluation output shared by the eval stages: a plain-text table and a grouped bar figure.
+"""Evaluation output shared by the eval stages: a plain-text table, a grouped bar figure and line
+figures of metrics by step; figures are written atomically (a reader never sees half a PNG).
 
 Rows are flat dicts of one model x setting (`{"system": "sft", "decoding": "none", "compliance": 0.9}`),
 the same dicts that go into the stage's JSON file, so the table, the JSON and the figure never disagree.
@@ -6,6 +7,8 @@ the same dicts that go into the stage's JSON file, so the table, the JSON and th
 
 from __future__ import annotations
 
+import os
+import tempfile
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
@@ -62,8 +65,39 @@ def bar_figure(
     fig.legend(handles=handles, loc="lower center", ncol=len(names), fontsize=9, frameon=False)
     fig.suptitle(title, fontsize=11)
     fig.tight_layout(rect=(0, 0.08, 1, 1))
+    return _save(fig, path)
+
+
+def line_figure(
+    curves: Mapping[str, Sequence[tuple[float, float]]], title: str, path: str | Path, xlabel: str = "step"
+) -> Path:
+    """One panel per curve (name -> (x, y) points), e.g. a training run's metrics by step."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, len(curves), figsize=(3.2 * len(curves), 3.2), squeeze=False)
+    for ax, (name, points) in zip(axes[0], curves.items(), strict=True):
+        ax.plot([x for x, _ in points], [y for _, y in points], marker="." if len(points) < 40 else None)
+        ax.set_title(name, fontsize=10)
+        ax.set_xlabel(xlabel, fontsize=9)
+    fig.suptitle(title, fontsize=11)
+    fig.tight_layout()
+    return _save(fig, path)
+
+
+def _save(fig, path: str | Path) -> Path:
+    import matplotlib.pyplot as plt
+
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    os.close(fd)
+    try:
+        fig.savefig(tmp, dpi=120, format=path.suffix.lstrip(".") or "png")
+        os.replace(tmp, path)
+    finally:
+        Path(tmp).unlink(missing_ok=True)
+        plt.close(fig)
     return path

@@ -336,13 +336,16 @@ def not_applicable(system: System, mode: str) -> Record:
     return {"system": system.name, "mode": mode, "n": 0, "note": "n/a: one fixed message per target"}
 
 
-def comparisons(records: Sequence[Record], pairs: Sequence[tuple[str, str]], cfg: Config) -> list[Record]:
+def comparisons(
+    records: Sequence[Record], pairs: Sequence[tuple[str, str]], resamples: int, seed: int
+) -> list[Record]:
     """mean(A - B) per pair, mode and compared metric over the messages both systems played, with
     its paired interval; a pair with no message in common in a mode is left out."""
     by_key = {(r["system"], r["mode"], r["id"]): r for r in records}
+    modes = list(dict.fromkeys(r["mode"] for r in records))
     out = []
     for a, b in pairs:
-        for mode in cfg.modes:
+        for mode in modes:
             ids = [i for (s, m, i) in by_key if s == a and m == mode and (b, mode, i) in by_key]
             if not ids:
                 continue
@@ -351,8 +354,8 @@ def comparisons(records: Sequence[Record], pairs: Sequence[tuple[str, str]], cfg
                 diff = paired_bootstrap(
                     [value(by_key[a, mode, i]) for i in ids],
                     [value(by_key[b, mode, i]) for i in ids],
-                    cfg.resamples,
-                    cfg.seed,
+                    resamples,
+                    seed,
                     LEVEL,
                 )
                 out.append({"a": a, "b": b, "mode": mode, "metric": metric, "n": len(ids), **asdict(diff)})
@@ -441,7 +444,7 @@ def main(cfg: Config) -> None:
                 f"({len(mine)} messages, {time.perf_counter() - start:.0f} s)",
                 flush=True,
             )
-    compared = comparisons(played, pairs, cfg)
+    compared = comparisons(played, pairs, cfg.resamples, cfg.seed)
     write_outputs(
         cfg,
         judge.describe(),

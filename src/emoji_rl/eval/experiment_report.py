@@ -1,0 +1,249 @@
+"""`emoji-rl experiment-report`: one run directory's results as a page a person reads, `DIR/report.md`.
+
+Reads what the stages of `make experiment` wrote into the run directory:
+- `reports/retrieval/retrieval.json` (`eval-retrieval`, systems base, sft, rl, teacher, random):
+  the table on the held-out split, and its per-message records, from which the paired differences
+  RL - SFT, SFT - base and RL - teacher are computed (whatever `--compare` that run used);
+- `grpo/metrics.jsonl`: learning curves by step (reward, similarity, success, KL, distinct emoji);
+- `sft/metrics.jsonl`: the SFT loss curves;
+- `stages/*.done` (the pipeline runner's markers, optional): how long each stage took.
+Writes `report.md` beside PNGs in `DIR/report/`; every number on the page comes from those files.
+
+    emoji-rl experiment-report --run_dir runs/experiment
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from emoji_rl.data.jsonl import Record, read_jsonl, write_text
+from emoji_rl.errors import UserError
+from emoji_rl.eval.report import line_figure
+from emoji_rl.eval.retrieval import comparisons
+
+RETRIEVAL = "reports/retrieval/retrieval.json"
+GRPO_METRICS = "grpo/metrics.jsonl"
+SFT_METRICS = "sft/metrics.jsonl"
+# Learning curves: a panel per metric the GRPO run logged, in this order, under these titles.
+GRPO_CURVES = {
+    "reward/mean": "reward",
+    "game/similarity": "similarity",
+    "game/success@0.5": "success@0.5",
+    "game/success@0.7": "success@0.7",
+    "optim/kl": "KL to the reference",
+    "emoji/distinct": "distinct emoji",
+}
+SFT_CURVES = {"train/loss": "train loss", "eval/loss": "eval loss"}
+
+
+@dataclass
+class Config:
+    """Write DIR/report.md from one run directory's evaluation, metrics and stage markers."""
+
+    run_dir: str = field(default="runs/experiment", metadata={"help": "the run directory to report on"})
+    compare: list[str] = field(
+        default_factory=lambda: ["rl:sft", "sft:base", "rl:teacher"],
+        metadata={"help": "pairs A:B shown as mean(A - B) with a paired interval (those present)"},
+    )
+    example_systems: list[str] = field(
+        default_factory=lambda: ["base", "sft", "rl"],
+        metadata={"help": "senders shown side by side on the example messages (those present)"},
+    )
+    examples: int = field(default=12, metadata={"help": "held-out messages shown side by side"})
+    resamples: int = field(default=2000, metadata={"help": "bootstrap resamples per interval"})
+    seed: int = field(default=0, metadata={"help": "seed of the bootstrap"})
+
+    def __post_init__(self) -> None:
+        for spec in self.compare:
+            a, _, b = spec.partition(":")
+            if not a or not b:
+                raise ValueError(f"compare {spec!r}: use A:B, two system names of eval-retrieval")
+
+
+def _number(value: object, digits: int = 3) -> str:
+    if value is None:
+        return "n/a"
+    if isinstance(value, float):
+        return f"{value:.{digits}f}"
+    return str(value)
+
+
+def markdown_table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
+    def line(cells: Sequence[str]) -> str:
+        return "| " + " | ".join(c.replace("|", "\\|").replace("\n", " ") for c in cells) + " |"
+
+    return "\n".join([line(header), line(["---"] * len(header)), *(line(r) for r in rows)])
+
+
+def systems_table(retrieval: Record) -> str:
+    """Per system and mode: the table's numbers, similarity with its 95% interval."""
+    k = retrieval["distractors"]
+    header = ["system", "mode", "n", "similarity [95% CI]", "success@0.5", "success@0.7"]
+    header += [f"retrieval@1 (of {k})", "distinct emoji", "entropy (bits)", "emoji / message"]
+    rows = []
+    for r in retrieval["rows"]:
+        if not r.get("n"):
+            rows.append([r["system"], r["mode"], "0", *["n/a"] * (len(header) - 3)])
+            continue
+        interval = (
+            f" [{r['similarity_lo']:.3f}, {r['similarity_hi']:.3f}]"
+            if r.get("similarity_lo") is not None
+            else ""
+        )
+        rows.append(
+            [
+                r["system"],
+                r["mode"],
+                str(r["n"]),
+                f"{r['similarity']:.3f}{interval}",
+                _number(r["success@0.5"]),
+                _number(r["success@0.7"]),
+                _number(r[f"retrieval@1/{k}"]),
+                _number(r["distinct_emoji"]),
+                _number(r["entropy_bits"], 2),
+                _number(r["emoji_per_message"], 2),
+            ]
+        )
+    return markdown_table(header, rows)
+
+
+def differences(retrieval: Record, cfg: Config) -> list[Record]:
+    present = {r["system"] for r in retrieval["records"]}
+    pairs = [spec.partition(":")[::2] for spec in cfg.compare]
+    wanted = [(a, b) for a, b in pairs if a in present and b in present]
+    return comparisons(retrieval["records"], wanted, cfg.resamples, cfg.seed)
+
+
+def differences_table(rows: Sequence[Record]) -> str:
+    lines = []
+    for r in rows:
+        interval = "n/a" if r["low"] is None else f"[{r['low']:+.3f}, {r['high']:+.3f}]"
+        verdict = "above 0" if (r["low"] or 0) > 0 else "below 0" if (r["high"] or 0) < 0 else "includes 0"
+        lines.append(
+            [
+                f"{r['a']} − {r['b']}",
+                r["mode"],
+                str(r["n"]),
+                r["metric"],
+                f"{r['mean']:+.3f}",
+                interval,
+                verdict,
+            ]
+        )
+    header = ["difference", "mode", "messages", "metric", "mean", "95% paired CI", ""]
+    return markdown_table(header, lines)
+
+
+def examples_table(retrieval: Record, cfg: Config) -> str:
+    """The first `examples` held-out messages (in the data's order) that every shown sender played
+    single-turn: per message and sender, its emoji, the judge's guess and the similarity."""
+    single = {(r["system"], r["id"]): r for r in retrieval["records"] if r["mode"] == "single"}
+    systems = [s for s in cfg.example_systems if any(key[0] == s for key in single)]
+    ids = list(dict.fromkeys(i for _, i in single))
+    shown = [i for i in ids if all((s, i) in single for s in systems)][: cfg.examples]
+    rows = []
+    for i in shown:
+        for n, system in enumerate(systems):
+            record = single[system, i]
+            turn = record["turns"][0]
+            guess = turn.get("guess", f"(format violation: {turn.get('violation', '')})")
+            target = record["target"] if n == 0 else ""
+            rows.append([target, system, turn.get("emoji", ""), guess, f"{record['similarity']:.3f}"])
+    return markdown_table(["message", "sender", "emoji", "the judge's guess", "similarity"], rows)
+
+
+def curves(metrics: Sequence[Record], wanted: dict[str, str]) -> dict[str, list[tuple[float, float]]]:
+    """Per wanted metric that the run logged, its (step, value) points; None (non-finite) left out."""
+    out = {}
+    for key, title in wanted.items():
+        points = [(float(m["step"]), float(m[key])) for m in metrics if m.get(key) is not None]
+        if points:
+            out[title] = points
+    return out
+
+
+def curve_summary(points: dict[str, list[tuple[float, float]]]) -> str:
+    """First and last logged value of each curve, and its mean over the last quarter of the steps."""
+    rows = []
+    for title, values in points.items():
+        tail = values[-max(1, len(values) // 4) :]
+        rows.append(
+            [
+                title,
+                f"{values[0][1]:.3f} (step {values[0][0]:g})",
+                f"{values[-1][1]:.3f} (step {values[-1][0]:g})",
+                f"{sum(v for _, v in tail) / len(tail):.3f}",
+            ]
+        )
+    return markdown_table(["metric", "first", "last", "mean of the last quarter"], rows)
+
+
+def stage_timings(run_dir: Path) -> list[Record]:
+    """The pipeline runner's markers, in the order the stages finished."""
+    markers = []
+    for path in sorted((run_dir / "stages").glob("*.done")):
+        try:
+            marker = json.loads(path.read_text(encoding="utf-8"))
+        except json.JSONDecodeError as err:
+            raise UserError(f"{path}: not a JSON stage marker ({err})") from err
+        markers.append(marker)
+    return sorted(markers, key=lambda m: str(m.get("finished", "")))
+
+
+def timings_table(markers: Sequence[Record]) -> str:
+    rows = [[m["name"], f"{m['seconds'] / 60:.1f}", str(m.get("finished", ""))] for m in markers]
+    total = sum(m["seconds"] for m in markers)
+    rows.append(["total", f"{total / 60:.1f}", ""])
+    return markdown_table(["stage", "minutes", "finished"], rows)
+
+
+def read_metrics(path: Path) -> list[Record]:
+    return read_jsonl(path) if path.is_file() else []
+
+
+def main(cfg: Config) -> None:
+    run_dir = Path(cfg.run_dir)
+    source = run_dir / RETRIEVAL
+    if not source.is_file():
+        raise UserError(
+            f"{source} does not exist: run `emoji-rl eval-retrieval --output_dir {source.parent}` first"
+        )
+    retrieval = json.loads(source.read_text(encoding="utf-8"))
+    figures = run_dir / "report"
+    sections = [
+        f"# Experiment report: {run_dir}",
+        f"Held-out split: {retrieval['examples']} messages from `{retrieval['data']}`; judge "
+        f"`{retrieval['judge']}`; protocol `{retrieval.get('protocol', 'ours')}`. Every system played "
+        "the same messages against the same distractors and the same judge.",
+        "## Systems on the held-out split",
+        systems_table(retrieval),
+        "## Differences",
+        "Mean over the messages both systems played, with a 95% paired percentile-bootstrap interval "
+        f"({cfg.resamples} resamples over messages).",
+        differences_table(differences(retrieval, cfg)),
+    ]
+    grpo = curves(read_metrics(run_dir / GRPO_METRICS), GRPO_CURVES)
+    sft = curves(read_metrics(run_dir / SFT_METRICS), SFT_CURVES)
+    sections.append("## Learning curves")
+    for name, points, path in (("GRPO", grpo, GRPO_METRICS), ("SFT", sft, SFT_METRICS)):
+        if not points:
+            sections.append(f"No {name} metrics: `{run_dir / path}` is missing or empty.")
+            continue
+        figure = line_figure(points, f"{name} by step", figures / f"{name.lower()}_curves.png")
+        sections += [f"![{name} by step]({figure.relative_to(run_dir)})", curve_summary(points)]
+    sections += [
+        "## Held-out messages, side by side",
+        "Single-turn: each sender's emoji and what the judge guessed from them.",
+        examples_table(retrieval, cfg),
+    ]
+    markers = stage_timings(run_dir)
+    if markers:
+        sections += ["## Stage timings", timings_table(markers)]
+    if retrieval.get("caveat"):
+        sections += ["## Caveat", retrieval["caveat"]]
+    report = run_dir / "report.md"
+    write_text(report, "\n\n".join(sections) + "\n")
+    print(f"report: {report}")

@@ -1,0 +1,157 @@
+"""experiment-report on a small synthetic run directory: every number on the page is from its files."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from emoji_rl import cli
+from emoji_rl.errors import UserError
+
+TARGETS = ["let's get pizza tonight", "the train is late", "happy birthday sis", "I lost my keys"]
+# Per system, the final similarity on each message: SFT beats base by exactly 0.1 on every message,
+# RL beats SFT by 0.2 on two messages and ties on two, the teacher scores 0.5 everywhere.
+SIMILARITIES = {
+    "base": [0.1, 0.2, 0.3, 0.4],
+    "sft": [0.2, 0.3, 0.4, 0.5],
+    "rl": [0.4, 0.3, 0.6, 0.5],
+    "teacher": [0.5, 0.5, 0.5, 0.5],
+}
+EMOJI = {"base": "😀 😀", "sft": "🍕 🌙", "rl": "🍕 🍕 🌙", "teacher": "🍕 🌃"}
+
+
+def _row(system, mode, sims, **extra):
+    n = len(sims)
+    return {
+        "system": system,
+        "mode": mode,
+        "n": n,
+        "similarity": sum(sims) / n,
+        "similarity_lo": min(sims),
+        "similarity_hi": max(sims),
+        "success@0.5": sum(s >= 0.5 for s in sims) / n,
+        "success@0.65": 0.0,
+        "success@0.7": sum(s >= 0.7 for s in sims) / n,
+        "success@0.85": 0.0,
+        "turns": 1.0,
+        "violations": 0.0,
+        "retrieval@1/3": 0.75,
+        "emoji_per_message": 2.5,
+        "distinct_emoji": 7,
+        "entropy_bits": 2.5,
+        "top10_share": 1.0,
+        **extra,
+    }
+
+
+def _record(system, i):
+    return {
+        "system": system,
+        "mode": "single",
+        "id": f"m{i}",
+        "target": TARGETS[i],
+        "turns": [{"emoji": EMOJI[system], "guess": f"{system} guess {i}"}],
+        "similarity": SIMILARITIES[system][i],
+        "violation": False,
+        "retrieved": True,
+    }
+
+
+@pytest.fixture
+def run_dir(tmp_path):
+    run = tmp_path / "experiment"
+    retrieval = {
+        "protocol": "ours",
+        "judge": "hf(embedded:smollm2, view=gloss, T=0)",
+        "data": "runs/experiment/data/rl_eval.jsonl",
+        "examples": 4,
+        "distractors": 3,
+        "rows": [
+            *(_row(s, "single", sims) for s, sims in SIMILARITIES.items()),
+            {"system": "teacher", "mode": "multi", "n": 0, "note": "n/a: one fixed message per target"},
+        ],
+        "comparisons": [],
+        "records": [_record(s, i) for s in SIMILARITIES for i in range(4)],
+        "caveat": "the gloss view reads emoji names",
+    }
+    (run / "reports" / "retrieval").mkdir(parents=True)
+    (run / "reports" / "retrieval" / "retrieval.json").write_text(json.dumps(retrieval))
+    (run / "grpo").mkdir()
+    steps = [
+        {"step": s, "reward/mean": r, "game/similarity": sim, "game/success@0.7": 0.0, "optim/kl": kl}
+        for s, r, sim, kl in [
+            (1, -0.2, 0.20, 0.0),
+            (2, 0.1, 0.25, 0.01),
+            (3, 0.3, 0.31, None),
+            (4, 0.4, 0.35, 0.03),
+        ]
+    ]
+    (run / "grpo" / "metrics.jsonl").write_text("".join(json.dumps(m) + "\n" for m in steps))
+    (run / "sft").mkdir()
+    (run / "sft" / "metrics.jsonl").write_text(
+        json.dumps({"step": 10, "train/loss": 2.0})
+        + "\n"
+        + json.dumps({"step": 20, "train/loss": 1.5})
+        + "\n"
+    )
+    (run / "stages").mkdir()
+    for name, seconds, finished in [
+        ("sft", 600.0, "2026-11-25T02:10:00"),
+        ("prompts", 30.0, "2026-11-25T02:00:00"),
+    ]:
+        marker = {"name": name, "command": ["emoji-rl", name], "seconds": seconds, "finished": finished}
+        (run / "stages" / f"{name}.done").write_text(json.dumps(marker))
+    return run
+
+
+def test_report_shows_the_table_paired_differences_curves_examples_and_timings(run_dir):
+    assert cli.main(["experiment-report", "--run_dir", str(run_dir)]) == 0
+    report = (run_dir / "report.md").read_text()
+    lines = report.splitlines()
+
+    # The table, similarity with its interval; the teacher's multi-turn row is n/a.
+    assert "| sft | single | 4 | 0.350 [0.200, 0.500] | 0.250 | 0.000 | 0.750 | 7 | 2.50 | 2.50 |" in lines
+    assert "| teacher | multi | 0 | n/a | n/a | n/a | n/a | n/a | n/a | n/a |" in lines
+
+    # Paired differences computed from the records: SFT - base is exactly 0.1 on every message.
+    assert "| sft − base | single | 4 | similarity | +0.100 | [+0.100, +0.100] | above 0 |" in lines
+    rl_sft = next(line for line in lines if line.startswith("| rl − sft | single | 4 | similarity |"))
+    assert "| +0.100 |" in rl_sft
+    # RL - teacher: (-0.1 - 0.2 + 0.1 + 0.0) / 4 = -0.05; success@0.5: RL 2 of 4, the teacher 4 of 4.
+    assert any(line.startswith("| rl − teacher | single | 4 | similarity | -0.050 |") for line in lines)
+    assert any(line.startswith("| rl − teacher | single | 4 | success@0.5 | -0.500 |") for line in lines)
+
+    # Learning curves: PNGs, and first / last values from the logs (a None KL left out).
+    assert (run_dir / "report" / "grpo_curves.png").stat().st_size > 0
+    assert (run_dir / "report" / "sft_curves.png").stat().st_size > 0
+    assert "| reward | -0.200 (step 1) | 0.400 (step 4) | 0.400 |" in lines
+    assert "| KL to the reference | 0.000 (step 1) | 0.030 (step 4) | 0.030 |" in lines
+    assert "| train loss | 2.000 (step 10) | 1.500 (step 20) | 1.500 |" in lines
+    assert "![GRPO by step](report/grpo_curves.png)" in lines
+
+    # Examples: per message the senders side by side, the judge's guesses beside their emoji.
+    first = lines.index("| let's get pizza tonight | base | 😀 😀 | base guess 0 | 0.100 |")
+    assert lines[first + 1] == "|  | sft | 🍕 🌙 | sft guess 0 | 0.200 |"
+    assert lines[first + 2] == "|  | rl | 🍕 🍕 🌙 | rl guess 0 | 0.400 |"
+    assert not any("teacher guess" in line for line in lines)
+
+    # Stage timings in the order they finished, with the total.
+    timings = lines.index("| stage | minutes | finished |")
+    assert lines[timings + 2 : timings + 5] == [
+        "| prompts | 0.5 | 2026-11-25T02:00:00 |",
+        "| sft | 10.0 | 2026-11-25T02:10:00 |",
+        "| total | 10.5 |  |",
+    ]
+    assert "the gloss view reads emoji names" in report
+
+
+def test_missing_metrics_are_said_and_a_missing_evaluation_is_an_error(run_dir, tmp_path):
+    (run_dir / "grpo" / "metrics.jsonl").unlink()
+    assert cli.main(["experiment-report", "--run_dir", str(run_dir), "--examples", "1"]) == 0
+    report = (run_dir / "report.md").read_text()
+    assert "No GRPO metrics" in report and report.count("| base |") == 2  # the table's row, one example
+    with pytest.raises(UserError, match="eval-retrieval"):
+        from emoji_rl.eval import experiment_report
+
+        experiment_report.main(experiment_report.Config(run_dir=str(tmp_path / "nothing")))
