@@ -13,7 +13,12 @@ from emoji_rl.rl.reward import Similarity
 
 
 def test_systems_parse_and_reject_bad_specs():
-    systems = retrieval.parse_systems(
+    # Model senders, as eval-wordle and play-web read them too.
+    assert retrieval.parse_systems(["base", "sft=runs/sft/adapter"]) == {
+        "base": None,
+        "sft": "runs/sft/adapter",
+    }
+    systems = retrieval.eval_systems(
         ["base", "sft=runs/sft/adapter", "teacher=data/sft_train.jsonl", "random"]
     )
     assert systems == {
@@ -24,13 +29,14 @@ def test_systems_parse_and_reject_bad_specs():
     }
     assert [s.fixed for s in systems.values()] == [False, False, True, True]
     with pytest.raises(ValueError, match="NAME=ADAPTER_DIR"):
-        retrieval.parse_systems(["sft"])
-    with pytest.raises(ValueError, match="appears twice"):
-        retrieval.parse_systems(["a=x", "a=y"])
+        retrieval.eval_systems(["sft"])
+    for twice in (["a=x", "a=y"], ["random", "random"], ["teacher=a.jsonl", "teacher=b.jsonl"]):
+        with pytest.raises(ValueError, match="appears twice"):
+            retrieval.eval_systems(twice)
 
 
 def test_compare_defaults_to_adjacent_systems_and_checks_names():
-    systems = retrieval.parse_systems(["base", "sft=s", "rl=r"])
+    systems = retrieval.eval_systems(["base", "sft=s", "rl=r"])
     assert retrieval.compare_pairs([], systems) == [("sft", "base"), ("rl", "sft")]
     assert retrieval.compare_pairs(["rl:base"], systems) == [("rl", "base")]
     for bad in ("rl-sft", "rl:teacher", "rl:rl"):

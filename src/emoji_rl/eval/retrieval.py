@@ -158,7 +158,7 @@ class Config(JudgeConfig):
             raise ValueError(
                 f"random_length={self.random_length} must lie within {self.min_emoji}..{self.max_emoji}"
             )
-        compare_pairs(self.compare, parse_systems(self.systems))
+        compare_pairs(self.compare, eval_systems(self.systems))
 
     @property
     def sender_temperature(self) -> float:
@@ -167,20 +167,33 @@ class Config(JudgeConfig):
         return SEED_TEMPERATURE if self.protocol == "seed" else 0.0
 
 
-def parse_systems(specs: Sequence[str]) -> dict[str, System]:
-    """`base`, `random`, `teacher=FILE` and NAME=ADAPTER_DIR; names must be unique."""
-    systems: dict[str, System] = {}
+def parse_systems(specs: Sequence[str]) -> dict[str, str | None]:
+    """Model senders (also read by eval-wordle and play-web): `base` -> no adapter; `NAME=DIR` -> that
+    adapter. Names must be unique."""
+    systems: dict[str, str | None] = {}
     for spec in specs:
-        name, _, path = spec.partition("=")
-        if spec in ("base", "random"):
-            system = System(spec, spec)
-        elif name and path:
-            system = System(name, "teacher" if name == "teacher" else "adapter", path)
-        else:
-            raise ValueError(f"system {spec!r}: use `base`, `random`, teacher=FILE.jsonl or NAME=ADAPTER_DIR")
+        name, _, adapter = spec.partition("=")
+        if not name or (spec != "base" and not adapter):
+            raise ValueError(f"system {spec!r}: use `base` or NAME=ADAPTER_DIR")
         if name in systems:
             raise ValueError(f"system name {name!r} appears twice in systems")
-        systems[name] = system
+        systems[name] = adapter or None
+    return systems
+
+
+def eval_systems(specs: Sequence[str]) -> dict[str, System]:
+    """`parse_systems`' senders, and the fixed answers `random` and `teacher=FILE`, in the given order."""
+    fixed = {s.partition("=")[0] for s in specs if s == "random" or s.startswith("teacher=")}
+    senders = parse_systems([s for s in specs if s.partition("=")[0] not in fixed])
+    if len(fixed) + len(senders) < len(specs):
+        raise ValueError(f"a system name appears twice in systems {list(specs)}")
+    systems = {}
+    for spec in specs:
+        name, _, path = spec.partition("=")
+        if name in fixed:
+            systems[name] = System(name, name, path or None)  # type: ignore[arg-type]
+        else:
+            systems[name] = System(name, "base" if senders[name] is None else "adapter", senders[name])
     return systems
 
 
@@ -212,36 +225,36 @@ def teacher_answers(path: str, targets: Sequence[str]) -> list[str | None]:
     return [answers.get(t) for t in targets]
 
 
-def load_systems(base: torch.nn.Module, systems: Sequence[System]) -> PeftModel | torch.nn.Module:
+def load_systems(base: torch.nn.Module, systems: dict[str, str | None]) -> PeftModel | torch.nn.Module:
     """All adapters on one copy of the base weights, one PEFT adapter per system."""
     from peft import PeftModel
 
-    adapters = [s for s in systems if s.kind == "adapter"]
-    for system in adapters:
-        if not (Path(str(system.path)) / "adapter_config.json").is_file():
+    adapters = {name: path for name, path in systems.items() if path}
+    for name, path in adapters.items():
+        if not (Path(path) / "adapter_config.json").is_file():
             raise UserError(
-                f"system {system.name}: {system.path} has no adapter_config.json (is it a PEFT adapter directory?)"
+                f"system {name}: {path} has no adapter_config.json (is it a PEFT adapter directory?)"
             )
     model: torch.nn.Module = base
-    for system in adapters:
+    for name, path in adapters.items():
         if isinstance(model, PeftModel):
-            model.load_adapter(system.path, adapter_name=system.name)
+            model.load_adapter(path, adapter_name=name)
         else:
-            model = PeftModel.from_pretrained(base, system.path, adapter_name=system.name)
+            model = PeftModel.from_pretrained(base, path, adapter_name=name)
     model.eval()
     return model
 
 
 @contextlib.contextmanager
-def active_system(model: torch.nn.Module, system: System) -> Iterator[None]:
+def active_system(model: torch.nn.Module, name: str, adapter: str | None) -> Iterator[None]:
     from peft import PeftModel
 
-    if system.kind == "base" and isinstance(model, PeftModel):
+    if adapter is None and isinstance(model, PeftModel):
         with model.disable_adapter():
             yield
         return
-    if system.kind == "adapter":
-        model.set_adapter(system.name)
+    if adapter is not None:
+        model.set_adapter(name)
     yield
 
 
@@ -392,13 +405,13 @@ def main(cfg: Config) -> None:
         if not isinstance(record.get("target"), str):
             raise DataError(cfg.data, number, "record has no string `target`")
     targets = [r["target"] for r in records]
-    systems = parse_systems(cfg.systems)
+    systems = eval_systems(cfg.systems)
     pairs = compare_pairs(cfg.compare, systems)
     candidates = distractor_sets(targets, cfg.distractors, cfg.seed)
     fixed = fixed_answers(systems, targets, cfg)
     runtime = models.pick_runtime()
     tokenizer = models.load_tokenizer(cfg.model)
-    senders = [s for s in systems.values() if not s.fixed]
+    senders = {s.name: s.path for s in systems.values() if not s.fixed}
     model = load_systems(models.load_causal_lm(cfg.model, runtime), senders) if senders else None
     judge = cfg.build_judge(runtime)
     similarity = Similarity(models.load_embedder(cfg.similarity_model, device=runtime.device))
@@ -428,7 +441,7 @@ def main(cfg: Config) -> None:
                 episodes = asyncio.run(play(games, sender))
             else:
                 assert model is not None
-                with active_system(model, system):
+                with active_system(model, system.name, system.path):
                     episodes = asyncio.run(play(games, model_sender(model, tokenizer, cfg)))
             mine = [
                 episode_record(e, system.name, mode, records[i], i)
