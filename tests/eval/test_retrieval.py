@@ -60,6 +60,17 @@ def test_teacher_answers_are_the_last_assistant_turn_matched_by_target(tmp_path)
         retrieval.teacher_answers(str(path), ["pizza tonight"])
 
 
+def test_a_teacher_file_of_other_messages_is_refused_and_random_alone_sends_random_length(tmp_path):
+    path = tmp_path / "sft_test.jsonl"
+    path.write_text(json.dumps({"target": "other", "messages": [ANSWER("🍕 🌙")]}) + "\n")
+    cfg = retrieval.Config(systems=[f"teacher={path}", "random"])
+    with pytest.raises(UserError, match="answers none of the 2 targets"):
+        retrieval.fixed_answers(retrieval.eval_systems(cfg.systems), ["a", "b"], cfg)
+    cfg = retrieval.Config(systems=["random"], random_length=4)
+    answers = retrieval.fixed_answers(retrieval.eval_systems(cfg.systems), ["a", "b"], cfg)["random"]
+    assert [len(parse_message(a).emoji) for a in answers] == [4, 4]
+
+
 def test_distractors_are_the_same_for_every_system_and_retrieval_ranks_among_them(embedder):
     targets = ["I love pizza", "the car broke down", "my cat is asleep", "we won the football match"]
     candidates = retrieval.distractor_sets(targets, k=3, seed=0)

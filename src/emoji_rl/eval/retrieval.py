@@ -478,6 +478,11 @@ def fixed_answers(
     teacher = next((s for s in systems.values() if s.kind == "teacher"), None)
     if teacher is not None:
         answers[teacher.name] = teacher_answers(str(teacher.path), targets)
+        if not any(answers[teacher.name]):
+            raise UserError(
+                f"{teacher.path} answers none of the {len(targets)} targets of {cfg.data}: "
+                "give the teacher's sft_train.jsonl (rl-prompts leaves sft_test out, so its targets are there)"
+            )
         for target, answer in zip(targets, answers[teacher.name], strict=True):
             if answer is not None and not parse_message(answer, cfg.min_emoji, cfg.max_emoji).ok:
                 raise UserError(
