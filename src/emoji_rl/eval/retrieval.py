@@ -69,7 +69,7 @@ if TYPE_CHECKING:
 Mode = Literal["single", "multi"]
 Protocol = Literal["ours", "seed"]
 MODES: tuple[Mode, ...] = ("single", "multi")
-THRESHOLDS = (0.5, *SUCCESS_THRESHOLDS)
+THRESHOLDS = SUCCESS_THRESHOLDS
 COMPARED = ("similarity", "success@0.5", "success@0.7")
 SEED_TEMPERATURE = 0.7
 RANDOM_LENGTH = 3

@@ -24,7 +24,7 @@ if TYPE_CHECKING:
 
 MAX_TURNS = 5
 TAU = 0.85
-SUCCESS_THRESHOLDS = (0.65, 0.7, 0.85)
+SUCCESS_THRESHOLDS = (0.5, 0.65, 0.7, 0.85)
 
 AskJudge = Callable[[JudgeInput], Awaitable[Guess]]
 Score = Callable[[tuple[str, str]], Awaitable[float]]
