@@ -1,0 +1,248 @@
+"""`emoji-rl pipeline`: stages run in order once, a rerun goes on after the last finished one, a changed
+command is refused, a failure stops the run and names the stage; tiny `python -c` stand-ins as stages."""
+
+from __future__ import annotations
+
+import json
+import os
+import shlex
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import yaml
+
+from emoji_rl import cli
+from emoji_rl.pipeline import Stage
+
+PY = shlex.quote(sys.executable)
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def append(word: str) -> str:
+    """A stage that appends `word` to {run_dir}/ran.txt: the file says which stages ran, in order."""
+    code = f"import sys; open(sys.argv[1], 'a').write('{word}\\n')"
+    return f"{PY} -c {shlex.quote(code)} {{run_dir}}/ran.txt"
+
+
+def write_config(path: Path, stages: list[tuple[str, str]], run_dir: Path | None) -> Path:
+    config = {"stages": [{"name": name, "run": run} for name, run in stages]}
+    if run_dir is not None:
+        config["run_dir"] = str(run_dir)
+    path.write_text(yaml.safe_dump(config, sort_keys=False))
+    return path
+
+
+def pipeline(config: Path, *args: str) -> int:
+    return cli.main(["pipeline", "--config", str(config), *args])
+
+
+def ran(run_dir: Path) -> list[str]:
+    path = run_dir / "ran.txt"
+    return path.read_text().split() if path.exists() else []
+
+
+@pytest.fixture
+def three(tmp_path):
+    run_dir = tmp_path / "run"
+    config = write_config(tmp_path / "p.yaml", [(w, append(w)) for w in ("a", "b", "c")], run_dir)
+    return config, run_dir
+
+
+def test_stages_run_in_order_with_run_dir_replaced_and_leave_markers_and_a_log(three, capfd):
+    config, run_dir = three
+    assert pipeline(config) == 0
+    assert ran(run_dir) == ["a", "b", "c"]  # the file is under run_dir: {run_dir} was replaced
+    marker = json.loads((run_dir / "stages" / "b.done").read_text())
+    assert set(marker) == {"name", "command", "seconds", "finished"} and marker["name"] == "b"
+    assert marker["command"][-1] == f"{run_dir}/ran.txt" and marker["command"][0] == sys.executable
+    log = (run_dir / "pipeline.log").read_text()
+    assert [line.split(":")[0] for line in log.splitlines() if line.endswith(" s")] == [
+        f"== pipeline [{i}/3] {name}" for i, name in enumerate("abc", 1)
+    ]
+    assert "pipeline: 3 stages finished" in capfd.readouterr().out
+
+
+def test_a_rerun_skips_finished_stages_and_runs_nothing_again(three, capfd):
+    config, run_dir = three
+    assert pipeline(config) == 0 and pipeline(config) == 0
+    assert ran(run_dir) == ["a", "b", "c"]
+    out = capfd.readouterr().out
+    assert "[2/3] b: skipped (finished " in out
+
+
+def test_run_dir_on_the_command_line_wins(three, tmp_path):
+    config, run_dir = three
+    other = tmp_path / "other"
+    assert pipeline(config, "--run_dir", str(other)) == 0
+    assert ran(other) == ["a", "b", "c"] and not run_dir.exists()
+
+
+def test_the_output_of_a_stage_streams_to_the_console_and_the_log(tmp_path, capfd):
+    code = "import sys; print('to stdout'); print('to stderr', file=sys.stderr)"
+    config = write_config(tmp_path / "p.yaml", [("talk", f"{PY} -c {shlex.quote(code)}")], tmp_path / "r")
+    assert pipeline(config) == 0
+    out = capfd.readouterr().out
+    log = (tmp_path / "r" / "pipeline.log").read_text()
+    for text in ("to stdout", "to stderr"):
+        assert text in out and text in log
+
+
+def test_a_failing_stage_stops_the_pipeline_names_itself_and_keeps_earlier_markers(tmp_path, capfd):
+    run_dir = tmp_path / "run"
+    fail = f"{PY} -c 'import sys; sys.exit(3)'"
+    stages = [("a", append("a")), ("b", fail), ("c", append("c"))]
+    config = write_config(tmp_path / "p.yaml", stages, run_dir)
+    assert pipeline(config) == 2
+    err = capfd.readouterr().err
+    assert "stage b exited with code 3" in err and str(run_dir / "pipeline.log") in err
+    assert ran(run_dir) == ["a"]
+    assert sorted(p.name for p in (run_dir / "stages").iterdir()) == ["a.done"]
+    assert "[2/3] b: exited with code 3" in (run_dir / "pipeline.log").read_text()
+    # Fixed, the rerun goes on from b: a is not run again.
+    write_config(config, [("a", append("a")), ("b", append("b")), ("c", append("c"))], run_dir)
+    assert pipeline(config) == 0 and ran(run_dir) == ["a", "b", "c"]
+
+
+def test_a_changed_command_is_refused_naming_the_stage_and_both_commands(three, capfd):
+    config, run_dir = three
+    assert pipeline(config) == 0
+    write_config(config, [("a", append("a")), ("b", append("B")), ("c", append("c"))], run_dir)
+    capfd.readouterr()
+    assert pipeline(config) == 2
+    err = capfd.readouterr().err
+    assert "stage b finished with another command than the config's" in err
+    assert "print" not in err and "'b\\n'" in err and "'B\\n'" in err  # the old command and the new
+    assert str(run_dir / "stages" / "b.done") in err and "Delete the marker" in err
+    assert "delete the run directory" in err
+    assert ran(run_dir) == ["a", "b", "c"]  # nothing ran
+    (run_dir / "stages" / "b.done").unlink()  # as the message says
+    assert pipeline(config) == 0 and ran(run_dir) == ["a", "b", "c", "B", "c"]
+
+
+def test_once_a_stage_runs_every_later_stage_runs_again(three):
+    config, run_dir = three
+    assert pipeline(config) == 0
+    (run_dir / "stages" / "b.done").unlink()
+    assert pipeline(config) == 0 and ran(run_dir) == ["a", "b", "c", "b", "c"]
+
+
+def test_from_stage_runs_that_stage_and_the_rest_and_skips_those_before(three, capfd):
+    config, run_dir = three
+    assert pipeline(config, "--from_stage", "b") == 0
+    assert ran(run_dir) == ["b", "c"] and not (run_dir / "stages" / "a.done").exists()
+    assert pipeline(config, "--from_stage", "c") == 0 and ran(run_dir) == ["b", "c", "c"]
+    capfd.readouterr()
+    assert pipeline(config, "--from_stage", "d") == 2
+    assert "--from_stage d: no such stage; the stages are a, b, c" in capfd.readouterr().err
+
+
+def test_dry_run_prints_the_numbered_plan_and_runs_nothing(three, capfd):
+    config, run_dir = three
+    assert pipeline(config) == 0
+    (run_dir / "stages" / "b.done").unlink()
+    capfd.readouterr()
+    assert pipeline(config, "--dry_run", "true") == 0
+    lines = capfd.readouterr().out.splitlines()
+    assert [line.split(":")[0] for line in lines] == [
+        "1. [skip] a (finished 20" + lines[0].split("finished 20")[1].split(":")[0],
+        "2. [run ] b (not finished)",
+        "3. [run ] c (an earlier stage runs)",
+    ]
+    assert lines[1].endswith(f"{run_dir}/ran.txt")
+    assert ran(run_dir) == ["a", "b", "c"] and (run_dir / "stages" / "c.done").exists()
+
+
+def test_emoji_rl_stages_run_as_this_interpreters_cli():
+    stage = Stage("sft", ["sft", "--config", "configs/cpu/sft.yaml"])
+    assert stage.argv(cli.STAGES) == [sys.executable, "-m", "emoji_rl.cli", *stage.command]
+    assert stage.display(cli.STAGES) == "emoji-rl sft --config configs/cpu/sft.yaml"
+    script = Stage("gpu", ["bash", "launch/train_sft.sh"])
+    assert script.argv(cli.STAGES) == script.command
+
+
+@pytest.mark.parametrize(
+    ("stages", "message"),
+    [
+        ([{"name": "a"}], "stages[0] has the key(s) name; a stage has exactly: name, run"),
+        ([{"name": "a", "run": "x", "cmd": "y"}], "stages[0] has the key(s) cmd, name, run"),
+        (["a"], "stages[0] must be a mapping with keys name and run"),
+        ([{"name": "a", "run": "x"}, {"name": "a", "run": "y"}], "stages[1].name 'a' is used twice"),
+        ([{"name": "a/b", "run": "x"}], "stages[0].name 'a/b' must be letters"),
+        ([{"name": "a", "run": "x 'open"}], "stages[0].run (stage a) does not split"),
+        ([{"name": "a", "run": "x {rundir}/y"}], "stages[0].run (stage a) holds {rundir}: only {run_dir}"),
+        ([{"name": "a", "run": " "}], "stages[0].run (stage a) must be a command line"),
+        ([], "no stages"),
+    ],
+)
+def test_a_bad_stage_list_names_the_key(tmp_path, capfd, stages, message):
+    config = tmp_path / "p.yaml"
+    config.write_text(yaml.safe_dump({"run_dir": str(tmp_path / "r"), "stages": stages}))
+    assert pipeline(config) == 2
+    assert message in capfd.readouterr().err
+    assert not (tmp_path / "r").exists()
+
+
+def test_bad_yaml_names_the_file_and_line_and_an_unknown_key_the_file(tmp_path, capfd):
+    config = tmp_path / "p.yaml"
+    config.write_text("run_dir: r\nstages:\n  - name: a\n    run: [x\n")
+    assert pipeline(config) == 2
+    err = capfd.readouterr().err
+    assert f"config file {config} is not valid YAML" in err and "line 4" in err
+    config.write_text("run_dir: r\nstage: []\n")
+    assert pipeline(config) == 2
+    assert f"config file {config}: unknown key(s) stage" in capfd.readouterr().err
+
+
+def test_without_a_run_dir_the_error_says_where_to_give_one(tmp_path, capfd):
+    config = write_config(tmp_path / "p.yaml", [("a", append("a"))], None)
+    assert pipeline(config) == 2
+    assert "run_dir is not set: give it in the --config file or as --run_dir DIR" in capfd.readouterr().err
+
+
+def test_a_missing_program_is_named(tmp_path, capfd):
+    config = write_config(tmp_path / "p.yaml", [("a", "no-such-program-here --x")], tmp_path / "r")
+    assert pipeline(config) == 2
+    assert "command not found: no-such-program-here" in capfd.readouterr().err
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="PR_SET_PDEATHSIG is Linux's")
+def test_a_stage_dies_with_the_runner_even_by_sigkill(tmp_path):
+    pid_file = tmp_path / "stage.pid"
+    code = f"import os, time; open({str(pid_file)!r}, 'w').write(str(os.getpid())); time.sleep(60)"
+    config = write_config(tmp_path / "p.yaml", [("sleep", f"{PY} -c {shlex.quote(code)}")], tmp_path / "r")
+    env = {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT / "src"), os.environ.get("PYTHONPATH")])),
+    }
+    runner = subprocess.Popen(
+        [sys.executable, "-m", "emoji_rl.cli", "pipeline", "--config", str(config)],
+        env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+    )  # fmt: skip
+    try:
+        deadline = time.monotonic() + 30
+        while not pid_file.exists() or not pid_file.read_text():
+            assert time.monotonic() < deadline and runner.poll() is None
+            time.sleep(0.05)
+        stage_pid = int(pid_file.read_text())
+        runner.send_signal(signal.SIGKILL)  # the runner alone, not its process group
+        runner.wait()
+        deadline = time.monotonic() + 10
+        while alive(stage_pid):
+            assert time.monotonic() < deadline, "the stage outlived the runner"
+            time.sleep(0.05)
+    finally:
+        runner.kill()
+    assert not (tmp_path / "r" / "stages" / "sleep.done").exists()
+
+
+def alive(pid: int) -> bool:
+    """Whether `pid` runs (a zombie, dead but not yet reaped by init, counts as gone)."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except FileNotFoundError:
+        return False
+    return stat.rsplit(")", 1)[1].split()[0] != "Z"
