@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import os
 import shlex
+import shutil
 import signal
 import subprocess
 import sys
@@ -340,3 +341,91 @@ def test_with_servers_needs_a_server_set_and_a_command():
         result = subprocess.run(["bash", "launch/with_servers.sh", *args], cwd=ROOT, env=env,
                                 capture_output=True, text=True, timeout=30, check=False)  # fmt: skip
         assert result.returncode == 2 and "usage: launch/with_servers.sh" in result.stderr, args
+
+
+# --- a real SIGKILL in the middle of training -------------------------------------------------------------
+
+# configs/cpu/experiment.yaml's stages at toy size: minutes, not an hour.
+SHORT = [
+    ("prompts", "prompts --source corpus --n 40 --out {run_dir}/data/prompts.jsonl"),
+    ("teacher", "teacher --teacher offline --prompts {run_dir}/data/prompts.jsonl --out_dir {run_dir}/data "
+                "--test_fraction 0.2"),
+    ("sft", "sft --config configs/cpu/sft.yaml --train_data {run_dir}/data/sft_train.jsonl "
+            "--eval_data {run_dir}/data/sft_test.jsonl --output_dir {run_dir}/sft --max_steps 2 --per_device_train_batch_size 4 "
+            "--effective_batch_size 4 --save_steps 1 --resume true"),
+    ("rl-prompts", "rl-prompts --prompts {run_dir}/data/prompts.jsonl --sft_test {run_dir}/data/sft_test.jsonl "
+                   "--adapter {run_dir}/sft/adapter --out_dir {run_dir}/data --max_prompts 8 "
+                   "--eval_fraction 0.25 --judge hf --judge_view gloss --min_similarity 0"),
+    ("grpo", "grpo --config configs/cpu/grpo.yaml --init_adapter {run_dir}/sft/adapter "
+             "--train_data {run_dir}/data/rl_train.jsonl --output_dir {run_dir}/grpo --max_turns 1 "
+             "--batch_size 2 --group_size 2 --max_steps 3 --save_steps 1 --judge_temperature 0 --resume true"),
+    ("eval-retrieval", "eval-retrieval --config configs/cpu/eval_retrieval.yaml "
+                       "--data {run_dir}/data/sft_test.jsonl --max_examples 4 --max_turns 1 --distractors 2 "
+                       "--systems base sft={run_dir}/sft/adapter rl={run_dir}/grpo/adapter "
+                       "--output_dir {run_dir}/reports/retrieval"),
+]  # fmt: skip
+
+
+def start_runner(config: Path, env: dict[str, str]) -> subprocess.Popen:
+    command = [sys.executable, "-m", "emoji_rl.cli", "pipeline", "--config", str(config)]
+    # Its own session, so the test can kill the runner's process group as a terminal's kill would.
+    return subprocess.Popen(
+        command,
+        cwd=ROOT,
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,
+    )
+
+
+def finished(run_dir: Path) -> tuple[list[tuple[str, list[str]]], list[dict], list[dict]]:
+    """The markers (name, command), the evaluation's rows and GRPO's metrics without their timings."""
+    markers = []
+    for name, _ in SHORT:
+        marker = json.loads((run_dir / "stages" / f"{name}.done").read_text())
+        markers.append((marker["name"], marker["command"]))
+    rows = json.loads((run_dir / "reports/retrieval/retrieval.json").read_text())["rows"]
+    metrics = [json.loads(line) for line in (run_dir / "grpo/metrics.jsonl").read_text().splitlines()]
+    untimed = [{k: v for k, v in m.items() if not k.startswith(("time/", "perf/"))} for m in metrics]
+    return markers, rows, untimed
+
+
+@pytest.mark.slow
+def test_a_sigkill_in_the_middle_of_grpo_then_a_rerun_ends_as_an_uninterrupted_run(tmp_path):
+    env = {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT / "src"), os.environ.get("PYTHONPATH")])),
+        "OMP_NUM_THREADS": "1",
+        "HF_HUB_OFFLINE": "1",
+        "TRANSFORMERS_OFFLINE": "1",
+    }
+    run_dir, whole = tmp_path / "run", tmp_path / "whole"
+    config = write_config(tmp_path / "short.yaml", SHORT, run_dir)
+    assert start_runner(config, env).wait(timeout=900) == 0
+    # The uninterrupted run kept aside; the second run reuses its stages up to GRPO (same run dir, so the
+    # same commands), to spend the test's minutes on the interrupted stage.
+    shutil.copytree(run_dir, whole)
+    for name in ("grpo", "eval-retrieval"):
+        (run_dir / "stages" / f"{name}.done").unlink()
+    shutil.rmtree(run_dir / "grpo")
+    shutil.rmtree(run_dir / "reports")
+
+    runner = start_runner(config, env)
+    try:
+        # After GRPO's first checkpoint, during its second step.
+        deadline = time.monotonic() + 600
+        while not (run_dir / "grpo/checkpoints/latest").exists():
+            assert runner.poll() is None and time.monotonic() < deadline
+            time.sleep(0.2)
+    finally:
+        os.killpg(runner.pid, signal.SIGKILL)
+        runner.wait()
+    assert not (run_dir / "stages/grpo.done").exists() and not (run_dir / "grpo/adapter").exists()
+    assert start_runner(config, env).wait(timeout=900) == 0
+
+    log = (run_dir / "pipeline.log").read_text()
+    # The whole run, the killed one, the rerun; the stages before GRPO ran once.
+    assert log.count("== pipeline [5/6] grpo: emoji-rl grpo") == 3
+    assert log.count("== pipeline [4/6] rl-prompts: emoji-rl") == 1
+    assert finished(run_dir) == finished(whole)
