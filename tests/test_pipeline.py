@@ -210,26 +210,33 @@ def test_a_missing_program_is_named(tmp_path, capfd):
     assert "command not found: no-such-program-here" in capfd.readouterr().err
 
 
+def child_env(**extra: str) -> dict[str, str]:
+    """This environment, with this checkout's src first on the path."""
+    path = os.pathsep.join(filter(None, [str(ROOT / "src"), os.environ.get("PYTHONPATH")]))
+    return {**os.environ, "PYTHONPATH": path, **extra}
+
+
+def start_runner(config: Path, env: dict[str, str]) -> subprocess.Popen:
+    """`emoji-rl pipeline --config config` in a session of its own, so that a test can kill the runner's
+    process group as a terminal would, or the runner alone."""
+    command = [sys.executable, "-m", "emoji_rl.cli", "pipeline", "--config", str(config)]
+    out = subprocess.DEVNULL
+    return subprocess.Popen(command, cwd=ROOT, env=env, stdout=out, stderr=out, start_new_session=True)
+
+
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="PR_SET_PDEATHSIG is Linux's")
 def test_a_stage_dies_with_the_runner_even_by_sigkill(tmp_path):
     pid_file = tmp_path / "stage.pid"
     code = f"import os, time; open({str(pid_file)!r}, 'w').write(str(os.getpid())); time.sleep(60)"
     config = write_config(tmp_path / "p.yaml", [("sleep", f"{PY} -c {shlex.quote(code)}")], tmp_path / "r")
-    env = {
-        **os.environ,
-        "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT / "src"), os.environ.get("PYTHONPATH")])),
-    }
-    runner = subprocess.Popen(
-        [sys.executable, "-m", "emoji_rl.cli", "pipeline", "--config", str(config)],
-        env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-    )  # fmt: skip
+    runner = start_runner(config, child_env())
     try:
         deadline = time.monotonic() + 30
         while not pid_file.exists() or not pid_file.read_text():
             assert time.monotonic() < deadline and runner.poll() is None
             time.sleep(0.05)
         stage_pid = int(pid_file.read_text())
-        runner.send_signal(signal.SIGKILL)  # the runner alone, not its process group
+        runner.send_signal(signal.SIGKILL)  # the runner alone, not its process group (its stage's too)
         runner.wait()
         deadline = time.monotonic() + 10
         while alive(stage_pid):
@@ -366,19 +373,6 @@ SHORT = [
 ]  # fmt: skip
 
 
-def start_runner(config: Path, env: dict[str, str]) -> subprocess.Popen:
-    command = [sys.executable, "-m", "emoji_rl.cli", "pipeline", "--config", str(config)]
-    # Its own session, so the test can kill the runner's process group as a terminal's kill would.
-    return subprocess.Popen(
-        command,
-        cwd=ROOT,
-        env=env,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-        start_new_session=True,
-    )
-
-
 def finished(run_dir: Path) -> tuple[list[tuple[str, list[str]]], list[dict], list[dict]]:
     """The markers (name, command), the evaluation's rows and GRPO's metrics without their timings."""
     markers = []
@@ -393,13 +387,7 @@ def finished(run_dir: Path) -> tuple[list[tuple[str, list[str]]], list[dict], li
 
 @pytest.mark.slow
 def test_a_sigkill_in_the_middle_of_grpo_then_a_rerun_ends_as_an_uninterrupted_run(tmp_path):
-    env = {
-        **os.environ,
-        "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT / "src"), os.environ.get("PYTHONPATH")])),
-        "OMP_NUM_THREADS": "1",
-        "HF_HUB_OFFLINE": "1",
-        "TRANSFORMERS_OFFLINE": "1",
-    }
+    env = child_env(OMP_NUM_THREADS="1", HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1")
     run_dir, whole = tmp_path / "run", tmp_path / "whole"
     config = write_config(tmp_path / "short.yaml", SHORT, run_dir)
     assert start_runner(config, env).wait(timeout=900) == 0
