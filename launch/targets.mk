@@ -30,13 +30,14 @@ endef
 # A stage list (emoji-rl pipeline): a rerun skips the finished stages and goes on from the interrupted one.
 #   make experiment                     configs/$(PROFILE)/experiment.yaml into its run_dir
 #   make pipeline CONFIG=FILE.yaml ARGS="--dry_run true"      ARGS="--run_dir DIR" / "--from_stage NAME"
+# Out of the stages' environment: the launch scripts read CONFIG as their stage's config file.
 CONFIG ?= configs/$(PROFILE)/experiment.yaml
 
 pipeline: $(CPU_DEPS) ## Run the stages of CONFIG in order, resumable (emoji-rl pipeline; ARGS="--dry_run true")
-	$(OFFLINE_IF_CPU) $(BIN)/emoji-rl pipeline --config $(CONFIG) $(ARGS)
+	env -u CONFIG $(OFFLINE_IF_CPU) $(BIN)/emoji-rl pipeline --config $(CONFIG) $(ARGS)
 
 experiment: $(CPU_DEPS) ## The whole experiment of PROFILE (configs/PROFILE/experiment.yaml), resumable
-	$(OFFLINE_IF_CPU) $(BIN)/emoji-rl pipeline --config configs/$(PROFILE)/experiment.yaml $(ARGS)
+	env -u CONFIG $(OFFLINE_IF_CPU) $(BIN)/emoji-rl pipeline --config configs/$(PROFILE)/experiment.yaml $(ARGS)
 
 # NGPUS once sized the judge here; the layout does now, and a silent change of meaning would start a
 # judge on other GPUs than the user asked for.

@@ -417,3 +417,25 @@ def test_a_sigkill_in_the_middle_of_grpo_then_a_rerun_ends_as_an_uninterrupted_r
     assert log.count("== pipeline [5/6] grpo: emoji-rl grpo") == 3
     assert log.count("== pipeline [4/6] rl-prompts: emoji-rl") == 1
     assert finished(run_dir) == finished(whole)
+
+
+@pytest.mark.skipif(shutil.which("make") is None, reason="needs make")
+@pytest.mark.parametrize(
+    ("variables", "expected"),
+    [
+        (["experiment"], "emoji-rl pipeline --config configs/cpu/experiment.yaml"),
+        (["experiment", "PROFILE=gpu"], "emoji-rl pipeline --config configs/gpu/experiment.yaml"),
+        (
+            ["pipeline", "CONFIG=my.yaml", "ARGS=--dry_run true"],
+            "emoji-rl pipeline --config my.yaml --dry_run true",
+        ),
+    ],
+)
+def test_make_experiment_and_pipeline(variables, expected):
+    result = subprocess.run(["make", "-n", "-f", "launch/targets.mk", *variables], cwd=ROOT,
+                            capture_output=True, text=True, check=True, timeout=30)  # fmt: skip
+    [line] = [line.rstrip() for line in result.stdout.splitlines() if "emoji-rl pipeline" in line]
+    assert line.endswith(expected)
+    # A CONFIG in the environment would become the launch scripts' stage config.
+    assert line.startswith("env -u CONFIG ")
+    assert ("HF_HUB_OFFLINE=1" in line) == ("PROFILE=gpu" not in variables)
