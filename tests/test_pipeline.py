@@ -381,7 +381,7 @@ def finished(run_dir: Path) -> tuple[list[tuple[str, list[str]]], list[dict], li
         markers.append((marker["name"], marker["command"]))
     rows = json.loads((run_dir / "reports/retrieval/retrieval.json").read_text())["rows"]
     metrics = [json.loads(line) for line in (run_dir / "grpo/metrics.jsonl").read_text().splitlines()]
-    untimed = [{k: v for k, v in m.items() if not k.startswith(("time/", "perf/"))} for m in metrics]
+    untimed = [{k: v for k, v in m.items() if not k.startswith(("time/", "throughput/"))} for m in metrics]
     return markers, rows, untimed
 
 
