@@ -11,6 +11,7 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -247,6 +248,51 @@ def test_a_stage_dies_with_the_runner_even_by_sigkill(tmp_path):
     assert not (tmp_path / "r" / "stages" / "sleep.done").exists()
 
 
+def kill_group_when(ready: Callable[[], bool], config: Path, env: dict[str, str], timeout: float) -> None:
+    """Start the runner, and SIGKILL its process group (the runner and its stage) once `ready()`."""
+    runner = start_runner(config, env)
+    try:
+        deadline = time.monotonic() + timeout
+        while not ready():
+            assert runner.poll() is None and time.monotonic() < deadline
+            time.sleep(0.01)
+    finally:
+        os.killpg(runner.pid, signal.SIGKILL)
+        runner.wait()
+
+
+# A stand-in for a training stage: 10 steps, a checkpoint after each (written atomically), resumed from
+# the last one; its output is the sum of the steps.
+TRAIN = """
+import os, sys, time
+ckpt, out = sys.argv[1], sys.argv[2]
+step, total = map(int, open(ckpt).read().split()) if os.path.exists(ckpt) else (0, 0)
+print("from step", step, flush=True)
+while step < 10:
+    step, total = step + 1, total + step * step
+    time.sleep(0.05)
+    open(ckpt + ".tmp", "w").write("%d %d" % (step, total))
+    os.replace(ckpt + ".tmp", ckpt)
+open(out, "w").write(str(total))
+"""
+
+
+def test_a_sigkill_of_the_runners_group_then_a_rerun_ends_as_an_uninterrupted_run_stand_ins(tmp_path):
+    train = f"{PY} -c {shlex.quote(TRAIN)} {{run_dir}}/ckpt {{run_dir}}/out"
+    stages = [("a", append("a")), ("train", train), ("c", append("c"))]
+    whole, killed = tmp_path / "whole", tmp_path / "killed"
+    assert run_to_end(write_config(tmp_path / "whole.yaml", stages, whole), child_env()) == 0
+    config = write_config(tmp_path / "killed.yaml", stages, killed)
+    ckpt = killed / "ckpt"
+    kill_group_when(lambda: ckpt.exists() and int(ckpt.read_text().split()[0]) >= 3, config, child_env(), 30)
+    assert not (killed / "out").exists() and not (killed / "stages/train.done").exists()
+    assert run_to_end(config, child_env()) == 0
+    assert (killed / "out").read_text() == (whole / "out").read_text() == str(sum(i * i for i in range(10)))
+    assert ran(killed) == ran(whole) == ["a", "c"]
+    log = (killed / "pipeline.log").read_text()
+    assert "from step 0" in log and "from step 0" not in log.split("from step 0", 1)[1]  # resumed later
+
+
 def alive(pid: int) -> bool:
     """Whether `pid` runs (a zombie, dead but not yet reaped by init, counts as gone)."""
     try:
@@ -385,12 +431,26 @@ def finished(run_dir: Path) -> tuple[list[tuple[str, list[str]]], list[dict], li
     return markers, rows, untimed
 
 
+# Measured: about 15 minutes for one whole run with the machine's 2 cores shared at load 7.
+TIMEOUT_S = 1800
+
+
+def run_to_end(config: Path, env: dict[str, str]) -> int:
+    runner = start_runner(config, env)
+    try:
+        return runner.wait(timeout=TIMEOUT_S)
+    finally:
+        if runner.poll() is None:
+            os.killpg(runner.pid, signal.SIGKILL)
+            runner.wait()
+
+
 @pytest.mark.slow
 def test_a_sigkill_in_the_middle_of_grpo_then_a_rerun_ends_as_an_uninterrupted_run(tmp_path):
     env = child_env(OMP_NUM_THREADS="1", HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1")
     run_dir, whole = tmp_path / "run", tmp_path / "whole"
     config = write_config(tmp_path / "short.yaml", SHORT, run_dir)
-    assert start_runner(config, env).wait(timeout=900) == 0
+    assert run_to_end(config, env) == 0
     # The uninterrupted run kept aside; the second run reuses its stages up to GRPO (same run dir, so the
     # same commands), to spend the test's minutes on the interrupted stage.
     shutil.copytree(run_dir, whole)
@@ -399,18 +459,10 @@ def test_a_sigkill_in_the_middle_of_grpo_then_a_rerun_ends_as_an_uninterrupted_r
     shutil.rmtree(run_dir / "grpo")
     shutil.rmtree(run_dir / "reports")
 
-    runner = start_runner(config, env)
-    try:
-        # After GRPO's first checkpoint, during its second step.
-        deadline = time.monotonic() + 600
-        while not (run_dir / "grpo/checkpoints/latest").exists():
-            assert runner.poll() is None and time.monotonic() < deadline
-            time.sleep(0.2)
-    finally:
-        os.killpg(runner.pid, signal.SIGKILL)
-        runner.wait()
+    # After GRPO's first checkpoint, during its second step.
+    kill_group_when((run_dir / "grpo/checkpoints/latest").exists, config, env, TIMEOUT_S)
     assert not (run_dir / "stages/grpo.done").exists() and not (run_dir / "grpo/adapter").exists()
-    assert start_runner(config, env).wait(timeout=900) == 0
+    assert run_to_end(config, env) == 0
 
     log = (run_dir / "pipeline.log").read_text()
     # The whole run, the killed one, the rerun; the stages before GRPO ran once.
