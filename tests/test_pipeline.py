@@ -431,8 +431,9 @@ def finished(run_dir: Path) -> tuple[list[tuple[str, list[str]]], list[dict], li
     return markers, rows, untimed
 
 
-# Measured: about 15 minutes for one whole run with the machine's 2 cores shared at load 7.
-TIMEOUT_S = 1800
+# Measured: 32 minutes for the first, whole run (2 cores shared at load 7; most of it loading torch and
+# the models in each stage's process), about as long again for the killed run and its rerun.
+TIMEOUT_S = 3600
 
 
 def run_to_end(config: Path, env: dict[str, str]) -> int:
