@@ -13,6 +13,8 @@ BIN ?= .venv/bin
 OFFLINE ?= HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 HF_DATASETS_OFFLINE=1 TOKENIZERS_PARALLELISM=false
 # Stages on the cpu profile need the venv the Makefile builds; the gpu scripts pick their interpreter.
 CPU_DEPS := $(if $(filter cpu,$(PROFILE)),$(STAMP))
+# The cpu profile never reaches a model hub; the gpu profile downloads its models.
+OFFLINE_IF_CPU := $(if $(filter cpu,$(PROFILE)),$(OFFLINE))
 
 ifeq ($(filter $(PROFILE),cpu gpu),)
 $(error PROFILE=$(PROFILE) must be cpu or gpu)
@@ -23,7 +25,19 @@ define gpu_only
 @test "$(PROFILE)" = gpu || { echo "make $@: needs PROFILE=gpu (the cpu profile runs the judge and the sender in-process)" >&2; exit 2; }
 endef
 
-.PHONY: serve-judge serve-policy sft rl eval gpu-smoke setup-vllm
+.PHONY: serve-judge serve-policy sft rl eval gpu-smoke setup-vllm pipeline experiment
+
+# A stage list (emoji-rl pipeline): a rerun skips the finished stages and goes on from the interrupted one.
+#   make experiment                     configs/$(PROFILE)/experiment.yaml into its run_dir
+#   make pipeline CONFIG=FILE.yaml ARGS="--dry_run true"      ARGS="--run_dir DIR" / "--from_stage NAME"
+# Out of the stages' environment: the launch scripts read CONFIG as their stage's config file.
+CONFIG ?= configs/$(PROFILE)/experiment.yaml
+
+pipeline: $(CPU_DEPS) ## Run the stages of CONFIG in order, resumable (emoji-rl pipeline; ARGS="--dry_run true")
+	env -u CONFIG $(OFFLINE_IF_CPU) $(BIN)/emoji-rl pipeline --config $(CONFIG) $(ARGS)
+
+experiment: $(CPU_DEPS) ## The whole experiment of PROFILE (configs/PROFILE/experiment.yaml), resumable
+	env -u CONFIG $(OFFLINE_IF_CPU) $(BIN)/emoji-rl pipeline --config configs/$(PROFILE)/experiment.yaml $(ARGS)
 
 # NGPUS once sized the judge here; the layout does now, and a silent change of meaning would start a
 # judge on other GPUs than the user asked for.

@@ -2,6 +2,8 @@ import logging
 import subprocess
 import sys
 
+import yaml
+
 from emoji_rl import cli
 
 
@@ -49,7 +51,9 @@ def test_every_stage_config_file_parses():
     files = sorted([*root.glob("cpu/*.yaml"), *root.glob("gpu/*.yaml")])
     assert files
     for path in files:
-        stage = path.name.split(".")[0].replace("_", "-")  # grpo.wordle.yaml configures grpo
+        # A file of `stages` is a pipeline's (experiment.yaml); grpo.wordle.yaml configures grpo.
+        is_pipeline = "stages" in yaml.safe_load(path.read_text())
+        stage = "pipeline" if is_pipeline else path.name.split(".")[0].replace("_", "-")
         assert stage in cli.STAGES, f"{path} names no stage"
         module = importlib.import_module(cli.STAGES[stage][0])
         parse_config(module.Config, ["--config", str(path)], prog=f"emoji-rl {stage}")

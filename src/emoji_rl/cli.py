@@ -55,6 +55,7 @@ STAGES: dict[str, tuple[str, str]] = {
     ),
     "eval-wordle": ("emoji_rl.eval.wordle", "Wordle base vs SFT vs RL on held-out answers: table, JSON, PNG"),
     "chat": ("emoji_rl.chat", "talk to a model; emoji-constrained by default"),
+    "pipeline": ("emoji_rl.pipeline", "run a list of stages in order, resumable (configs/*/experiment.yaml)"),
 }
 
 

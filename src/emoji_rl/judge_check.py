@@ -14,7 +14,6 @@ messages) for both and the gap, and fails when the similarity gap is below `--mi
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -22,7 +21,7 @@ from pathlib import Path
 import torch
 
 from emoji_rl import config, models
-from emoji_rl.data.jsonl import read_jsonl
+from emoji_rl.data.jsonl import read_jsonl, write_json
 from emoji_rl.data.offline_teacher import OfflineTeacher
 from emoji_rl.emoji.alphabet import parse_message, random_answers
 from emoji_rl.errors import DataError, UserError
@@ -216,10 +215,8 @@ def main(cfg: Config) -> None:
             "caveat": NAMES_CAVEAT,
             "rows": rows,
         }
-        path = Path(cfg.output)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(json.dumps(report, indent=2, ensure_ascii=False) + "\n")
-        print(f"report: {path}")
+        write_json(cfg.output, report)
+        print(f"report: {cfg.output}")
     if metrics["gap/sim_mean"] < cfg.min_gap:
         raise UserError(
             f"judge {judge.describe()} shows a similarity gap of {metrics['gap/sim_mean']:.3f} < "

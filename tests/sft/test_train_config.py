@@ -116,10 +116,11 @@ def test_launch_script_dry_run_prints_the_command():
     assert command[-5:] == ["sft", "--config", "configs/gpu/sft.yaml", "--max_steps", "10"]
 
 
-def test_resume_needs_a_checkpoint_and_a_fresh_run_refuses_one(tmp_path):
+def test_resume_without_a_checkpoint_starts_over_and_a_fresh_run_refuses_one(tmp_path):
     assert checkpoint_to_resume(tmp_path / "new", resume=False) is None
-    with pytest.raises(UserError, match="holds no checkpoint-N"):
-        checkpoint_to_resume(tmp_path, resume=True)
+    assert checkpoint_to_resume(tmp_path / "new", resume=True) is None
+    (tmp_path / "metrics.jsonl").write_text("")  # what a run that died before its first checkpoint left
+    assert checkpoint_to_resume(tmp_path, resume=True) is None
     (tmp_path / "checkpoint-4").mkdir()
     (tmp_path / "checkpoint-12").mkdir()
     assert checkpoint_to_resume(tmp_path, resume=True) == str(tmp_path / "checkpoint-12")

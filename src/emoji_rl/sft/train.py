@@ -101,7 +101,9 @@ class Config:
     seed: int = field(default=0, metadata={"help": "seed for LoRA init, data order and dropout"})
     resume: bool = field(
         default=False,
-        metadata={"help": "go on from the last checkpoint-N in output_dir (optimizer, LR, RNG)"},
+        metadata={
+            "help": "go on from the last checkpoint-N in output_dir (optimizer, LR, RNG); none there: start at step 0"
+        },
     )
 
     # --- advanced ---
@@ -335,12 +337,14 @@ def scheduled_lr_callback() -> TrainerCallback:
 
 
 def checkpoint_to_resume(output_dir: Path, resume: bool) -> str | None:
-    """The checkpoint to go on from; a fresh run must not silently mix with an earlier one's checkpoints."""
+    """The checkpoint to go on from; a fresh run must not silently mix with an earlier one's checkpoints.
+    `--resume true` with none starts at step 0, as `grpo --resume true` does: a pipeline passes it on
+    every run, the first and one that died before its first checkpoint alike (docs/DESIGN.md §12)."""
     from transformers.trainer_utils import get_last_checkpoint
 
     last = get_last_checkpoint(str(output_dir)) if output_dir.is_dir() else None
     if resume and last is None:
-        raise UserError(f"--resume: {output_dir} holds no checkpoint-N directory to resume from")
+        logger.warning("--resume: no checkpoint-N in %s, starting from step 0", output_dir)
     if not resume and last is not None:
         raise UserError(
             f"{output_dir} already holds {Path(last).name}: pass --resume true to go on from it, "
