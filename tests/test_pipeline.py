@@ -304,9 +304,6 @@ def alive(pid: int) -> bool:
 
 # --- the experiment configs ------------------------------------------------------------------------------
 
-# Stages that come with the evaluation's branch (the `teacher=` and `random` systems, experiment-report):
-# checked once it is merged.
-PENDING = {"eval-retrieval", "report"} if "experiment-report" not in cli.STAGES else set()
 EXPERIMENT = ["prompts", "teacher", "judge-check", "sft", "eval-sft", "rl-prompts", "grpo", "eval-retrieval"]
 
 
@@ -341,8 +338,6 @@ def test_every_stage_command_of_the_experiment_parses_with_its_stage_parser(prof
     assert [s.name for s in stages] == [*EXPERIMENT, "report"]
     parsed = []
     for stage in stages:
-        if stage.name in PENDING:
-            continue
         if stage.command[0] in cli.STAGES:
             parsed.append(stage.command[0])
             parse_stage(stage.command[0], stage.command[1:])
@@ -352,7 +347,7 @@ def test_every_stage_command_of_the_experiment_parses_with_its_stage_parser(prof
             assert len(found) == 1, (stage.name, gpus, found)
             parsed.append(found[0][0])
             parse_stage(*found[0])
-    assert [name for name in EXPERIMENT if name not in PENDING] == list(dict.fromkeys(parsed))
+    assert [*EXPERIMENT, "experiment-report"] == list(dict.fromkeys(parsed))
 
 
 @pytest.mark.parametrize("profile", ["cpu", "gpu"])
@@ -413,7 +408,7 @@ SHORT = [
              "--train_data {run_dir}/data/rl_train.jsonl --output_dir {run_dir}/grpo --max_turns 1 "
              "--batch_size 2 --group_size 2 --max_steps 3 --save_steps 1 --judge_temperature 0 --resume true"),
     ("eval-retrieval", "eval-retrieval --config configs/cpu/eval_retrieval.yaml "
-                       "--data {run_dir}/data/sft_test.jsonl --max_examples 4 --max_turns 1 --distractors 2 "
+                       "--data {run_dir}/data/sft_test.jsonl --max_examples 4 --max_turns 1 --modes single --distractors 2 "
                        "--systems base sft={run_dir}/sft/adapter rl={run_dir}/grpo/adapter "
                        "--output_dir {run_dir}/reports/retrieval"),
 ]  # fmt: skip
