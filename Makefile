@@ -61,12 +61,16 @@ demo: $(STAMP) ## Run the pipeline on the embedded CPU models (data, judge check
 		--min_similarity 0.15
 	$(ER) grpo --config configs/cpu/grpo.yaml --init_adapter $(DEMO)/sft/adapter \
 		--train_data $(DEMO)/data/rl_train.jsonl --output_dir $(DEMO)/grpo
-	$(ER) eval-retrieval --config configs/cpu/eval_retrieval.yaml --data $(DEMO)/data/rl_eval.jsonl \
-		--systems base sft=$(DEMO)/sft/adapter rl=$(DEMO)/grpo/adapter --output_dir $(DEMO)/reports/retrieval
+	$(ER) eval-retrieval --config configs/cpu/eval_retrieval.yaml --data $(DEMO)/data/sft_test.jsonl \
+		--systems base sft=$(DEMO)/sft/adapter rl=$(DEMO)/grpo/adapter teacher=$(DEMO)/data/sft_test.jsonl \
+		random --compare rl:random rl:sft sft:base teacher:rl --output_dir $(DEMO)/reports/retrieval
+	$(ER) experiment-report --run_dir $(DEMO)
+	@echo "demo: the chat below is a quick look at a few minutes of training, not a trained sender: read"
+	@echo "      rl - random above before reading meaning into its emoji; make experiment trains for real."
 	$(ER) chat --adapter $(DEMO)/grpo/adapter --compare \
 		--message "I'm so excited for our beach trip this weekend" \
 		          "Let's grab pizza and watch a movie tonight"
-	@echo "demo: reports in $(DEMO)/reports (JSON + PNG), runs in $(DEMO)/{sft,grpo}"
+	@echo "demo: $(DEMO)/report.md, reports in $(DEMO)/reports (JSON + PNG), runs in $(DEMO)/{sft,grpo}"
 
 # play-web plays the demo's senders when `make demo` made them, else the base model alone.
 SYSTEMS ?= base $(if $(wildcard $(DEMO)/sft/adapter),sft=$(DEMO)/sft/adapter) \
