@@ -488,3 +488,17 @@ def test_servers_need_the_gpu_profile():
 def test_make_serve_judge_refuses_the_old_ngpus():
     result = make("serve-judge", "PROFILE=gpu", "NGPUS=2")
     assert result.returncode == 2 and "set JUDGE_GPUS" in result.stderr
+
+
+@pytest.mark.skipif(shutil.which("make") is None, reason="needs make")
+@pytest.mark.parametrize("target", ["demo", "play-web", "eval-human"])
+def test_every_stage_command_of_a_make_target_parses(target, monkeypatch):
+    # STAMP= : print the target's own recipe, not the venv set-up it depends on.
+    printed = subprocess.run(["make", "-n", target, "STAMP="], cwd=ROOT, capture_output=True,
+                             text=True, check=True, timeout=30).stdout  # fmt: skip
+    monkeypatch.chdir(ROOT)
+    lines = printed.replace("\\\n", " ").splitlines()  # make -n keeps a recipe's continued lines
+    commands = [c for line in lines for c in stage_commands(shlex.split(line))]
+    assert commands, printed
+    for stage, args in commands:
+        parse_stage(stage, args)
