@@ -13,7 +13,7 @@ PROFILE ?= cpu
 RUN_DIR ?= runs/demo
 
 .DEFAULT_GOAL := help
-.PHONY: help setup setup-vllm-cpu demo play-web eval-human test test-fast bench lint format clean
+.PHONY: help setup setup-vllm-cpu demo wordle play-web eval-human test test-fast bench lint format clean
 
 help: ## List the targets
 	@grep -hE '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-12s %s\n", $$1, $$2}'
@@ -67,6 +67,9 @@ demo: $(STAMP) ## Run the pipeline on the embedded CPU models (data, judge check
 		--message "I'm so excited for our beach trip this weekend" \
 		          "Let's grab pizza and watch a movie tonight"
 	@echo "demo: reports in $(DEMO)/reports (JSON + PNG), runs in $(DEMO)/{sft,grpo}"
+
+wordle: $(STAMP) ## Wordle end to end on PROFILE: solver traces, SFT, GRPO, eval vs the solver (resumes)
+	$(ER) pipeline --config configs/$(PROFILE)/wordle.yaml
 
 # play-web plays the demo's senders when `make demo` made them, else the base model alone.
 SYSTEMS ?= base $(if $(wildcard $(DEMO)/sft/adapter),sft=$(DEMO)/sft/adapter) \

@@ -2,6 +2,8 @@ import logging
 import subprocess
 import sys
 
+import yaml
+
 from emoji_rl import cli
 
 
@@ -49,6 +51,8 @@ def test_every_stage_config_file_parses():
     files = sorted([*root.glob("cpu/*.yaml"), *root.glob("gpu/*.yaml")])
     assert files
     for path in files:
+        if "stages" in (yaml.safe_load(path.read_text()) or {}):
+            continue  # a pipeline (configs/*/wordle.yaml): tests/test_wordle_pipeline.py parses its lines
         stage = path.name.split(".")[0].replace("_", "-")  # grpo.wordle.yaml configures grpo
         assert stage in cli.STAGES, f"{path} names no stage"
         module = importlib.import_module(cli.STAGES[stage][0])

@@ -55,8 +55,7 @@ def trace_records(answer: str, turns: list[SolverTurn], max_turns: int) -> list[
     lines: list[str] = []
     records = []
     for t, turn in enumerate(turns, start=1):
-        reply = f"<think>{turn.think}</think><guess>{turn.guess}</guess>"
-        messages = [*messages, {"role": "assistant", "content": reply}]
+        messages = [*messages, {"role": "assistant", "content": turn.reply}]
         records.append({"id": f"wordle-{answer}-t{t}", "answer": answer, "turn": t, "messages": messages})
         lines.append(feedback_line(turn.guess, turn.marks))
         messages = [*messages, board_message(lines, max_turns)]

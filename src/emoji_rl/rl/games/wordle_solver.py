@@ -70,6 +70,11 @@ class SolverTurn:
     think: str
     """The reasoning an SFT trace shows: only what the board says, and that the guess fits it."""
 
+    @property
+    def reply(self) -> str:
+        """The turn as a player answers it, in the game's strict format."""
+        return f"<think>{self.think}</think><guess>{self.guess}</guess>"
+
 
 class EntropySolver:
     """Greedy max-entropy play in hard mode: every guess is an allowed word (of 12,972) consistent with
