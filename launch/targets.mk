@@ -25,7 +25,7 @@ define gpu_only
 @test "$(PROFILE)" = gpu || { echo "make $@: needs PROFILE=gpu (the cpu profile runs the judge and the sender in-process)" >&2; exit 2; }
 endef
 
-.PHONY: serve-judge serve-policy sft rl eval gpu-smoke setup-vllm pipeline experiment
+.PHONY: serve-judge serve-policy sft rl eval gpu-smoke setup-vllm pipeline experiment wordle
 
 # A stage list (emoji-rl pipeline): a rerun skips the finished stages and goes on from the interrupted one.
 #   make experiment                     configs/$(PROFILE)/experiment.yaml into its run_dir
@@ -38,6 +38,9 @@ pipeline: $(CPU_DEPS) ## Run the stages of CONFIG in order, resumable (emoji-rl 
 
 experiment: $(CPU_DEPS) ## The whole experiment of PROFILE (configs/PROFILE/experiment.yaml), resumable
 	env -u CONFIG $(OFFLINE_IF_CPU) $(BIN)/emoji-rl pipeline --config configs/$(PROFILE)/experiment.yaml $(ARGS)
+
+wordle: $(CPU_DEPS) ## Wordle end to end on PROFILE: solver traces, SFT, GRPO, eval vs the solver (resumable)
+	env -u CONFIG $(OFFLINE_IF_CPU) $(BIN)/emoji-rl pipeline --config configs/$(PROFILE)/wordle.yaml $(ARGS)
 
 # NGPUS once sized the judge here; the layout does now, and a silent change of meaning would start a
 # judge on other GPUs than the user asked for.

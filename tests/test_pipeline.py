@@ -473,6 +473,8 @@ def test_a_sigkill_in_the_middle_of_grpo_then_a_rerun_ends_as_an_uninterrupted_r
     [
         (["experiment"], "emoji-rl pipeline --config configs/cpu/experiment.yaml"),
         (["experiment", "PROFILE=gpu"], "emoji-rl pipeline --config configs/gpu/experiment.yaml"),
+        (["wordle"], "emoji-rl pipeline --config configs/cpu/wordle.yaml"),
+        (["wordle", "PROFILE=gpu"], "emoji-rl pipeline --config configs/gpu/wordle.yaml"),
         (
             ["pipeline", "CONFIG=my.yaml", "ARGS=--dry_run true"],
             "emoji-rl pipeline --config my.yaml --dry_run true",

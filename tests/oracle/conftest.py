@@ -141,6 +141,9 @@ def _play(lm: FakeLM, tokenizer, run_dir: Path) -> list[Exchange]:
             sync.publish(step, _save_adapter)
         prompts = [tuple(chat_ids(tokenizer, sender_messages(t))) for t in ("Pizza tonight?", "Beach!")]
         asyncio.run(sampler.sample(prompts))
+        # a free-text game's batch (Wordle): no grammar
+        free = VLLMSampler(endpoint, "policy", stop_token_id(tokenizer), temperature=0.7, grammar=False)
+        asyncio.run(free.sample(prompts[:1]))
         policy.source = "probe"
         with httpx.Client(base_url=policy.url, headers=policy.auth) as client:
             client.post("/v1/completions", json={"model": "nobody", "prompt": [1, 2]})

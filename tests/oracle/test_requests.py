@@ -26,7 +26,7 @@ def checked(traffic, vllm_oracle):
 def test_our_clients_send_every_kind_of_request(checked):
     kinds = [item["kind"] for item, _ in checked]
     assert {k: kinds.count(k) for k in KINDS.values()} == {
-        "completion": 3,  # verify's two log-probs probes, one rollout batch
+        "completion": 4,  # verify's two log-probs probes, one emoji and one free-text rollout batch
         "chat": 2,
         "load_lora": 2,
         "unload_lora": 1,
@@ -53,6 +53,17 @@ def test_the_rollout_request_becomes_the_sampling_vllm_is_meant_to_run(checked):
     assert [sampling[k] for k in neutral] == [1.0, 0, 0.0, 0.0, 0.0, 1.0]
     assert sampling["stop_token_ids"] == item["body"]["stop_token_ids"]
     assert sampling["max_tokens"] == item["body"]["max_tokens"]
+
+
+def test_a_free_text_rollout_is_the_same_sampling_with_no_grammar(checked):
+    """Wordle on the vllm engine: vLLM samples unconstrained, stopping on our stop ids, as the
+    trainer scores it (no logit mask for a free-text game)."""
+    rollouts = [
+        a["sampling"] for i, a in checked if i["kind"] == "completion" and i["body"].get("logprobs") == 0
+    ]
+    [emoji] = [s for s in rollouts if s["structured_output_key"] is not None]
+    [free] = [s for s in rollouts if s["structured_output_key"] is None]
+    assert {**free, "structured_output_key": emoji["structured_output_key"]} == emoji
 
 
 def test_the_oracle_sees_a_field_vllm_would_ignore(vllm_oracle):

@@ -3,14 +3,22 @@
 The 2,315 answers are shuffled (seeded) and `eval_answers` of them are held out: they go only to
 `wordle_rl_eval.jsonl`, never into SFT traces or RL training. For every training answer the solver
 plays a game; each of its turns becomes one chat record that ends with the solver's reply,
-`<think>constraints used and why this word</think><guess>word</guess>`, after exactly the prompts
-and board lines the game shows, so SFT trains on the context GRPO samples from:
+`<think>what the board says</think><guess>word</guess>`, after exactly the prompts and board lines
+the game shows, so SFT trains on the context GRPO samples from (`sft.data.encode_episode`):
     {"id": "wordle-above-t2", "answer": "above", "turn": 2, "messages": [system, user, assistant, user, assistant]}
 RL records are {"id": "wordle-above", "answer": "above"}. `wordle_data_stats.json` holds the split
-sizes and the solver's mean guesses and win rate over all answers (measured: 3.464, 100%).
+sizes and the solver's win rate and mean guesses (of won games) over all answers.
+
+The solver plays hard mode (every guess consistent with all the feedback so far, as the consistency
+reward asks) and its reasoning states only board facts (greens, yellows, absent letters) and that
+the guess fits them, never counts of words left or bits, which the model cannot compute. Measured on
+all 2,315 answers: wins 99.6% (2,306; it loses jaunt, jolly, mound, patch, swore, vaunt, waste, watch,
+willy, hard mode's known traps) in 3.591 guesses on average; the unrestricted entropy solver it
+replaces won 100% in 3.464 but played probe words (e.g. bundt after soare for above) that the consistency reward penalises. Lost games stay in the
+SFT data: each of their guesses is still a consistent one.
 
     cpu: emoji-rl wordle-data
-    gpu: emoji-rl wordle-data --output_dir data/wordle   (the same: the solver runs in ~10 s on a CPU)
+    gpu: emoji-rl wordle-data --output_dir data/wordle   (the same: the solver runs in ~1 min on a CPU)
 """
 
 from __future__ import annotations
@@ -47,8 +55,7 @@ def trace_records(answer: str, turns: list[SolverTurn], max_turns: int) -> list[
     lines: list[str] = []
     records = []
     for t, turn in enumerate(turns, start=1):
-        reply = f"<think>{turn.think}</think><guess>{turn.guess}</guess>"
-        messages = [*messages, {"role": "assistant", "content": reply}]
+        messages = [*messages, {"role": "assistant", "content": turn.reply}]
         records.append({"id": f"wordle-{answer}-t{t}", "answer": answer, "turn": t, "messages": messages})
         lines.append(feedback_line(turn.guess, turn.marks))
         messages = [*messages, board_message(lines, max_turns)]

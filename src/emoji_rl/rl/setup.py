@@ -132,6 +132,7 @@ def build_sampler(
         max_new_tokens=cfg.max_new_tokens,
         min_emoji=cfg.min_emoji,
         max_emoji=cfg.max_emoji,
+        grammar=constraint == "grammar",
     )
     asyncio.run(sampler.verify())
     return sampler, AdapterSync(sampler, cfg.output_dir, cfg.vllm_served_name, cfg.vllm_adapter_keep)

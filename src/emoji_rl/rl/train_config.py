@@ -187,11 +187,6 @@ class Config(JudgeConfig):
             )
         if self.max_grad_norm < 0:
             raise ValueError(f"max_grad_norm={self.max_grad_norm} must be >= 0 (0: no clipping)")
-        if self.game == "wordle" and self.engine == "vllm":
-            raise ValueError(
-                "game=wordle with engine=vllm is not supported yet: the vllm sampler always sends the emoji "
-                "grammar; use engine=hf"
-            )
         if self.vllm_adapter_keep < 1:
             raise ValueError(
                 f"vllm_adapter_keep={self.vllm_adapter_keep} must be >= 1: the sampler needs one adapter"

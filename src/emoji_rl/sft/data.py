@@ -7,6 +7,13 @@ data stage writes it from `prompts.sender_messages(target)`. The prompt is rende
 completion is what the template adds for the answer (content, end of turn and anything the template
 writes after it). `encode_record` checks that prompt + completion is token for token the rendering of
 the whole chat, so the SFT model learns on exactly the context RL samples from.
+
+A record with a `turn` key is one turn of a multi-turn game (`emoji-rl wordle-data` writes them):
+`[system, user, assistant, user, …, assistant]`, the last reply the one to learn. It is encoded as
+the game grows its episode in RL (`models.continuation_ids`), never by rendering the whole chat:
+Qwen3.5's template drops the `<think>…</think>` of every assistant turn before the last user turn
+and rewrites the last one's (tests/fixtures/qwen3_5_chat_template.jinja), while the policy in RL sees
+its earlier replies token for token.
 """
 
 from __future__ import annotations
@@ -19,7 +26,7 @@ from typing import TYPE_CHECKING, Literal
 
 from emoji_rl.data.jsonl import read_jsonl
 from emoji_rl.errors import UserError
-from emoji_rl.models import chat_ids, stop_token_id
+from emoji_rl.models import chat_ids, continuation_ids, stop_token_id
 from emoji_rl.prompts import SENDER_FIRST_TURN
 
 if TYPE_CHECKING:
@@ -39,6 +46,8 @@ class ChatRecord:
     messages: tuple[dict[str, str], ...]
     target: str | None
     """The message the emoji encode: the `target` key, else read back from the sender prompt; None if neither."""
+    episode: bool = False
+    """One turn of a multi-turn game (the record has a `turn` key): encoded as the game grows its ids."""
 
     @property
     def prompt(self) -> list[dict[str, str]]:
@@ -67,7 +76,15 @@ class ChatRecord:
         target = record.get("target")
         if target is not None and not isinstance(target, str):
             raise ValueError(f"`target` must be a string, got {type(target).__name__}")
-        return cls(tuple(messages), target if target is not None else _target_from_prompt(messages))
+        episode = "turn" in record
+        if episode:
+            first = next(i for i, m in enumerate(messages) if m["role"] == "assistant")
+            roles = [m["role"] for m in messages[first:]]
+            if roles[0::2] != ["assistant"] * len(roles[0::2]) or set(roles[1::2]) - {"user"}:
+                raise ValueError(
+                    "a game turn (a record with `turn`) alternates assistant and user turns after the first reply"
+                )
+        return cls(tuple(messages), target if target is not None else _target_from_prompt(messages), episode)
 
 
 def _target_from_prompt(messages: list[dict[str, str]]) -> str | None:
@@ -93,6 +110,8 @@ class Encoded:
 
 def encode_record(tokenizer: PreTrainedTokenizerBase, record: ChatRecord) -> Encoded:
     """Prompt ids as every stage renders them, then the answer as the template continues them."""
+    if record.episode:
+        return encode_episode(tokenizer, record)
     prompt_ids = chat_ids(tokenizer, record.prompt, add_generation_prompt=True)
     full_ids = chat_ids(tokenizer, list(record.messages), add_generation_prompt=False)
     if full_ids[: len(prompt_ids)] != prompt_ids:
@@ -109,6 +128,21 @@ def encode_record(tokenizer: PreTrainedTokenizerBase, record: ChatRecord) -> Enc
             f"{tokenizer.convert_ids_to_tokens(stop_token_id(tokenizer))!r}; the model would not learn to stop"
         )
     return Encoded(tuple(full_ids), len(prompt_ids))
+
+
+def encode_episode(tokenizer: PreTrainedTokenizerBase, record: ChatRecord) -> Encoded:
+    """A game turn's ids as the game builds them in RL: the first prompt rendered with the generation
+    prompt, then every reply as its tokens and the stop token, each followed by `continuation_ids`
+    (the next user turn and the opening of the next reply); the loss covers the last reply and its stop."""
+    messages = list(record.messages)
+    first = next(i for i, m in enumerate(messages) if m["role"] == "assistant")
+    ids = chat_ids(tokenizer, messages[:first], add_generation_prompt=True)
+    stop = stop_token_id(tokenizer)
+    for k in range(first, len(messages) - 1, 2):
+        action = [*tokenizer(messages[k]["content"], add_special_tokens=False)["input_ids"], stop]
+        ids += action + continuation_ids(tokenizer, messages[:k], messages[k + 1], action)
+    answer = tokenizer(record.answer, add_special_tokens=False)["input_ids"]
+    return Encoded((*ids, *answer, stop), len(ids))
 
 
 @dataclass(frozen=True)

@@ -1,9 +1,12 @@
-"""The entropy solver wins every answer within six guesses, near the known greedy average (3.46)."""
+"""The entropy solver in hard mode: every guess fits the feedback so far; it wins 2,306 of the 2,315
+answers in 3.59 guesses on average, and its reasoning states only what the board says."""
+
+import re
 
 import numpy as np
 import pytest
 
-from emoji_rl.rl.games.wordle_rules import expected_information, load_word_lists
+from emoji_rl.rl.games.wordle_rules import consistent, expected_information, load_word_lists
 from emoji_rl.rl.games.wordle_solver import EntropySolver, entropies
 
 
@@ -18,17 +21,34 @@ def test_vectorized_entropies_match_one_guess_at_a_time():
     assert entropies(codes) == pytest.approx([expected_information(row) for row in codes])
 
 
-def test_solver_wins_every_answer_within_six(solver):
-    # ~10 s on one core: the game tree is shared, so each candidate set is scored once.
-    games = {answer: solver.play(answer) for answer in solver.answers}
-    assert all(turns[-1].guess == answer for answer, turns in games.items())
-    lengths = [len(turns) for turns in games.values()]
-    assert max(lengths) <= 6
-    assert sum(lengths) / len(lengths) == pytest.approx(3.46, abs=0.02)
+@pytest.fixture(scope="module")
+def games(solver):
+    # ~1 min on one core: the game tree is shared, so each board is scored once.
+    return {answer: solver.play(answer) for answer in solver.answers}
 
 
-def test_reasoning_states_the_constraints(solver):
+def test_solver_plays_only_consistent_guesses_and_wins_almost_always(games):
+    for turns in games.values():
+        board = []
+        for turn in turns:
+            assert consistent(turn.guess, board), (turn.guess, board)
+            board.append((turn.guess, turn.marks))
+    lost = sorted(answer for answer, turns in games.items() if turns[-1].guess != answer)
+    # hard mode's known traps: _AUNT, _ATCH, ... with more fitting words than guesses left
+    assert lost == ["jaunt", "jolly", "mound", "patch", "swore", "vaunt", "waste", "watch", "willy"]
+    won = [len(turns) for answer, turns in games.items() if turns[-1].guess == answer]
+    assert max(len(turns) for turns in games.values()) <= 6
+    assert sum(won) / len(won) == pytest.approx(3.591, abs=0.001)
+
+
+def test_reasoning_states_only_board_facts(solver, games):
     turns = solver.play("above")
-    assert "No feedback yet" in turns[0].think
-    second = turns[1].think
-    assert "E is letter 5" in second and "Absent:" in second and "words fit" in second
+    assert turns[0].think == "No feedback yet: soare tries common letters."
+    assert turns[1].think == (
+        "Fixed: E is letter 5. In the word: A (not letter 3), O (not letter 2). Absent: R S. anode fits all of this."
+    )
+    # no counts of words left and no bits anywhere: the only digits are letter positions
+    for turns in games.values():
+        for turn in turns:
+            assert "bits" not in turn.think and "words" not in turn.think
+            assert set(re.findall(r"\d+", turn.think)) <= {"1", "2", "3", "4", "5"}

@@ -98,6 +98,20 @@ def test_one_turn_batch_is_one_request_with_every_field(server, smollm2_tokenize
         assert all(lp <= 0 for lp in sample.logprobs)
 
 
+def test_a_free_text_game_sends_no_grammar(server, smollm2_tokenizer):
+    """Wordle's replies are not emoji: the request carries no `structured_outputs`, as the trainer
+    masks no logits for it, and the rest of the body is the emoji game's."""
+    emoji, free = (
+        sampler_for(server, smollm2_tokenizer),
+        sampler_for(server, smollm2_tokenizer, grammar=False),
+    )
+    body = free.request_body([(1, 2, 3)])
+    assert "structured_outputs" not in body
+    assert body == {k: v for k, v in emoji.request_body([(1, 2, 3)]).items() if k != "structured_outputs"}
+    [sample] = asyncio.run(free.sample([(1, 2, 3)]))
+    assert "structured_outputs" not in server.requests[-1].body and sample.token_ids
+
+
 def test_choices_are_mapped_by_index_not_by_position(server, smollm2_tokenizer):
     sampler = sampler_for(server, smollm2_tokenizer)
     choices = [

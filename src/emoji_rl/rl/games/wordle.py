@@ -166,6 +166,8 @@ class WordleGame(Game):
             "won": float(solved),
             "turns": float(n),
             "format_rate": format_share,
+            # guesses that fit all the feedback before them (a first guess fits an empty board)
+            "consistent_rate": sum(s.consistent for s in self.scores) / n,
             "invalid_rate": sum(s.guess is None or s.guess not in self.words.allowed for s in self.scores)
             / n,
             "repeat_rate": sum(s.repeated for s in self.scores) / n,

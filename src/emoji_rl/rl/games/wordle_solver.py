@@ -1,8 +1,9 @@
 """The teacher that needs no API: a greedy max-entropy Wordle solver, and its games as reasoning text.
 
-Each turn it plays the allowed word whose feedback has the highest entropy over the answers still
-possible (ties go to a word that could itself be the answer), and guesses outright once one or two
-remain. All feedback comes from one pattern matrix (allowed words x answers, 30 MB of uint8), computed
+Each turn it plays, among the allowed words consistent with all the feedback so far (hard mode: the
+consistency reward penalises anything else), the one whose feedback has the highest entropy over the
+answers still possible (ties go to a word that could itself be the answer), and guesses outright once
+one or two remain. All feedback comes from one pattern matrix (allowed words x answers, 30 MB of uint8), computed
 once and cached under `models.cache_dir()`.
 """
 
@@ -22,6 +23,7 @@ from emoji_rl.rl.games.wordle_rules import (
     WordLists,
     encode,
     feedback,
+    pattern_code,
     pattern_matrix,
 )
 
@@ -65,64 +67,75 @@ def entropies(codes: np.ndarray) -> np.ndarray:
 class SolverTurn:
     guess: str
     marks: tuple[Mark, ...]
-    candidates_before: int
-    bits: float
-    """Expected information of the guess over the candidates before it."""
     think: str
-    """The reasoning an SFT trace shows: the constraints used and why this guess."""
+    """The reasoning an SFT trace shows: only what the board says, and that the guess fits it."""
+
+    @property
+    def reply(self) -> str:
+        """The turn as a player answers it, in the game's strict format."""
+        return f"<think>{self.think}</think><guess>{self.guess}</guess>"
 
 
 class EntropySolver:
-    """Greedy max-entropy play over the answer list; guesses come from `allowed` (all 12,972 words)."""
+    """Greedy max-entropy play in hard mode: every guess is an allowed word (of 12,972) consistent with
+    all the feedback so far, the one whose feedback splits the answers still possible best."""
 
     def __init__(self, words: WordLists) -> None:
         self.answers = words.answers
         self.guesses = tuple(sorted(words.allowed))
         self.matrix = cached_pattern_matrix(self.guesses, self.answers)
         self.is_answer = np.isin(np.array(self.guesses), np.array(self.answers))
+        self._encoded_guesses = encode(self.guesses)
         self._answer_column = {a: i for i, a in enumerate(self.answers)}
         self._guess_row = {g: i for i, g in enumerate(self.guesses)}
-        # The game tree is shared by all answers: the choice for a candidate set is computed once.
-        self._choices: dict[bytes, tuple[int, float]] = {}
+        # The game tree is shared by all answers: the choice after a board is computed once.
+        self._choices: dict[tuple[tuple[str, tuple[Mark, ...]], ...], int] = {}
+        self._row_patterns: dict[int, np.ndarray] = {}
 
-    def choose(self, candidates: np.ndarray) -> tuple[int, float]:
-        """(row of the best guess, its entropy in bits) for the candidate answer columns."""
+    def choose(
+        self, board: list[tuple[str, tuple[Mark, ...]]], candidates: np.ndarray, playable: np.ndarray
+    ) -> int:
+        """Row of the best guess among the `playable` rows, for the candidate answer columns."""
         if len(candidates) <= 2:
-            row = self._guess_row[self.answers[candidates[0]]]
-            return row, float(entropies(self.matrix[[row]][:, candidates])[0])
-        key = candidates.tobytes()
-        if key in self._choices:
-            return self._choices[key]
-        bits = entropies(self.matrix[:, candidates])
-        # A candidate guess can win outright: prefer it among (near-)equal splits.
-        in_play = np.zeros(len(self.guesses), dtype=bool)
-        in_play[[self._guess_row[self.answers[c]] for c in candidates]] = True
-        row = int(np.argmax(bits + 1e-6 * in_play))
-        self._choices[key] = (row, float(bits[row]))
+            return self._guess_row[self.answers[candidates[0]]]
+        key = tuple(board)
+        if key not in self._choices:
+            rows = np.flatnonzero(playable)
+            bits = entropies(self.matrix[rows][:, candidates])
+            # A possible answer can win outright: prefer it among (near-)equal splits.
+            self._choices[key] = int(rows[np.argmax(bits + 1e-6 * self.is_answer[rows])])
         return self._choices[key]
 
     def play(self, answer: str, max_turns: int = 6) -> list[SolverTurn]:
         """The solver's game for `answer`, turn by turn (stops when solved or after `max_turns`)."""
         target = self._answer_column[answer]
         candidates = np.arange(len(self.answers))
+        playable = np.ones(len(self.guesses), dtype=bool)
         board: list[tuple[str, tuple[Mark, ...]]] = []
         turns: list[SolverTurn] = []
         while len(turns) < max_turns:
-            row, bits = self.choose(candidates)
+            row = self.choose(board, candidates, playable)
             guess = self.guesses[row]
-            think = reasoning(Knowledge.from_board(board), len(candidates), guess, bits, self.is_answer[row])
             marks = feedback(answer, guess)
-            turns.append(SolverTurn(guess, marks, len(candidates), bits, think))
+            turns.append(SolverTurn(guess, marks, reasoning(Knowledge.from_board(board), guess)))
             if guess == answer:
                 break
             board.append((guess, marks))
-            codes = self.matrix[row, candidates]
-            candidates = candidates[codes == self.matrix[row, target]]
+            candidates = candidates[self.matrix[row, candidates] == self.matrix[row, target]]
+            # Hard mode: a later guess must reproduce this feedback as if it were the answer.
+            playable &= self._patterns_against_guesses(row) == pattern_code(marks)
         return turns
 
+    def _patterns_against_guesses(self, row: int) -> np.ndarray:
+        """Feedback of guess `row` if each allowed word were the answer (a few hundred rows are ever played)."""
+        if row not in self._row_patterns:
+            self._row_patterns[row] = pattern_matrix(self._encoded_guesses[[row]], self._encoded_guesses)[0]
+        return self._row_patterns[row]
 
-def reasoning(knowledge: Knowledge, candidates: int, guess: str, bits: float, could_win: bool) -> str:
-    """Short reasoning stating the constraints used: greens, yellows, absent letters, words left."""
+
+def reasoning(knowledge: Knowledge, guess: str) -> str:
+    """Short reasoning from the board alone: greens, yellows and absent letters, then that the guess
+    fits them. No counts of words left and no bits: the model cannot compute those."""
     parts = []
     if knowledge.greens:
         parts.append(
@@ -141,12 +154,8 @@ def reasoning(knowledge: Knowledge, candidates: int, guess: str, bits: float, co
         )
     if knowledge.absent:
         parts.append("Absent: " + " ".join(sorted(c.upper() for c in knowledge.absent)))
-    if candidates == 1:
-        parts.append(f"Only one word fits: {guess}.")
-    elif candidates == 2:
-        parts.append(f"Two words fit; {guess} is one of them.")
+    if parts:
+        parts.append(f"{guess} fits all of this.")
     else:
-        fit = f"{candidates} words fit" if parts else "No feedback yet"
-        kind = "a possible answer" if could_win else "not a possible answer, but"
-        parts.append(f"{fit}; {guess} is {kind} that splits them best ({bits:.1f} bits).")
+        parts.append(f"No feedback yet: {guess} tries common letters.")
     return " ".join(p if p.endswith(".") else p + "." for p in parts)

@@ -2,7 +2,8 @@
 adapter (docs/DESIGN.md §7; requests and answers as in docs/VLLM.md §2, §4, §7).
 
 - `VLLMSampler` sends each turn batch as one `/v1/completions` request with token-id prompts and
-  the emoji grammar as top-level `structured_outputs`, and keeps the returned token ids as sampled
+  the emoji grammar as top-level `structured_outputs` (none for a free-text game such as Wordle,
+  whose trainer masks no logits either), and keeps the returned token ids as sampled
   (stop token included) with their log-probs: never re-tokenized text.
 - `AdapterSync` saves the adapter after each update, loads it under a versioned name, points the
   sampler at it and unloads stale versions.
@@ -65,6 +66,7 @@ class VLLMSampler:
         max_new_tokens: int = MAX_NEW_TOKENS,
         min_emoji: int = MIN_EMOJI,
         max_emoji: int = MAX_EMOJI,
+        grammar: bool = True,
         max_prompts_per_request: int = MAX_PROMPTS_PER_REQUEST,
         max_concurrent_requests: int = 4,
     ) -> None:
@@ -86,11 +88,11 @@ class VLLMSampler:
         self.max_new_tokens = max_new_tokens
         self.max_prompts_per_request = max_prompts_per_request
         self.max_concurrent_requests = max_concurrent_requests
-        self._structured_outputs = vllm_structured_outputs(min_emoji, max_emoji)
+        self._structured_outputs = vllm_structured_outputs(min_emoji, max_emoji) if grammar else None
 
     def request_body(self, prompts: Sequence[Sequence[int]]) -> dict[str, object]:
         """The `/v1/completions` body for one batch of token-id prompts."""
-        return {
+        body: dict[str, object] = {
             "model": self.model,
             "prompt": [list(prompt) for prompt in prompts],
             "max_tokens": self.max_new_tokens,
@@ -104,8 +106,10 @@ class VLLMSampler:
             "logprobs": 0,
             "return_token_ids": True,
             "stop_token_ids": [self.stop_token_id],
-            "structured_outputs": self._structured_outputs,
         }
+        if self._structured_outputs is not None:
+            body["structured_outputs"] = self._structured_outputs
+        return body
 
     def _client(self) -> httpx.AsyncClient:
         limits = httpx.Limits(max_connections=self.max_concurrent_requests)
