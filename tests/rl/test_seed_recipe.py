@@ -184,6 +184,7 @@ def test_every_difference_from_our_config_is_in_the_docs_table(profile):
         "init_adapter",
         "judge",
         "judge_view",
+        "judge_temperature",
         "batch_size",
         "group_size",
         "max_turns",
