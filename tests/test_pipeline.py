@@ -307,11 +307,11 @@ def alive(pid: int) -> bool:
 EXPERIMENT = ["prompts", "teacher", "judge-check", "sft", "eval-sft", "rl-prompts", "grpo", "eval-retrieval"]
 
 
-def experiment_stages(profile: str) -> list[Stage]:
+def experiment_stages(profile: str, name: str = "experiment") -> list[Stage]:
     from emoji_rl.config import parse_config
     from emoji_rl.pipeline import Config, parse_stages
 
-    cfg = parse_config(Config, ["--config", str(ROOT / f"configs/{profile}/experiment.yaml")], "pipeline")
+    cfg = parse_config(Config, ["--config", str(ROOT / f"configs/{profile}/{name}.yaml")], "pipeline")
     return parse_stages(cfg.stages, cfg.run_dir)
 
 
@@ -350,9 +350,10 @@ def test_every_stage_command_of_the_experiment_parses_with_its_stage_parser(prof
     assert [*EXPERIMENT, "experiment-report"] == list(dict.fromkeys(parsed))
 
 
+@pytest.mark.parametrize("pipeline", ["experiment", "wordle"])
 @pytest.mark.parametrize("profile", ["cpu", "gpu"])
-def test_the_training_stages_resume_from_their_checkpoints(profile):
-    by_name = {s.name: s.command for s in experiment_stages(profile)}
+def test_the_training_stages_resume_from_their_checkpoints(profile, pipeline):
+    by_name = {s.name: s.command for s in experiment_stages(profile, pipeline)}
     for name in ("sft", "grpo"):
         assert by_name[name][-2:] == ["--resume", "true"], name
 
