@@ -69,7 +69,6 @@ if TYPE_CHECKING:
 Mode = Literal["single", "multi"]
 Protocol = Literal["ours", "seed"]
 MODES: tuple[Mode, ...] = ("single", "multi")
-THRESHOLDS = SUCCESS_THRESHOLDS
 COMPARED = ("similarity", "success@0.5", "success@0.7")
 SEED_TEMPERATURE = 0.7
 RANDOM_LENGTH = 3
@@ -337,7 +336,7 @@ def summarize(records: Sequence[Record], cfg: Config) -> dict[str, float | int |
         "similarity": similarity.mean,
         "similarity_lo": similarity.low,
         "similarity_hi": similarity.high,
-        **{f"success@{t}": sum(r["similarity"] >= t for r in records) / n for t in THRESHOLDS},
+        **{f"success@{t}": sum(r["similarity"] >= t for r in records) / n for t in SUCCESS_THRESHOLDS},
         "turns": sum(len(r["turns"]) for r in records) / n,
         "violations": sum(r["violation"] for r in records) / n,
         f"retrieval@1/{cfg.distractors}": sum(r["retrieved"] for r in records) / n,
@@ -481,7 +480,8 @@ def fixed_answers(
         if not any(answers[teacher.name]):
             raise UserError(
                 f"{teacher.path} answers none of the {len(targets)} targets of {cfg.data}: "
-                "give the teacher's sft_train.jsonl (rl-prompts leaves sft_test out, so its targets are there)"
+                "give the SFT split that holds them (sft_test.jsonl for the SFT test split; sft_train.jsonl "
+                "for rl-prompts' rl_eval.jsonl, whose targets it takes from outside sft_test)"
             )
         for target, answer in zip(targets, answers[teacher.name], strict=True):
             if answer is not None and not parse_message(answer, cfg.min_emoji, cfg.max_emoji).ok:
@@ -525,7 +525,7 @@ def write_outputs(
         "mode",
         "n",
         "similarity",
-        *[f"success@{t}" for t in THRESHOLDS],
+        *[f"success@{t}" for t in SUCCESS_THRESHOLDS],
         "turns",
         "violations",
         retrieval,
@@ -543,7 +543,7 @@ def write_outputs(
             "data": cfg.data,
             "examples": examples,
             "distractors": cfg.distractors,
-            "thresholds": list(THRESHOLDS),
+            "thresholds": list(SUCCESS_THRESHOLDS),
             "interval": f"{LEVEL:.0%} percentile bootstrap over messages, {cfg.resamples} resamples; "
             "comparisons paired (the same messages resampled for both systems)",
             "rows": rows,
