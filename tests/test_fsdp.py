@@ -190,6 +190,7 @@ def test_the_wordle_curriculum_takes_one_decision_from_every_rank(tiny_qwen, tmp
         curriculum_threshold=0.0,
         max_steps=2,
         save_steps=1,
+        gradient_checkpointing=True,  # as the Wordle configs train: checkpointed layers under FSDP2
     )
     done = _launch(["grpo", *cli_args(settings)])
     assert done.returncode == 0, done.stderr[-4000:]

@@ -1,11 +1,11 @@
-"""Similarity and retrieval@1 against hand-checked cases."""
+"""Similarity, retrieval@1 and the background similarity against hand-checked cases."""
 
 from __future__ import annotations
 
 import pytest
 import torch
 
-from emoji_rl.rl.reward import Similarity, retrieval_at_1
+from emoji_rl.rl.reward import Background, Similarity, mean_similarity, retrieval_at_1
 
 
 @pytest.fixture(scope="module")
@@ -56,3 +56,29 @@ def test_retrieval_at_1_on_text(similarity):
     targets = ["Let's grab pizza tonight", "My flight got cancelled", "The baby said her first word"]
     assert similarity.retrieval_at_1(targets, ["pizza", "airplane, cancelled", "baby talking"]) == 1.0
     assert similarity.retrieval_at_1(targets, ["airplane", "baby", "pizza"]) == 0.0
+
+
+def test_mean_similarity_skips_each_guess_own_target():
+    guesses = torch.tensor([[1.0, 0.0], [0.0, 1.0]])
+    references = torch.tensor([[1.0, 0.0], [0.6, 0.8]])
+    # guess 0 against both: (1 + 0.6) / 2; guess 1 skips reference 0 (its own target): 0.8 / 1
+    skip = torch.tensor([[False, False], [True, False]])
+    assert mean_similarity(guesses, references, skip).tolist() == pytest.approx([0.8, 0.8])
+    # A guess whose every reference is skipped scores 0, not NaN.
+    assert mean_similarity(guesses[:1], references, torch.tensor([[True, True]])).tolist() == [0.0]
+
+
+def test_background_is_the_mean_similarity_to_the_other_messages(similarity):
+    messages = ["I love my cat", "The train is late", "Let's grab pizza tonight"]
+    background = Background(similarity, messages)
+    [own_left_out] = background.score(["I love my cat"], ["a cat"])
+    others = similarity.similarity(messages[1:], ["a cat", "a cat"])
+    assert own_left_out == pytest.approx(sum(others) / 2, abs=1e-5)
+    # A guess that could answer any message fits the others better than one that carries its target.
+    target = "My flight got cancelled"
+    generic, specific = background.score(
+        [target] * 2, ["I am so happy today, let's have fun!", "a flight was cancelled"]
+    )
+    assert generic > specific
+    with pytest.raises(ValueError):
+        Background(similarity, [])

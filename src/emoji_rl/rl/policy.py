@@ -79,6 +79,26 @@ def build_policy(
     return policy
 
 
+def checkpoint_layers(policy: PeftModel) -> None:
+    """Activation checkpointing for the update's forward passes: each decoder layer keeps only its input
+    and is recomputed in the backward pass.
+
+    transformers checkpoints a layer only while that layer is in training mode, and the policy stays in
+    eval mode (see build_policy); so the decoder layers alone are switched to training mode. Their
+    attention, MLP and LoRA modules stay in eval mode, and a forward without gradients (sampling, the
+    reference) runs as before."""
+    from transformers.modeling_layers import GradientCheckpointingLayer
+
+    policy.get_base_model().activation_checkpointing_enable({"use_reentrant": False})
+    layers = [m for m in policy.modules() if isinstance(m, GradientCheckpointingLayer)]
+    if not layers:
+        raise UserError(
+            f"gradient_checkpointing: {type(policy.get_base_model()).__name__} has no checkpointable layers"
+        )
+    for layer in layers:
+        layer.training = True
+
+
 @contextlib.contextmanager
 def reference_mode(policy: PeftModel, reference: Reference) -> Iterator[None]:
     """Run the reference: the base with the adapter disabled, or the frozen starting adapter."""

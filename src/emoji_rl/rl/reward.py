@@ -73,6 +73,41 @@ def retrieval_at_1(target_vecs: torch.Tensor, guess_vecs: torch.Tensor) -> float
     return (own > others.max(dim=1).values).float().mean().item()
 
 
+def mean_similarity(
+    guess_vecs: torch.Tensor, reference_vecs: torch.Tensor, skip: torch.Tensor
+) -> torch.Tensor:
+    """Row i: the mean cosine similarity of guess i to the references not skipped for it.
+
+    Unit-norm rows in (`[N, D]`, `[K, D]`); `skip` is `[N, K]`, True where a reference is guess i's own
+    target (comparing a guess with its own target is the similarity term's job). A row that skips
+    every reference is 0."""
+    keep = (~skip).to(guess_vecs.dtype)
+    total = ((guess_vecs @ reference_vecs.T) * keep).sum(dim=1)
+    return total / keep.sum(dim=1).clamp(min=1.0)
+
+
+class Background:
+    """How well a guess would fit messages in general: its mean similarity to a fixed sample of other
+    messages. The judge's stock sentence for an emoji pair that a sender writes whatever the target
+    ("I'm a student...") scores about as high here as against its own target; a guess that carries this
+    message's content scores low."""
+
+    def __init__(self, similarity: Similarity, messages: Sequence[str]) -> None:
+        if not messages:
+            raise ValueError("Background needs at least one message")
+        self.similarity = similarity
+        self.messages = list(dict.fromkeys(messages))
+        self.vectors = similarity.embed(self.messages)
+
+    def score(self, targets: Sequence[str], guesses: Sequence[str]) -> list[float]:
+        """The mean similarity of each guess to the sample, its own target left out."""
+        assert len(targets) == len(guesses), (len(targets), len(guesses))
+        if not guesses:
+            return []
+        skip = torch.tensor([[message == target for message in self.messages] for target in targets])
+        return mean_similarity(self.similarity.embed(guesses), self.vectors, skip).tolist()
+
+
 @dataclass(frozen=True)
 class RewardWeights:
     """Weights of the retrieval game's terminal reward (docs/DESIGN.md §3)."""
@@ -81,6 +116,7 @@ class RewardWeights:
     turn_cost: float = 0.1
     format_penalty: float = 0.5
     repetition_penalty: float = 0.3
+    contrast: float = 0.0
 
 
 def terminal_reward(
@@ -91,11 +127,15 @@ def terminal_reward(
     total_emoji: int,
     tau: float,
     weights: RewardWeights,
+    background: float = 0.0,
 ) -> dict[str, float]:
     """The reward of a finished episode and its terms:
 
     sim_T + success_bonus*[sim_T >= tau] - turn_cost*T - format_penalty*[violation]
-          - repetition_penalty*(1 - unique/total)
+          - repetition_penalty*(1 - unique/total) - contrast*background_T
+
+    background_T is the final guess's mean similarity to other messages (`Background`): with contrast 1
+    the first and last terms reward what the guess says about this message and not about any message.
 
     Terminal only: per-turn similarity deltas summed into a return reward a weak first turn (the
     original's defect), since a bad first guess leaves more room to improve.
@@ -107,5 +147,6 @@ def terminal_reward(
         "turns": -weights.turn_cost * turns,
         "format": -weights.format_penalty * float(violation),
         "repetition": -weights.repetition_penalty * repetition,
+        "contrast": -weights.contrast * background,
     }
     return {**terms, "total": sum(terms.values())}

@@ -5,6 +5,7 @@ which sampler plays it (in-process, or a vLLM server kept current by an adapter 
 from __future__ import annotations
 
 import asyncio
+import random
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
@@ -54,15 +55,22 @@ def read_records(path: str, key: str, hint: str) -> list[dict[str, str]]:
 def retrieval_setup(cfg: Config, tokenizer, runtime: models.Runtime, vocab_size: int) -> GameSetup:
     from emoji_rl.emoji.constraint import compile_emoji_grammar
     from emoji_rl.rl.games.retrieval import RetrievalBuilder, RetrievalRules
-    from emoji_rl.rl.reward import RewardWeights, Similarity
+    from emoji_rl.rl.reward import Background, RewardWeights, Similarity
 
     records = read_records(cfg.train_data, "target", "make it with `emoji-rl rl-prompts`")
     constraint = compile_emoji_grammar(tokenizer, cfg.min_emoji, cfg.max_emoji, vocab_size=vocab_size)
     judge = cfg.build_judge(runtime)
     similarity = Similarity(models.load_embedder(cfg.similarity_model, device=runtime.device))
-    weights = RewardWeights(cfg.success_bonus, cfg.turn_cost, cfg.format_penalty, cfg.repetition_penalty)
+    weights = RewardWeights(
+        cfg.success_bonus, cfg.turn_cost, cfg.format_penalty, cfg.repetition_penalty, cfg.contrast
+    )
     rules = RetrievalRules(cfg.max_turns, cfg.tau, cfg.min_emoji, cfg.max_emoji, weights)
-    builder = RetrievalBuilder(tokenizer, judge, similarity, rules)
+    background = None
+    if cfg.contrast > 0:
+        targets = [r["target"] for r in records]
+        sample = random.Random(cfg.seed).sample(targets, min(cfg.contrast_messages, len(targets)))
+        background = Background(similarity, sample)
+    builder = RetrievalBuilder(tokenizer, judge, similarity, rules, background)
     return GameSetup(
         builder,
         records,

@@ -49,7 +49,7 @@ from emoji_rl.rl.distributed import (
     whole_weights,
     without_cuda,
 )
-from emoji_rl.rl.policy import build_policy
+from emoji_rl.rl.policy import build_policy, checkpoint_layers
 from emoji_rl.rl.rollout.collect import PromptStream, Rollouts, collect
 from emoji_rl.rl.rollout.metrics import ROLLOUTS_FILE, log_rollouts, rollout_metrics
 from emoji_rl.rl.rollout.play import Sampler
@@ -321,6 +321,8 @@ def main(cfg: Config) -> None:
         cfg.lora_alpha,
         cfg.lora_target_modules,
     )
+    if cfg.gradient_checkpointing:
+        checkpoint_layers(policy)
     width = policy.get_output_embeddings().weight.shape[0]
     game = (
         wordle_setup(cfg, tokenizer)

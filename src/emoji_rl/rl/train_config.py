@@ -91,6 +91,16 @@ class Config(JudgeConfig):
     repetition_penalty: float = field(
         default=0.3, metadata={"help": "times (1 - unique/total emoji); the original: none"}
     )
+    contrast: float = field(
+        default=0.0,
+        metadata={
+            "help": "times the final guess's mean similarity to contrast_messages other training targets, "
+            "subtracted: a guess that fits any message earns no more than one that fits none (0: the original)"
+        },
+    )
+    contrast_messages: int = field(
+        default=64, metadata={"help": "training targets drawn (seeded) to measure how generic a guess is"}
+    )
     similarity_model: str = field(
         default=models.MINILM, metadata={"help": "sentence embedder for the reward"}
     )
@@ -153,6 +163,13 @@ class Config(JudgeConfig):
         default=8,
         metadata={"help": "episodes per forward/backward pass (gradient accumulation inside a step)"},
     )
+    gradient_checkpointing: bool = field(
+        default=False,
+        metadata={
+            "help": "recompute each decoder layer's activations in the backward pass instead of keeping "
+            "them: long multi-turn episodes (Wordle) fit in memory, for about a third more update compute"
+        },
+    )
     max_grad_norm: float = field(
         default=1.0, metadata={"help": "gradient clipping norm; 0: no clipping (the original's)"}
     )
@@ -184,6 +201,10 @@ class Config(JudgeConfig):
         if self.loss_type == "dr_grpo" and self.max_new_tokens <= 0:
             raise ValueError(
                 "loss_type=dr_grpo normalizes by max_new_tokens * max_turns: set max_new_tokens > 0"
+            )
+        if self.contrast < 0 or self.contrast_messages < 1:
+            raise ValueError(
+                f"contrast={self.contrast} must be >= 0 and contrast_messages={self.contrast_messages} >= 1"
             )
         if self.max_grad_norm < 0:
             raise ValueError(f"max_grad_norm={self.max_grad_norm} must be >= 0 (0: no clipping)")

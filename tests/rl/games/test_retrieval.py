@@ -9,7 +9,7 @@ from emoji_rl.models import stop_token_id
 from emoji_rl.prompts import sender_messages
 from emoji_rl.rl.games.retrieval import RetrievalBuilder, RetrievalRules
 from emoji_rl.rl.judge import LexiconJudge
-from emoji_rl.rl.reward import RewardWeights, Similarity, terminal_reward
+from emoji_rl.rl.reward import Background, RewardWeights, Similarity, terminal_reward
 from emoji_rl.rl.rollout.play import Sample, play
 
 
@@ -48,6 +48,31 @@ def test_terminal_reward_hand_worked():
     assert terms["total"] == pytest.approx(0.9 + 0.5 - 0.2 - 0.075)
     violation = terminal_reward(0.0, 1, True, 0, 0, 0.85, RewardWeights())
     assert violation["total"] == pytest.approx(-0.1 - 0.5)
+    # 0.3 - 0.1 - 0.8*0.25: a guess as close to other messages as to its own target earns little
+    contrast = terminal_reward(0.3, 1, False, 2, 2, 0.85, RewardWeights(contrast=0.8), background=0.25)
+    assert contrast["contrast"] == pytest.approx(-0.2)
+    assert contrast["total"] == pytest.approx(0.3 - 0.1 - 0.2)
+
+
+def test_the_contrast_term_charges_the_final_guess_background(smollm2_tokenizer, similarity):
+    messages = ["The train is late", "My flight got cancelled", "pizza night"]
+    weights = RewardWeights(contrast=1.0)
+    builder = RetrievalBuilder(
+        smollm2_tokenizer,
+        LexiconJudge(),
+        similarity,
+        RetrievalRules(max_turns=1, tau=0.99, weights=weights),
+        Background(similarity, messages),
+    )
+    [episode] = asyncio.run(
+        play([builder({"target": "pizza night"})], ScriptedSampler(smollm2_tokenizer, ["🍕 🎬"]))
+    )
+    result = episode.turns[0].result
+    guess = result.log["guess"]
+    [background] = Background(similarity, messages[:2]).score(["pizza night"], [guess])
+    expected = terminal_reward(result.metrics["similarity"], 1, False, 2, 2, 0.99, weights, background)
+    assert result.metrics["reward/contrast"] == pytest.approx(-background, abs=1e-5)
+    assert result.reward == pytest.approx(expected["total"], abs=1e-5)
 
 
 def test_episode_runs_max_turns_and_grows_as_token_ids(smollm2_tokenizer, similarity):

@@ -16,7 +16,7 @@ from emoji_rl.models import chat_ids, continuation_ids, end_of_turn_ids
 from emoji_rl.prompts import correction_message, sender_messages
 from emoji_rl.rl.batching import MicroBatcher
 from emoji_rl.rl.judge import Guess, Judge, JudgeInput
-from emoji_rl.rl.reward import RewardWeights, Similarity, terminal_reward
+from emoji_rl.rl.reward import Background, RewardWeights, Similarity, terminal_reward
 from emoji_rl.rl.types import Game, StepResult
 
 if TYPE_CHECKING:
@@ -27,7 +27,8 @@ TAU = 0.85
 SUCCESS_THRESHOLDS = (0.5, 0.65, 0.7, 0.85)
 
 AskJudge = Callable[[JudgeInput], Awaitable[Guess]]
-Score = Callable[[tuple[str, str]], Awaitable[float]]
+# (similarity to the target, mean similarity to other messages: 0 without a Background)
+Score = Callable[[tuple[str, str]], Awaitable[tuple[float, float]]]
 
 
 @dataclass(frozen=True)
@@ -61,6 +62,7 @@ class RetrievalGame(Game):
         self.turns: list[tuple[str, ...]] = []
         self.guesses: list[Guess] = []
         self.similarities: list[float] = []
+        self.backgrounds: list[float] = []
         self._turn_ends = frozenset(end_of_turn_ids(tokenizer))
 
     async def start(self) -> tuple[int, ...]:
@@ -79,10 +81,11 @@ class RetrievalGame(Game):
         # 2. ask the judge, which sees every emoji turn and its own earlier guesses
         guess = await self.ask_judge(JudgeInput(tuple(self.turns), tuple(g.text for g in self.guesses)))
         # 3. score the guess against the target
-        similarity = await self.score((self.target, guess.text))
+        similarity, background = await self.score((self.target, guess.text))
         # 4. append history; the game ends at tau or at the last turn
         self.guesses.append(guess)
         self.similarities.append(similarity)
+        self.backgrounds.append(background)
         log = {"emoji": text, "guess": guess.text, "judge_raw": guess.raw}
         if similarity >= self.rules.tau or len(self.turns) == self.rules.max_turns:
             return self._finish(violation=False, log=log)
@@ -105,6 +108,7 @@ class RetrievalGame(Game):
             total_emoji=len(sent),
             tau=self.rules.tau,
             weights=self.rules.weights,
+            background=self.backgrounds[-1] if self.backgrounds else 0.0,
         )
         metrics = {
             "similarity": final,
@@ -122,15 +126,21 @@ class RetrievalBuilder:
     the B x G games of a step make one judge call and one embedding call per turn."""
 
     def __init__(
-        self, tokenizer: PreTrainedTokenizerBase, judge: Judge, similarity: Similarity, rules: RetrievalRules
+        self,
+        tokenizer: PreTrainedTokenizerBase,
+        judge: Judge,
+        similarity: Similarity,
+        rules: RetrievalRules,
+        background: Background | None = None,
     ) -> None:
         self.tokenizer = tokenizer
         self.judge = judge
         self.similarity = similarity
         self.rules = rules
+        self.background = background
         self.seconds = {"judge": 0.0, "similarity": 0.0}
         self._ask_judge: MicroBatcher[JudgeInput, Guess] = MicroBatcher(self._judge_batch)
-        self._score: MicroBatcher[tuple[str, str], float] = MicroBatcher(self._score_batch)
+        self._score: MicroBatcher[tuple[str, str], tuple[float, float]] = MicroBatcher(self._score_batch)
 
     async def _judge_batch(self, inputs: Sequence[JudgeInput]) -> list[Guess]:
         start = time.perf_counter()
@@ -138,11 +148,13 @@ class RetrievalBuilder:
         self.seconds["judge"] += time.perf_counter() - start
         return guesses
 
-    async def _score_batch(self, pairs: Sequence[tuple[str, str]]) -> list[float]:
+    async def _score_batch(self, pairs: Sequence[tuple[str, str]]) -> list[tuple[float, float]]:
         start = time.perf_counter()
-        scores = self.similarity.similarity([t for t, _ in pairs], [g for _, g in pairs])
+        targets, guesses = [t for t, _ in pairs], [g for _, g in pairs]
+        scores = self.similarity.similarity(targets, guesses)
+        backgrounds = self.background.score(targets, guesses) if self.background else [0.0] * len(pairs)
         self.seconds["similarity"] += time.perf_counter() - start
-        return scores
+        return list(zip(scores, backgrounds, strict=True))
 
     def __call__(self, record: dict[str, str]) -> RetrievalGame:
         return RetrievalGame(record["target"], self.tokenizer, self._ask_judge, self._score, self.rules)
