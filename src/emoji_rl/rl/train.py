@@ -244,8 +244,11 @@ def train(
             state.step = step + 1
             if writer is not None:
                 writer.write(state.step, metrics)
+            # Each game's headline beside the reward: the retrieval game's similarity, Wordle's win rate.
+            shown = {"sim": "game/similarity", "won": "game/won"}
             bar.set_postfix(
-                reward=f"{metrics['reward/mean']:.3f}", sim=f"{metrics.get('game/similarity', 0):.3f}"
+                reward=f"{metrics['reward/mean']:.3f}",
+                **{name: f"{metrics[key]:.3f}" for name, key in shown.items() if key in metrics},
             )
             if state.nan_streak >= cfg.nan_patience:
                 raise UserError(
