@@ -19,6 +19,8 @@ SIMILARITIES = {
     "teacher": [0.5, 0.5, 0.5, 0.5],
 }
 EMOJI = {"base": "😀 😀", "sft": "🍕 🌙", "rl": "🍕 🍕 🌙", "teacher": "🍕 🌃"}
+# The judge gives RL one stock guess for three of the four messages.
+GUESSES = {("rl", i): "I'm a student" for i in (1, 2, 3)}
 
 
 def _row(system, mode, sims, **extra):
@@ -51,7 +53,7 @@ def _record(system, i):
         "mode": "single",
         "id": f"m{i}",
         "target": TARGETS[i],
-        "turns": [{"emoji": EMOJI[system], "guess": f"{system} guess {i}"}],
+        "turns": [{"emoji": EMOJI[system], "guess": GUESSES.get((system, i), f"{system} guess {i}")}],
         "similarity": SIMILARITIES[system][i],
         "violation": False,
         "retrieved": True,
@@ -134,7 +136,19 @@ def test_report_shows_the_table_paired_differences_curves_examples_and_timings(r
     first = lines.index("| let's get pizza tonight | base | 😀 😀 | base guess 0 | 0.100 |")
     assert lines[first + 1] == "|  | sft | 🍕 🌙 | sft guess 0 | 0.200 |"
     assert lines[first + 2] == "|  | rl | 🍕 🍕 🌙 | rl guess 0 | 0.400 |"
-    assert not any("teacher guess" in line for line in lines)
+    examples = lines[lines.index("## Held-out messages, side by side") : lines.index("## Stage timings")]
+    assert not any("teacher guess" in line for line in examples)
+
+    # What the senders learned: repeats, the most sent emoji and the most given guess with their shares.
+    habits = lines.index(
+        "| system | repeats an emoji | most sent emoji (share) | most given guess (share) | turns |"
+    )
+    assert lines[habits + 2 : habits + 6] == [
+        "| base | 1.000 | 😀 😀 (1.000) | base guess 0 (0.250) | 1.00 |",
+        "| sft | 0.000 | 🍕 🌙 (1.000) | sft guess 0 (0.250) | 1.00 |",
+        "| rl | 1.000 | 🍕 🍕 🌙 (1.000) | I'm a student (0.750) | 1.00 |",
+        "| teacher | 0.000 | 🍕 🌃 (1.000) | teacher guess 0 (0.250) | 1.00 |",
+    ]
 
     # Stage timings in the order they finished, with the total.
     timings = lines.index("| stage | minutes | finished |")
@@ -150,7 +164,9 @@ def test_missing_metrics_are_said_and_a_missing_evaluation_is_an_error(run_dir, 
     (run_dir / "grpo" / "metrics.jsonl").unlink()
     assert cli.main(["experiment-report", "--run_dir", str(run_dir), "--examples", "1"]) == 0
     report = (run_dir / "report.md").read_text()
-    assert "No GRPO metrics" in report and report.count("| base |") == 2  # the table's row, one example
+    assert (
+        "No GRPO metrics" in report and report.count("| base |") == 3
+    )  # the table, what the senders learned, one example
     with pytest.raises(UserError, match="eval-retrieval"):
         from emoji_rl.eval import experiment_report
 

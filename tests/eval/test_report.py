@@ -1,4 +1,6 @@
-from emoji_rl.eval.report import bar_figure, format_table
+import struct
+
+from emoji_rl.eval.report import bar_figure, format_table, line_figure
 
 ROWS = [
     {
@@ -32,3 +34,18 @@ def test_bar_figure_writes_a_png(tmp_path):
         ROWS, ["compliance", "judge_similarity"], "decoding", "system", "test", tmp_path / "sub" / "f.png"
     )
     assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def _png_size(path):
+    width, height = struct.unpack(">II", path.read_bytes()[16:24])  # the IHDR chunk
+    return width, height
+
+
+def test_line_figure_wraps_its_panels_into_rows(tmp_path):
+    curve = [(1.0, 0.1), (2.0, 0.3)]
+    one_row = line_figure({"a": curve, "b": curve}, "t", tmp_path / "two.png")
+    two_rows = line_figure({k: curve for k in "abcde"}, "t", tmp_path / "five.png", per_row=3)
+    width, height = _png_size(one_row)
+    assert width == 2 * height  # two panels side by side
+    width, height = _png_size(two_rows)
+    assert width * 2 == height * 3  # three columns, two rows, one panel hidden

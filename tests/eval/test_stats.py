@@ -11,7 +11,9 @@ from emoji_rl.eval.stats import (
     emoji_counts,
     emoji_per_message,
     entropy_bits,
+    most_common_share,
     paired_bootstrap,
+    repeat_share,
     reply_stats,
     top_k_share,
 )
@@ -45,11 +47,22 @@ def test_top_k_share_by_hand():
     assert top_k_share([("🍕",) * 9, tuple(eleven)], k=10) == pytest.approx(18 / 20)
 
 
+def test_repeat_share_and_most_common_share_by_hand():
+    # the second message uses 🍕 twice, the first uses each emoji once
+    assert repeat_share(MESSAGES) == 0.5
+    assert repeat_share([("🍕",), ("🎉", "🎬")]) == 0.0
+    assert most_common_share(["🧑‍🎓 🧑", "🍕 🎉", "🧑‍🎓 🧑", "🎬"]) == ("🧑‍🎓 🧑", 0.5)
+    # ties go to the first seen
+    assert most_common_share(["b", "a", "a", "b"]) == ("b", 0.5)
+
+
 def test_no_messages_give_zeros_not_errors():
     assert emoji_per_message([]) == 0.0
     assert distinct_emoji([]) == 0
     assert entropy_bits([]) == 0.0
     assert top_k_share([]) == 0.0
+    assert repeat_share([]) == 0.0
+    assert most_common_share([]) == ("", 0.0)
 
 
 def test_reply_stats_count_only_compliant_replies():

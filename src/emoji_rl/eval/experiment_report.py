@@ -3,8 +3,10 @@
 Reads what the stages of `make experiment` wrote into the run directory:
 - `reports/retrieval/retrieval.json` (`eval-retrieval`, systems base, sft, rl, teacher, random):
   the table on the held-out split, and its per-message records, from which the paired differences
-  RL - SFT, SFT - base and RL - teacher are computed (whatever `--compare` that run used);
-- `grpo/metrics.jsonl`: learning curves by step (reward, similarity, success, KL, distinct emoji);
+  RL - SFT, SFT - base and RL - teacher are computed (whatever `--compare` that run used), and what
+  each sender learned (repeated emoji, the message it sends most, the guess the judge gives most);
+- `grpo/metrics.jsonl`: learning curves by step (reward, similarity, success, KL, distinct emoji,
+  emoji per message, the contrast term, judge replies that echoed emoji);
 - `sft/metrics.jsonl`: the SFT loss curves;
 - `stages/*.done` (the pipeline runner's markers, optional): how long each stage took.
 Writes `report.md` beside PNGs in `DIR/report/`; every number on the page comes from those files.
@@ -22,7 +24,8 @@ from pathlib import Path
 from emoji_rl.data.jsonl import Record, read_jsonl, write_text
 from emoji_rl.errors import UserError
 from emoji_rl.eval.report import line_figure
-from emoji_rl.eval.retrieval import comparisons
+from emoji_rl.eval.retrieval import comparisons, final_guess
+from emoji_rl.eval.stats import compliant_emoji, most_common_share, repeat_share
 
 RETRIEVAL = "reports/retrieval/retrieval.json"
 GRPO_METRICS = "grpo/metrics.jsonl"
@@ -35,6 +38,9 @@ GRPO_CURVES = {
     "game/success@0.7": "success@0.7",
     "optim/kl": "KL to the reference",
     "emoji/distinct": "distinct emoji",
+    "emoji/per_message": "emoji per message",
+    "reward/contrast/mean": "contrast term",
+    "game/judge_emoji_stripped": "judge echoed emoji",
 }
 SFT_CURVES = {"train/loss": "train loss", "eval/loss": "eval loss"}
 
@@ -137,6 +143,33 @@ def differences_table(rows: Sequence[Record]) -> str:
     return markdown_table(header, lines)
 
 
+def habits_table(retrieval: Record) -> str:
+    """Per system, single-turn, what a reward hack or a collapse would show: messages that repeat an
+    emoji, the one emoji message sent most often and the one guess the judge gave most often (each with
+    the share of held-out messages it took), and the turns used."""
+    header = ["system", "repeats an emoji", "most sent emoji (share)", "most given guess (share)", "turns"]
+    rows = []
+    for system in dict.fromkeys(r["system"] for r in retrieval["records"]):
+        records = [r for r in retrieval["records"] if r["system"] == system and r["mode"] == "single"]
+        if not records:
+            continue
+        sent = compliant_emoji([r["turns"][-1].get("emoji", "") for r in records])
+        messages = [m for m in sent if m is not None]
+        emoji, emoji_share = most_common_share([" ".join(m) for m in messages])
+        guess, guess_share = most_common_share([final_guess(r) for r in records])
+        turns = sum(len(r["turns"]) for r in records) / len(records)
+        rows.append(
+            [
+                system,
+                f"{repeat_share(messages):.3f}",
+                f"{emoji} ({emoji_share:.3f})" if messages else "n/a",
+                f"{guess} ({guess_share:.3f})",
+                f"{turns:.2f}",
+            ]
+        )
+    return markdown_table(header, rows)
+
+
 def examples_table(retrieval: Record, cfg: Config) -> str:
     """The first `examples` held-out messages (in the data's order) that every shown sender played
     single-turn: per message and sender, its emoji, the judge's guess and the similarity."""
@@ -235,6 +268,10 @@ def main(cfg: Config) -> None:
         figure = line_figure(points, f"{name} by step", figures / f"{name.lower()}_curves.png")
         sections += [f"![{name} by step]({figure.relative_to(run_dir)})", curve_summary(points)]
     sections += [
+        "## What the senders learned",
+        "On the held-out split, single-turn. A sender that games the judge shows here: one emoji message"
+        " for many targets, or one guess the judge gives whatever it is sent.",
+        habits_table(retrieval),
         "## Held-out messages, side by side",
         "Single-turn: each sender's emoji and what the judge guessed from them.",
         examples_table(retrieval, cfg),

@@ -69,19 +69,29 @@ def bar_figure(
 
 
 def line_figure(
-    curves: Mapping[str, Sequence[tuple[float, float]]], title: str, path: str | Path, xlabel: str = "step"
+    curves: Mapping[str, Sequence[tuple[float, float]]],
+    title: str,
+    path: str | Path,
+    xlabel: str = "step",
+    per_row: int = 4,
 ) -> Path:
-    """One panel per curve (name -> (x, y) points), e.g. a training run's metrics by step."""
+    """One panel per curve (name -> (x, y) points), e.g. a training run's metrics by step; at most
+    `per_row` panels a row, so that a page shows them at a readable size."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, axes = plt.subplots(1, len(curves), figsize=(3.2 * len(curves), 3.2), squeeze=False)
-    for ax, (name, points) in zip(axes[0], curves.items(), strict=True):
+    columns = min(len(curves), per_row)
+    rows = -(-len(curves) // columns)
+    fig, axes = plt.subplots(rows, columns, figsize=(3.2 * columns, 3.2 * rows), squeeze=False)
+    panels = list(axes.flat)
+    for ax, (name, points) in zip(panels, curves.items(), strict=False):
         ax.plot([x for x, _ in points], [y for _, y in points], marker="." if len(points) < 40 else None)
         ax.set_title(name, fontsize=10)
         ax.set_xlabel(xlabel, fontsize=9)
+    for ax in panels[len(curves) :]:  # the last row's empty places
+        ax.set_visible(False)
     fig.suptitle(title, fontsize=11)
     fig.tight_layout()
     return _save(fig, path)

@@ -50,6 +50,20 @@ def top_k_share(messages: Sequence[Sequence[str]], k: int = TOP_K) -> float:
     return sum(c for _, c in counts.most_common(k)) / total if total else 0.0
 
 
+def repeat_share(messages: Sequence[Sequence[str]]) -> float:
+    """Share of messages that use some emoji more than once ("🔉 🔉"); 0.0 when there are none."""
+    return sum(len(set(m)) < len(m) for m in messages) / len(messages) if messages else 0.0
+
+
+def most_common_share(items: Sequence[str]) -> tuple[str, float]:
+    """The most frequent item (the first seen among ties) and the share of items equal to it: one emoji
+    message a sender writes for many targets, or one guess a judge gives for many, shows up here."""
+    if not items:
+        return "", 0.0
+    item, count = Counter(items).most_common(1)[0]
+    return item, count / len(items)
+
+
 @dataclass(frozen=True)
 class ReplyStats:
     """Format compliance of a set of replies, and emoji statistics over the compliant ones."""
