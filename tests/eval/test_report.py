@@ -1,6 +1,6 @@
 import struct
 
-from emoji_rl.eval.report import bar_figure, format_table, line_figure
+from emoji_rl.eval.report import bar_figure, format_table, line_figure, trailing_mean
 
 ROWS = [
     {
@@ -44,8 +44,17 @@ def _png_size(path):
 def test_line_figure_wraps_its_panels_into_rows(tmp_path):
     curve = [(1.0, 0.1), (2.0, 0.3)]
     one_row = line_figure({"a": curve, "b": curve}, "t", tmp_path / "two.png")
-    two_rows = line_figure({k: curve for k in "abcde"}, "t", tmp_path / "five.png", per_row=3)
+    # five panels, three a row; the long curve is drawn smoothed
+    long_curve = [(float(x), float(x % 3)) for x in range(30)]
+    five = {"a": curve, "b": curve, "c": curve, "d": curve, "e": long_curve}
+    two_rows = line_figure(five, "t", tmp_path / "five.png", per_row=3)
     width, height = _png_size(one_row)
     assert width == 2 * height  # two panels side by side
     width, height = _png_size(two_rows)
     assert width * 2 == height * 3  # three columns, two rows, one panel hidden
+
+
+def test_trailing_mean_by_hand():
+    assert trailing_mean([1.0, 3.0, 5.0, 7.0], 2) == [1.0, 2.0, 4.0, 6.0]
+    assert trailing_mean([2.0, 4.0, 9.0], 3) == [2.0, 3.0, 5.0]
+    assert trailing_mean([2.0, 4.0], 1) == [2.0, 4.0]

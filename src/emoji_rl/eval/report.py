@@ -68,15 +68,27 @@ def bar_figure(
     return _save(fig, path)
 
 
+def trailing_mean(values: Sequence[float], window: int) -> list[float]:
+    """Each value replaced by the mean of it and the `window - 1` before it (fewer at the start)."""
+    assert window >= 1, window
+    sums = [0.0]
+    for v in values:
+        sums.append(sums[-1] + v)
+    return [(sums[i + 1] - sums[max(0, i + 1 - window)]) / min(i + 1, window) for i in range(len(values))]
+
+
 def line_figure(
     curves: Mapping[str, Sequence[tuple[float, float]]],
     title: str,
     path: str | Path,
     xlabel: str = "step",
-    per_row: int = 4,
+    per_row: int = 5,
+    smooth_from: int = 20,
 ) -> Path:
     """One panel per curve (name -> (x, y) points), e.g. a training run's metrics by step; at most
-    `per_row` panels a row, so that a page shows them at a readable size."""
+    `per_row` panels a row, so that a page shows them at a readable size. A curve of `smooth_from`
+    points or more is drawn faint with its trailing mean over a tenth of them on top: one GRPO step's
+    numbers swing with its few targets, and the trend is what a reader looks for."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -87,7 +99,12 @@ def line_figure(
     fig, axes = plt.subplots(rows, columns, figsize=(3.2 * columns, 3.2 * rows), squeeze=False)
     panels = list(axes.flat)
     for ax, (name, points) in zip(panels, curves.items(), strict=False):
-        ax.plot([x for x, _ in points], [y for _, y in points], marker="." if len(points) < 40 else None)
+        xs, ys = [x for x, _ in points], [y for _, y in points]
+        if len(points) < smooth_from:
+            ax.plot(xs, ys, marker=".")
+        else:
+            ax.plot(xs, ys, color="C0", alpha=0.3, linewidth=0.8)
+            ax.plot(xs, trailing_mean(ys, len(ys) // 10), color="C0")
         ax.set_title(name, fontsize=10)
         ax.set_xlabel(xlabel, fontsize=9)
     for ax in panels[len(curves) :]:  # the last row's empty places
