@@ -1,4 +1,7 @@
+import os
 import struct
+
+import pytest
 
 from emoji_rl.eval.report import bar_figure, format_table, line_figure, trailing_mean
 
@@ -34,6 +37,24 @@ def test_bar_figure_writes_a_png(tmp_path):
         ROWS, ["compliance", "judge_similarity"], "decoding", "system", "test", tmp_path / "sub" / "f.png"
     )
     assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert path.stat().st_mode & 0o777 == 0o644  # readable like any report, not owner-only
+
+
+def test_a_figure_that_fails_to_save_leaves_the_old_one(tmp_path, monkeypatch):
+    import matplotlib.figure
+
+    curve = {"a": [(1.0, 0.1), (2.0, 0.3)]}
+    path = line_figure(curve, "t", tmp_path / "f.png")
+    before = path.read_bytes()
+
+    def fail(self, *args, **kwargs):
+        raise OSError("disk full")
+
+    monkeypatch.setattr(matplotlib.figure.Figure, "savefig", fail)
+    with pytest.raises(OSError, match="disk full"):
+        line_figure(curve, "t", path)
+    assert path.read_bytes() == before
+    assert os.listdir(tmp_path) == ["f.png"]
 
 
 def _png_size(path):

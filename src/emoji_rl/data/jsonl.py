@@ -21,7 +21,8 @@ import json
 import logging
 import os
 import tempfile
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from types import TracebackType
 from typing import Any, TypeVar
@@ -99,8 +100,10 @@ def read_jsonl(
     return parsed
 
 
-def write_text(path: str | Path, text: str) -> None:
-    """Replace `path` with `text`, atomically."""
+@contextmanager
+def replacing(path: str | Path) -> Iterator[Path]:
+    """A new file to write beside `path`; when the block ends without an error it replaces `path`
+    atomically, and on an error it is removed and `path` stays as it was."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     # Same directory, so the rename is atomic: readers see the old file or the new one, never half.
@@ -108,14 +111,20 @@ def write_text(path: str | Path, text: str) -> None:
     try:
         # mkstemp makes the file owner-only; give it the usual mode of a data file (or the old file's).
         os.fchmod(fd, path.stat().st_mode & 0o777 if path.exists() else 0o644)
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            f.write(text)
-            f.flush()
-            os.fsync(f.fileno())
+        os.close(fd)
+        yield Path(tmp)
         os.replace(tmp, path)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
+
+
+def write_text(path: str | Path, text: str) -> None:
+    """Replace `path` with `text`, atomically."""
+    with replacing(path) as tmp, tmp.open("w", encoding="utf-8") as f:
+        f.write(text)
+        f.flush()
+        os.fsync(f.fileno())
 
 
 def write_jsonl(path: str | Path, records: Iterable[Record]) -> int:

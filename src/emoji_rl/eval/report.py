@@ -7,10 +7,10 @@ the same dicts that go into the stage's JSON file, so the table, the JSON and th
 
 from __future__ import annotations
 
-import os
-import tempfile
 from collections.abc import Mapping, Sequence
 from pathlib import Path
+
+from emoji_rl.data.jsonl import replacing
 
 Row = Mapping[str, str | int | float | None]
 
@@ -118,13 +118,9 @@ def _save(fig, path: str | Path) -> Path:
     import matplotlib.pyplot as plt
 
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    os.close(fd)
     try:
-        fig.savefig(tmp, dpi=120, format=path.suffix.lstrip(".") or "png")
-        os.replace(tmp, path)
+        with replacing(path) as tmp:
+            fig.savefig(tmp, dpi=120, format=path.suffix.lstrip(".") or "png")
     finally:
-        Path(tmp).unlink(missing_ok=True)
         plt.close(fig)
     return path
