@@ -24,7 +24,7 @@ from pathlib import Path
 from emoji_rl.data.jsonl import Record, read_jsonl, write_text
 from emoji_rl.errors import UserError
 from emoji_rl.eval.report import line_figure
-from emoji_rl.eval.retrieval import comparisons, final_guess
+from emoji_rl.eval.retrieval import comparisons, final_guess, sent_texts
 from emoji_rl.eval.stats import compliant_emoji, most_common_share, repeat_share
 
 RETRIEVAL = "reports/retrieval/retrieval.json"
@@ -146,25 +146,24 @@ def differences_table(rows: Sequence[Record]) -> str:
 def habits_table(retrieval: Record) -> str:
     """Per system, single-turn, what a reward hack or a collapse would show: messages that repeat an
     emoji, the one emoji message sent most often and the one guess the judge gave most often (each with
-    the share of held-out messages it took), and the turns used."""
+    the share of held-out messages it took), and the turns used (the system's row)."""
     header = ["system", "repeats an emoji", "most sent emoji (share)", "most given guess (share)", "turns"]
     rows = []
-    for system in dict.fromkeys(r["system"] for r in retrieval["records"]):
-        records = [r for r in retrieval["records"] if r["system"] == system and r["mode"] == "single"]
-        if not records:
+    for row in retrieval["rows"]:
+        records = [r for r in retrieval["records"] if (r["system"], r["mode"]) == (row["system"], "single")]
+        if row["mode"] != "single" or not records:
             continue
-        sent = compliant_emoji([r["turns"][-1].get("emoji", "") for r in records])
-        messages = [m for m in sent if m is not None]
+        texts, stopped = sent_texts(records)
+        messages = [m for m in compliant_emoji(texts, stopped=stopped) if m is not None]
         emoji, emoji_share = most_common_share([" ".join(m) for m in messages])
         guess, guess_share = most_common_share([final_guess(r) for r in records])
-        turns = sum(len(r["turns"]) for r in records) / len(records)
         rows.append(
             [
-                system,
+                row["system"],
                 f"{repeat_share(messages):.3f}",
                 f"{emoji} ({emoji_share:.3f})" if messages else "n/a",
                 f"{guess} ({guess_share:.3f})",
-                f"{turns:.2f}",
+                f"{row['turns']:.2f}",
             ]
         )
     return markdown_table(header, rows)

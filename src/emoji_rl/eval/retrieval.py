@@ -323,14 +323,19 @@ def final_guess(record: Record) -> str:
     return next((t["guess"] for t in reversed(record["turns"]) if "guess" in t), "[unknown]")
 
 
+def sent_texts(records: Sequence[Record]) -> tuple[list[str], list[bool]]:
+    """Every turn's message and whether the game took it: a turn it refused (cut off by the token
+    budget, or no emoji message) counts for no emoji, whatever its text."""
+    turns = [t for r in records for t in r["turns"]]
+    return [t.get("emoji", "") for t in turns], ["violation" not in t for t in turns]
+
+
 def summarize(records: Sequence[Record], cfg: Config) -> dict[str, float | int | None]:
     """A system's row in one mode, from its per-message records (those with `retrieved` set)."""
     n = len(records)
     similarity = bootstrap_mean([r["similarity"] for r in records], cfg.resamples, cfg.seed, LEVEL)
-    turns = [t for r in records for t in r["turns"]]
-    # A turn the game refused (cut off by the token budget, or no emoji message) counts for no emoji.
-    stopped = ["violation" not in t for t in turns]
-    stats = reply_stats([t.get("emoji", "") for t in turns], cfg.min_emoji, cfg.max_emoji, stopped=stopped)
+    texts, stopped = sent_texts(records)
+    stats = reply_stats(texts, cfg.min_emoji, cfg.max_emoji, stopped=stopped)
     return {
         "n": n,
         "similarity": similarity.mean,
