@@ -109,7 +109,7 @@ def generate_from_ids(
             pad_id,
             keep_caches,
         )
-        replies += [_reply(tokenizer, *row, turn_ends, ends) for row in rows]
+        replies += [make_reply(tokenizer, *row, turn_ends, ends) for row in rows]
     return replies
 
 
@@ -216,7 +216,7 @@ def sample_tokens(scores: torch.Tensor, temperature: float) -> tuple[torch.Tenso
     return ids, logp.gather(-1, ids[:, None]).squeeze(1)
 
 
-def _reply(
+def make_reply(
     tokenizer: PreTrainedTokenizerBase,
     ids: list[int],
     logprobs: list[float],

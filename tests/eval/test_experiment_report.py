@@ -65,6 +65,8 @@ def run_dir(tmp_path):
     run = tmp_path / "experiment"
     retrieval = {
         "protocol": "ours",
+        "sender_temperature": 0.0,
+        "sender_num_beams": 8,
         "judge": "hf(embedded:smollm2, view=gloss, T=0)",
         "data": "runs/experiment/data/rl_eval.jsonl",
         "examples": 4,
@@ -111,6 +113,7 @@ def test_report_shows_the_table_paired_differences_curves_examples_and_timings(r
     assert cli.main(["experiment-report", "--run_dir", str(run_dir)]) == 0
     report = (run_dir / "report.md").read_text()
     lines = report.splitlines()
+    assert "protocol `ours`; senders by beam search (8 beams)." in report
 
     # The table, similarity with its interval; the teacher's multi-turn row is n/a.
     assert "| sft | single | 4 | 0.350 [0.200, 0.500] | 0.250 | 0.000 | 0.750 | 7 | 2.50 | 2.50 |" in lines
@@ -171,3 +174,13 @@ def test_missing_metrics_are_said_and_a_missing_evaluation_is_an_error(run_dir, 
         from emoji_rl.eval import experiment_report
 
         experiment_report.main(experiment_report.Config(run_dir=str(tmp_path / "nothing")))
+
+
+def test_the_senders_decoding_is_read_from_the_evaluation():
+    from emoji_rl.eval.experiment_report import sender_decoding
+
+    assert sender_decoding({}) == "senders greedy"  # an evaluation from before beam search
+    assert sender_decoding({"sender_temperature": 0.0, "sender_num_beams": 1}) == "senders greedy"
+    assert sender_decoding({"sender_temperature": 0.7, "sender_num_beams": 1}) == "senders sampled at T 0.7"
+    guided = {"sender_temperature": 0.0, "sender_num_beams": 1, "sender_guidance_scale": 3.0}
+    assert sender_decoding(guided) == "senders greedy, guidance scale 3"

@@ -44,6 +44,13 @@ def test_compare_defaults_to_adjacent_systems_and_checks_names():
             retrieval.compare_pairs([bad], systems)
     with pytest.raises(UserError, match="modes"):
         parse_config(retrieval.Config, ["--modes", "single", "both"], "eval-retrieval")
+    # Beam search and guidance look for the sender's best emoji message: greedy and constrained only.
+    for bad in (["--num_beams", "0"], ["--num_beams", "4", "--temperature", "0.7"]):
+        with pytest.raises(UserError, match="num_beams"):
+            parse_config(retrieval.Config, bad, "eval-retrieval")
+    for bad in (["--num_beams", "4", "--protocol", "seed"], ["--guidance_scale", "2", "--temperature", "1"]):
+        with pytest.raises(UserError, match="need the greedy, emoji-constrained sender"):
+            parse_config(retrieval.Config, bad, "eval-retrieval")
 
 
 def test_teacher_answers_are_the_last_assistant_turn_matched_by_target(tmp_path):
@@ -279,6 +286,17 @@ def test_eval_retrieval_compares_systems(tmp_path, capsys):
     assert violations, "the base model, unconstrained, writes words"
     assert all(r["similarity"] == 0.0 and "guess" not in r["turns"][0] for r in violations)
     assert seed["rows"][0]["violations"] == len(violations) / len(targets)
+
+    # Guided beam search for the sender, both games: every turn a message, its prompt read afresh.
+    beam_out = tmp_path / "beam"
+    args = ["eval-retrieval", "--systems", "base", "--data", str(data), "--judge", "lexicon"]
+    args += ["--max_turns", "2", "--distractors", "4", "--num_beams", "2", "--guidance_scale", "2"]
+    assert cli.main([*args, "--output_dir", str(beam_out)]) == 0
+    beam = json.loads((beam_out / "retrieval.json").read_text())
+    assert (beam["sender_num_beams"], beam["sender_guidance_scale"]) == (2, 2.0)
+    assert (report["sender_num_beams"], report["sender_guidance_scale"]) == (1, 1.0)
+    assert all(row["violations"] == 0 for row in beam["rows"])
+    assert all(parse_message(t["emoji"]).ok for r in beam["records"] for t in r["turns"])
 
 
 @pytest.mark.slow

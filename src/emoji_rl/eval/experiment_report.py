@@ -236,6 +236,16 @@ def read_metrics(path: Path) -> list[Record]:
     return read_jsonl(path) if path.is_file() else []
 
 
+def sender_decoding(retrieval: dict) -> str:
+    """How the model senders chose their emoji, from eval-retrieval's JSON."""
+    temperature = retrieval.get("sender_temperature", 0.0)
+    beams, scale = retrieval.get("sender_num_beams", 1), retrieval.get("sender_guidance_scale", 1.0)
+    if temperature > 0:
+        return f"senders sampled at T {temperature:g}"
+    decoding = f"senders by beam search ({beams} beams)" if beams > 1 else "senders greedy"
+    return decoding + (f", guidance scale {scale:g}" if scale != 1.0 else "")
+
+
 def main(cfg: Config) -> None:
     run_dir = Path(cfg.run_dir)
     source = run_dir / RETRIEVAL
@@ -248,8 +258,8 @@ def main(cfg: Config) -> None:
     sections = [
         f"# Experiment report: {run_dir}",
         f"Held-out split: {retrieval['examples']} messages from `{retrieval['data']}`; judge "
-        f"`{retrieval['judge']}`; protocol `{retrieval.get('protocol', 'ours')}`. Every system played "
-        "the same messages against the same distractors and the same judge.",
+        f"`{retrieval['judge']}`; protocol `{retrieval.get('protocol', 'ours')}`; {sender_decoding(retrieval)}. "
+        "Every system played the same messages against the same distractors and the same judge.",
         "## Systems on the held-out split",
         systems_table(retrieval),
         "## Differences",

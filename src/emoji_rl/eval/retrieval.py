@@ -54,6 +54,8 @@ from emoji_rl.errors import DataError, UserError
 from emoji_rl.eval.report import bar_figure, format_table
 from emoji_rl.eval.stats import bootstrap_mean, paired_bootstrap, reply_stats
 from emoji_rl.generate import MAX_NEW_TOKENS
+from emoji_rl.models import chat_ids
+from emoji_rl.prompts import sender_messages
 from emoji_rl.rl.games.retrieval import SUCCESS_THRESHOLDS, RetrievalBuilder, RetrievalRules
 from emoji_rl.rl.judge_config import JudgeConfig
 from emoji_rl.rl.rollout.hf import HFSampler
@@ -133,6 +135,21 @@ class Config(JudgeConfig):
         default=None,
         metadata={"help": "sender sampling temperature; none: the protocol's (ours 0 = greedy, seed 0.7)"},
     )
+    num_beams: int = field(
+        default=1,
+        metadata={
+            "help": "with a greedy sender: 1 = the likeliest token at each step; > 1 = beam search for the "
+            "likeliest whole message (an emoji is several byte tokens: docs/DESIGN.md §2)"
+        },
+    )
+    guidance_scale: float = field(
+        default=1.0,
+        metadata={
+            "help": "with a greedy sender: classifier-free guidance, each token scored u + g (c - u) from its "
+            "log-probs given the message (c) and given an empty one (u); > 1 discounts emoji the sender "
+            "would send for any message (docs/DESIGN.md §2)"
+        },
+    )
     max_new_tokens: int = field(default=MAX_NEW_TOKENS, metadata={"help": "token budget of one sender turn"})
     min_emoji: int = field(default=MIN_EMOJI, metadata={"help": "fewest emoji in a valid turn"})
     max_emoji: int = field(default=MAX_EMOJI, metadata={"help": "most emoji in a valid turn"})
@@ -156,6 +173,15 @@ class Config(JudgeConfig):
         if not self.min_emoji <= self.random_length <= self.max_emoji:
             raise ValueError(
                 f"random_length={self.random_length} must lie within {self.min_emoji}..{self.max_emoji}"
+            )
+        if self.num_beams < 1:
+            raise ValueError(f"num_beams={self.num_beams} must be >= 1")
+        searched = self.num_beams > 1 or self.guidance_scale != 1.0
+        if searched and (self.protocol != "ours" or self.sender_temperature > 0):
+            raise ValueError(
+                f"num_beams={self.num_beams}, guidance_scale={self.guidance_scale} need the greedy, "
+                f"emoji-constrained sender of protocol ours (got protocol {self.protocol}, temperature "
+                f"{self.sender_temperature})"
             )
         compare_pairs(self.compare, eval_systems(self.systems))
 
@@ -511,6 +537,9 @@ def model_sender(model: torch.nn.Module, tokenizer: PreTrainedTokenizerBase, cfg
         cfg.batch_size,
         cfg.min_emoji,
         cfg.max_emoji,
+        cfg.num_beams,
+        cfg.guidance_scale,
+        chat_ids(tokenizer, sender_messages("")),
     )
 
 
@@ -544,6 +573,8 @@ def write_outputs(
         {
             "protocol": cfg.protocol,
             "sender_temperature": cfg.sender_temperature,
+            "sender_num_beams": cfg.num_beams,
+            "sender_guidance_scale": cfg.guidance_scale,
             "judge": judge,
             "data": cfg.data,
             "examples": examples,
