@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING
 
 from tqdm.auto import tqdm
 
-from emoji_rl.generate import MAX_NEW_TOKENS, Reply, make_reply
+from emoji_rl.generate import MAX_NEW_TOKENS, Reply, make_reply, step_logits
 from emoji_rl.models import end_of_turn_ids, stop_token_id
 from emoji_rl.prefill import prefill_inputs
 
@@ -154,15 +154,7 @@ def _search(
     best: dict[int, Beam] = {}  # per prompt, the best message that ended
     with torch.no_grad():
         for _ in range(max_new_tokens):
-            out = model(
-                input_ids=step_ids,
-                attention_mask=mask,
-                position_ids=positions,
-                past_key_values=cache,
-                use_cache=True,
-                logits_to_keep=1,
-            )
-            scores = out.logits[:, -1].float().cpu()
+            scores = step_logits(model, step_ids, mask, positions, cache).float().cpu()
             bitmask = xgr.allocate_token_bitmask(len(beams), constraint.vocab_size)
             for row, beam in enumerate(beams):
                 beam.matcher.fill_next_token_bitmask(bitmask, row)

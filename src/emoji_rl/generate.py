@@ -157,16 +157,9 @@ def decode(
 
     with torch.no_grad():
         for _ in range(max_new_tokens):
-            out = model(
-                input_ids=step_ids,
-                attention_mask=mask,
-                position_ids=positions,
-                past_key_values=cache,
-                use_cache=True,
-                logits_to_keep=1,
-            )
-            scores = out.logits.new_zeros(batch, out.logits.shape[-1], dtype=torch.float32)
-            scores[live] = out.logits[:, -1].float()
+            logits = step_logits(model, step_ids, mask, positions, cache)
+            scores = logits.new_zeros(batch, logits.shape[-1], dtype=torch.float32)
+            scores[live] = logits.float()
             if processor is not None:  # a stopped row's scores only matter to keep its row well-formed
                 scores = processor(seen, scores)
             chosen, chosen_logprobs = sample_tokens(scores[live], temperature)
@@ -193,6 +186,22 @@ def decode(
             if keep_caches and max_new_tokens > 0:
                 keep(range(len(live)))
     return list(zip(tokens, logprobs, row_caches, strict=True))
+
+
+def step_logits(
+    model: PreTrainedModel, ids: torch.Tensor, mask: torch.Tensor, positions: torch.Tensor, cache: Cache
+) -> torch.Tensor:
+    """[rows, V]: the next-token logits after `cache` reads `ids` at `positions` (`mask` covers every
+    column so far): one step of a decode loop."""
+    out = model(
+        input_ids=ids,
+        attention_mask=mask,
+        position_ids=positions,
+        past_key_values=cache,
+        use_cache=True,
+        logits_to_keep=1,
+    )
+    return out.logits[:, -1]
 
 
 def sample_tokens(scores: torch.Tensor, temperature: float) -> tuple[torch.Tensor, torch.Tensor]:
