@@ -88,7 +88,8 @@ def beam_search(
     A prompt is done when its best ended message scores at least as well as every beam still going:
     a log-probability only falls as a message grows, so no beam could overtake it. A prompt with no
     ended message after `max_new_tokens` returns its best beam, not stopped (a format violation, as
-    a greedy row cut short is). `Reply.logprobs` are each token's log-prob under the masked model.
+    a greedy row cut short is). `Reply.logprobs` are each token's log-prob under the masked model
+    (with guidance, the guided one: what the score sums).
 
     With `guidance_scale` g != 1 (classifier-free guidance), each token is scored by u + g (c - u) where c
     and u are the masked log-probs given the prompt and given `unconditional` (the same chat with no
