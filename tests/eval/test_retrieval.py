@@ -320,3 +320,20 @@ def test_a_judge_server_that_is_not_there_is_said_at_once_and_fails_with_its_url
     assert wait_s - 0.5 < ended - said[0] < wait_s + 5
     assert "http://127.0.0.1:9/health within 4 s" in error
     assert "make serve-judge" in error and "--dry-run" in error and "--server_wait_s" in error
+
+
+def test_comparisons_print_their_interval_and_name_only_a_side_of_zero():
+    row = {"a": "rl", "b": "sft", "mode": "single", "n": 400, "metric": "similarity", "mean": 0.012}
+    lines = retrieval.format_comparisons(
+        [
+            {**row, "low": 0.001, "high": 0.023},
+            {**row, "b": "teacher", "mean": -0.08, "low": -0.1, "high": -0.06},
+            {**row, "b": "base", "mean": 0.002, "low": -0.01, "high": 0.014},
+            {**row, "b": "random", "low": None, "high": None},  # one message: no interval, no line
+        ]
+    ).splitlines()
+    assert lines == [
+        "rl - sft (single, 400 messages) similarity   +0.012  [+0.001, +0.023]  above 0",
+        "rl - teacher (single, 400 messages) similarity   -0.080  [-0.100, -0.060]  below 0",
+        "rl - base (single, 400 messages) similarity   +0.002  [-0.010, +0.014]",
+    ]

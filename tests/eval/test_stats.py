@@ -16,6 +16,7 @@ from emoji_rl.eval.stats import (
     repeat_share,
     reply_stats,
     top_k_share,
+    verdict,
 )
 
 # 🍕 three times, 🎉 and 🎬 once each: 5 uses in 2 messages.
@@ -145,3 +146,11 @@ def test_bootstrap_covers_a_known_mean_about_95_percent_of_the_time():
     intervals = [bootstrap_mean(rng.uniform(0, 1, 40).tolist(), n_resamples=500, seed=s) for s in range(200)]
     hits = sum(i.low <= 0.5 <= i.high for i in intervals)
     assert 175 <= hits <= 199, hits  # 95% nominal; the percentile bootstrap runs a little narrow at n=40
+
+
+def test_a_verdict_says_where_the_interval_lies_against_zero():
+    assert verdict(0.001, 0.02) == "above 0"
+    assert verdict(-0.02, -0.001) == "below 0"
+    assert verdict(-0.01, 0.01) == "includes 0"
+    assert verdict(0.0, 0.01) == "includes 0"  # touching 0 is not above it
+    assert verdict(None, None) == "includes 0"  # one value: no interval to read

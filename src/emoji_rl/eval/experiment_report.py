@@ -25,7 +25,7 @@ from emoji_rl.data.jsonl import Record, read_jsonl, write_text
 from emoji_rl.errors import UserError
 from emoji_rl.eval.report import line_figure
 from emoji_rl.eval.retrieval import comparisons, final_guess, sent_texts
-from emoji_rl.eval.stats import compliant_emoji, most_common_share, repeat_share
+from emoji_rl.eval.stats import compliant_emoji, most_common_share, repeat_share, verdict
 
 RETRIEVAL = "reports/retrieval/retrieval.json"
 GRPO_METRICS = "grpo/metrics.jsonl"
@@ -127,7 +127,6 @@ def differences_table(rows: Sequence[Record]) -> str:
     lines = []
     for r in rows:
         interval = "n/a" if r["low"] is None else f"[{r['low']:+.3f}, {r['high']:+.3f}]"
-        verdict = "above 0" if (r["low"] or 0) > 0 else "below 0" if (r["high"] or 0) < 0 else "includes 0"
         lines.append(
             [
                 f"{r['a']} − {r['b']}",
@@ -136,7 +135,7 @@ def differences_table(rows: Sequence[Record]) -> str:
                 r["metric"],
                 f"{r['mean']:+.3f}",
                 interval,
-                verdict,
+                verdict(r["low"], r["high"]),
             ]
         )
     header = ["difference", "mode", "messages", "metric", "mean", "95% paired CI", ""]

@@ -52,7 +52,7 @@ from emoji_rl.data.jsonl import Record, read_jsonl, write_json
 from emoji_rl.emoji.alphabet import MAX_EMOJI, MIN_EMOJI, parse_message, random_answers
 from emoji_rl.errors import DataError, UserError
 from emoji_rl.eval.report import bar_figure, format_table
-from emoji_rl.eval.stats import bootstrap_mean, paired_bootstrap, reply_stats
+from emoji_rl.eval.stats import bootstrap_mean, paired_bootstrap, reply_stats, verdict
 from emoji_rl.generate import MAX_NEW_TOKENS
 from emoji_rl.models import chat_ids
 from emoji_rl.prompts import sender_messages
@@ -417,7 +417,7 @@ def format_comparisons(rows: Sequence[Record]) -> str:
     lines = [
         f"{r['a']} - {r['b']} ({r['mode']}, {r['n']} messages) {r['metric']:<12} "
         f"{r['mean']:+.3f}  [{r['low']:+.3f}, {r['high']:+.3f}]"
-        + ("  above 0" if r["low"] > 0 else "  below 0" if r["high"] < 0 else "")
+        + ("" if (v := verdict(r["low"], r["high"])) == "includes 0" else f"  {v}")
         for r in rows
         if r["low"] is not None
     ]

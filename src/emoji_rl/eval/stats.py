@@ -125,6 +125,15 @@ class Interval:
     high: float | None
 
 
+def verdict(low: float | None, high: float | None) -> str:
+    """Where an interval lies against 0: what a reader takes from a difference."""
+    if low is not None and low > 0:
+        return "above 0"
+    if high is not None and high < 0:
+        return "below 0"
+    return "includes 0"
+
+
 def _percentile_interval(values: np.ndarray, n_resamples: int, seed: int, confidence: float) -> Interval:
     assert len(values) >= 1, "an interval needs at least one value"
     assert 0 < confidence < 1 and n_resamples >= 1, (confidence, n_resamples)
