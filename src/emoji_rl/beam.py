@@ -165,8 +165,10 @@ def _search(
                 logprobs = guide(logprobs, twin, guidance_scale)
             kept: list[int] = []
             following: list[Beam] = []
-            for prompt in sorted({b.prompt for b in beams}):
-                rows = [r for r, b in enumerate(beams) if b.prompt == prompt]
+            rows_of: dict[int, list[int]] = {}
+            for row, beam in enumerate(beams):
+                rows_of.setdefault(beam.prompt, []).append(row)
+            for prompt, rows in sorted(rows_of.items()):
                 going, ended = best_candidates([beams[r] for r in rows], logprobs[rows], num_beams, ends)
                 if ended is not None and (prompt not in best or ended[2] > best[prompt].score):
                     source = beams[rows[ended[0]]]
