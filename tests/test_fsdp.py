@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from tests.launching import accelerate_launch, cli_args, fsdp_on_cpu, read_weights, save_tiny_qwen3_5
+from tests.launching import accelerate_launch, cli_args, fsdp_on_cpu, read_weights
 from tests.rl.test_distributed import SETTINGS as GRPO_SETTINGS
 from tests.rl.test_distributed import TARGETS, _jsonl
 from tests.sft.test_distributed import SETTINGS as SFT_SETTINGS
@@ -29,11 +29,6 @@ pytestmark = pytest.mark.slow
 KILL_AT = "EMOJI_RL_TEST_KILL_AT"
 # A hang (ranks waiting on each other's collective) fails the test instead of stalling the suite.
 TIMEOUT_S = 300
-
-
-@pytest.fixture(scope="module")
-def tiny_qwen(tmp_path_factory) -> Path:
-    return save_tiny_qwen3_5(tmp_path_factory.mktemp("qwen3_5") / "model")
 
 
 def _launch(args: list[str], kill_at: int | None = None):

@@ -410,7 +410,7 @@ SHORT = [
              "--batch_size 2 --group_size 2 --max_steps 3 --save_steps 1 --judge_temperature 0 --resume true"),
     ("eval-retrieval", "eval-retrieval --config configs/cpu/eval_retrieval.yaml "
                        "--data {run_dir}/data/sft_test.jsonl --max_examples 4 --max_turns 1 --modes single --distractors 2 "
-                       "--systems base sft={run_dir}/sft/adapter rl={run_dir}/grpo/adapter "
+                       "--systems rl={run_dir}/grpo/adapter "
                        "--output_dir {run_dir}/reports/retrieval"),
 ]  # fmt: skip
 

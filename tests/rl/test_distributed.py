@@ -93,12 +93,13 @@ def test_micro_batch_weights_split_the_whole_step_between_processes():
 
 
 @pytest.mark.slow
-def test_grpo_over_two_cpu_processes_shares_the_batch_and_the_weights(tmp_path):
+def test_grpo_over_two_cpu_processes_shares_the_batch_and_the_weights(tiny_qwen, tmp_path):
     records = [{"id": f"t{i}", "target": t} for i, t in enumerate(TARGETS)]
     data = tmp_path / "rl.jsonl"
     data.write_text("".join(json.dumps(r) + "\n" for r in records))
     run = tmp_path / "run"
-    args = ["grpo", *cli_args({**SETTINGS, "train_data": data, "output_dir": run})]
+    # The tiny model: what is tested is how the ranks share a step, which no model size changes.
+    args = ["grpo", *cli_args({**SETTINGS, "model": tiny_qwen, "train_data": data, "output_dir": run})]
 
     first = accelerate_launch(__file__, [*args, "--max_steps", "1"])
     assert first.returncode == 0, first.stderr[-4000:]

@@ -56,14 +56,15 @@ def lora_b(weights: dict[str, torch.Tensor]) -> torch.Tensor:
 
 
 @pytest.mark.slow
-def test_ddp_over_two_cpu_processes_learns_what_one_process_learns(chats, tmp_path):
+def test_ddp_over_two_cpu_processes_learns_what_one_process_learns(chats, tiny_qwen, tmp_path):
     from peft import get_peft_model_state_dict
 
     from emoji_rl import models
 
     train_path, _ = chats
     run = tmp_path / "ddp"
-    settings = {**SETTINGS, "train_data": train_path, "output_dir": run}
+    # The tiny model: what is tested is how the ranks share a step, which no model size changes.
+    settings = {**SETTINGS, "model": str(tiny_qwen), "train_data": train_path, "output_dir": run}
     done = accelerate_launch(__file__, ["sft", *cli_args(settings)])
     assert done.returncode == 0, done.stderr[-4000:]
     # two ranks in fp32 although the yaml says bf16, said once: info lines come from the main process only
@@ -82,14 +83,14 @@ def test_ddp_over_two_cpu_processes_learns_what_one_process_learns(chats, tmp_pa
     # the adapter, saved by rank 0 only, holds those weights and loads with PeftModel.from_pretrained
     adapter = run / train.ADAPTER_DIR
     assert sorted(p.name for p in run.glob("rank*.safetensors")) == ["rank0.safetensors", "rank1.safetensors"]
-    loaded = models.load_causal_lm(models.SMOLLM2, models.pick_runtime("cpu"), adapter=adapter)
+    loaded = models.load_causal_lm(str(tiny_qwen), models.pick_runtime("cpu"), adapter=adapter)
     reloaded = get_peft_model_state_dict(loaded)
     assert reloaded.keys() == rank0.keys() and all(torch.equal(reloaded[k], rank0[k]) for k in rank0)
 
     # One process accumulating the same 4 chats per step: the same losses and gradient norms (the mean
     # over ranks, not the sum; Adam alone would hide a wrong scale) and the same weights, up to float
-    # summation order (lora_B, zero at the start, so all learned: measured 3e-4 relative, as Adam's
-    # update is large for gradients near 0).
+    # summation order (lora_B, zero at the start, so all learned; Adam's update is large for gradients
+    # near 0, so the bound is 1e-2 relative).
     one = tmp_path / "one"
     train.main(train.Config(**{**settings, "train_data": str(train_path), "output_dir": str(one)}))
     assert train_logs(run) == {step: pytest.approx(v, rel=1e-4) for step, v in train_logs(one).items()}
