@@ -394,7 +394,9 @@ def test_with_servers_needs_a_server_set_and_a_command():
 
 # --- a real SIGKILL in the middle of training -------------------------------------------------------------
 
-# configs/cpu/experiment.yaml's stages at toy size: minutes, not an hour.
+# configs/cpu/experiment.yaml's stages at toy size: minutes, not an hour. The lexicon judge stands in for
+# the embedded one: what is tested is how the stages resume (the whole test 212 s on one core shared with
+# an SFT run, 260 s with the embedded judge).
 SHORT = [
     ("prompts", "prompts --source corpus --n 40 --out {run_dir}/data/prompts.jsonl"),
     ("teacher", "teacher --teacher offline --prompts {run_dir}/data/prompts.jsonl --out_dir {run_dir}/data "
@@ -404,13 +406,13 @@ SHORT = [
             "--effective_batch_size 4 --save_steps 1 --resume true"),
     ("rl-prompts", "rl-prompts --prompts {run_dir}/data/prompts.jsonl --sft_test {run_dir}/data/sft_test.jsonl "
                    "--adapter {run_dir}/sft/adapter --out_dir {run_dir}/data --max_prompts 8 "
-                   "--eval_fraction 0.25 --judge hf --judge_view gloss --min_similarity 0"),
+                   "--eval_fraction 0.25 --judge lexicon --min_similarity 0"),
     ("grpo", "grpo --config configs/cpu/grpo.yaml --init_adapter {run_dir}/sft/adapter "
              "--train_data {run_dir}/data/rl_train.jsonl --output_dir {run_dir}/grpo --max_turns 1 "
-             "--batch_size 2 --group_size 2 --max_steps 3 --save_steps 1 --judge_temperature 0 --resume true"),
+             "--batch_size 2 --group_size 2 --max_steps 3 --save_steps 1 --judge lexicon --resume true"),
     ("eval-retrieval", "eval-retrieval --config configs/cpu/eval_retrieval.yaml "
                        "--data {run_dir}/data/sft_test.jsonl --max_examples 4 --max_turns 1 --modes single --distractors 2 "
-                       "--systems rl={run_dir}/grpo/adapter "
+                       "--judge lexicon --systems rl={run_dir}/grpo/adapter "
                        "--output_dir {run_dir}/reports/retrieval"),
 ]  # fmt: skip
 
