@@ -304,7 +304,8 @@ def alive(pid: int) -> bool:
 
 # --- the experiment configs ------------------------------------------------------------------------------
 
-EXPERIMENT = ["prompts", "teacher", "judge-check", "sft", "eval-sft", "rl-prompts", "grpo", "eval-retrieval"]
+EXPERIMENT = ["prompts", "teacher", "judge-check", "sft", "eval-sft", "eval-sft-sampled", "rl-prompts", "grpo",
+              "eval-retrieval"]  # fmt: skip
 
 
 def experiment_stages(profile: str, name: str = "experiment") -> list[Stage]:
@@ -342,12 +343,16 @@ def test_every_stage_command_of_the_experiment_parses_with_its_stage_parser(prof
             parsed.append(stage.command[0])
             parse_stage(stage.command[0], stage.command[1:])
             continue
+        programs = set()
         for gpus in (2, 4, 8):
             found = [c for argv in printed_commands(stage.command, gpus) for c in stage_commands(argv)]
             assert len(found) == 1, (stage.name, gpus, found)
-            parsed.append(found[0][0])
+            programs.add(found[0][0])
             parse_stage(*found[0])
-    assert [*EXPERIMENT, "experiment-report"] == list(dict.fromkeys(parsed))
+        assert len(programs) == 1, (stage.name, programs)
+        parsed.append(programs.pop())
+    programs = [name.removesuffix("-sampled") for name in EXPERIMENT]  # eval-sft-sampled runs eval-sft
+    assert [*programs, "experiment-report"] == parsed
 
 
 @pytest.mark.parametrize("pipeline", ["experiment", "wordle"])
@@ -363,10 +368,10 @@ def test_the_gpu_experiment_dry_run_prints_the_sequence(capfd):
                      "--run_dir", "/nonexistent/run"]) == 0  # fmt: skip
     lines = capfd.readouterr().out.splitlines()
     assert [line.split(" (")[0] for line in lines] == [
-        f"{i}. [run ] {name}" for i, name in enumerate([*EXPERIMENT, "report"], 1)
+        f"{i:2}. [run ] {name}" for i, name in enumerate([*EXPERIMENT, "report"], 1)
     ]
     assert "bash launch/train_sft.sh --train_data /nonexistent/run/data/sft_train.jsonl" in lines[3]
-    assert "launch/with_servers.sh judge,policy -- launch/train_grpo.sh" in lines[6]
+    assert "launch/with_servers.sh judge,policy -- launch/train_grpo.sh" in lines[7]
 
 
 @pytest.mark.parametrize(("gpus", "servers"), [(2, ["judge"]), (4, ["judge", "policy"])])

@@ -163,6 +163,46 @@ def test_report_shows_the_table_paired_differences_curves_examples_and_timings(r
     assert "the gloss view reads emoji names" in report
 
 
+def _eval_sft(run, name, temperature, sft_rows):
+    """An eval-sft JSON: the data's answers (80 distinct emoji, 6.0 bits) and the given SFT rows."""
+    stats = ["replies", "compliance", "emoji_per_message", "distinct_emoji", "entropy_bits", "top10_share"]
+    reference = dict(zip(stats, [100, 1.0, 2.7, 80, 6.0, 0.3], strict=True))
+    results = [
+        {"system": "reference", "decoding": "data", **reference},
+        {
+            "system": "base",
+            "decoding": "grammar",
+            **dict(zip(stats, [100, 1.0, 8.0, 3, 1.0, 1.0], strict=True)),
+        },
+        *({"system": "sft", "decoding": d, **dict(zip(stats, v, strict=True))} for d, v in sft_rows),
+    ]
+    path = run / "reports" / name / "eval_sft.json"
+    path.parent.mkdir(parents=True)
+    path.write_text(json.dumps({"config": {"temperature": temperature}, "chats": 100, "results": results}))
+
+
+def test_the_sft_senders_diversity_is_set_beside_its_datas_greedy_and_sampled(run_dir):
+    _eval_sft(
+        run_dir,
+        "sft",
+        0.0,
+        [("grammar", [100, 1.0, 2.0, 20, 4.5, 0.7]), ("none", [100, 0.9, 2.0, 18, 4.2, 0.75])],
+    )
+    _eval_sft(run_dir, "sft-sampled", 1.0, [("grammar", [100, 1.0, 2.6, 88, 6.3, 0.25])])
+    assert cli.main(["experiment-report", "--run_dir", str(run_dir)]) == 0
+    lines = (run_dir / "report.md").read_text().splitlines()
+    table = lines.index("## SFT against its data") + 6  # the heading, its text, the table's header
+    # distinct / data: 20 / 80, 18 / 80, 88 / 80; entropy / data: 4.5 / 6, 4.2 / 6, 6.3 / 6. The second
+    # run's data row is the first's, so it is shown once; the base model's rows are not shown.
+    assert lines[table : table + 5] == [
+        "| data (the teacher's answers) | 100 |  |  | 1.00 | 2.70 | 80 | 6.00 | 0.30 | 1.00 | 1.00 |",
+        "| sft | 100 | grammar | 0 | 1.00 | 2.00 | 20 | 4.50 | 0.70 | 0.25 | 0.75 |",
+        "| sft | 100 | none | 0 | 0.90 | 2.00 | 18 | 4.20 | 0.75 | 0.23 | 0.70 |",
+        "| sft | 100 | grammar | 1 | 1.00 | 2.60 | 88 | 6.30 | 0.25 | 1.10 | 1.05 |",
+        "",
+    ]
+
+
 def test_missing_metrics_are_said_and_a_missing_evaluation_is_an_error(run_dir, tmp_path):
     (run_dir / "grpo" / "metrics.jsonl").unlink()
     assert cli.main(["experiment-report", "--run_dir", str(run_dir), "--examples", "1"]) == 0

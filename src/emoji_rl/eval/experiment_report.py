@@ -8,6 +8,8 @@ Reads what the stages of `make experiment` wrote into the run directory:
 - `grpo/metrics.jsonl`: learning curves by step (reward, similarity, success, KL, distinct emoji,
   emoji per message, the contrast term, judge replies that echoed emoji);
 - `sft/metrics.jsonl`: the SFT loss curves;
+- `reports/*/eval_sft.json` (`eval-sft`, greedy and sampled): the SFT sender's emoji diversity beside
+  its data's, where a collapse to generic emoji shows;
 - `stages/*.done` (the pipeline runner's markers, optional): how long each stage took.
 Writes `report.md` beside PNGs in `DIR/report/`; every number on the page comes from those files.
 
@@ -43,6 +45,7 @@ GRPO_CURVES = {
     "game/judge_emoji_stripped": "judge echoed emoji",
 }
 SFT_CURVES = {"train/loss": "train loss", "eval/loss": "eval loss"}
+EVAL_SFT = "reports/*/eval_sft.json"
 
 
 @dataclass
@@ -186,6 +189,37 @@ def examples_table(retrieval: Record, cfg: Config) -> str:
     return markdown_table(["message", "sender", "emoji", "the judge's guess", "similarity"], rows)
 
 
+def diversity_table(evaluations: Sequence[Record]) -> str:
+    """Per eval-sft run, its data's answers (unless the run before had the same) and, per decoding, the
+    SFT sender's replies at that run's temperature: compliance and emoji statistics, distinct emoji and
+    entropy also as a share of the data's."""
+    header = ["replies", "n", "decoding", "T", "compliance", "emoji / message", "distinct emoji",
+              "entropy (bits)", "top-10 share", "distinct / data", "entropy / data"]  # fmt: skip
+    rows, shown = [], None
+    for evaluation in evaluations:
+        data = next(r for r in evaluation["results"] if r["system"] == "reference")
+        if data != shown:
+            rows.append(["data (the teacher's answers)", str(data["replies"]), "", "", *_stats(data, data)])
+            shown = data
+        temperature = f"{evaluation['config']['temperature']:g}"
+        for row in evaluation["results"]:
+            if row["system"] == "sft":
+                rows.append(["sft", str(row["replies"]), row["decoding"], temperature, *_stats(row, data)])
+    return markdown_table(header, rows)
+
+
+def _stats(row: Record, data: Record) -> list[str]:
+    return [
+        f"{row['compliance']:.2f}",
+        f"{row['emoji_per_message']:.2f}",
+        str(row["distinct_emoji"]),
+        f"{row['entropy_bits']:.2f}",
+        f"{row['top10_share']:.2f}",
+        f"{row['distinct_emoji'] / max(data['distinct_emoji'], 1):.2f}",
+        f"{row['entropy_bits'] / data['entropy_bits']:.2f}" if data["entropy_bits"] else "n/a",
+    ]
+
+
 def curves(metrics: Sequence[Record], wanted: dict[str, str]) -> dict[str, list[tuple[float, float]]]:
     """Per wanted metric that the run logged, its (step, value) points; None (non-finite) left out."""
     out = {}
@@ -275,6 +309,15 @@ def main(cfg: Config) -> None:
             continue
         figure = line_figure(points, f"{name} by step", figures / f"{name.lower()}_curves.png")
         sections += [f"![{name} by step]({figure.relative_to(run_dir)})", curve_summary(points)]
+    evaluations = [json.loads(p.read_text(encoding="utf-8")) for p in sorted(run_dir.glob(EVAL_SFT))]
+    if evaluations:
+        sections += [
+            "## SFT against its data",
+            "The first chats of the SFT test split (eval-sft). A collapse to generic emoji shows as "
+            "fewer distinct emoji and a lower entropy than the data's: greedy decoding (T 0) sends each "
+            "message's likeliest emoji, sampling at T 1 shows the distribution the sender learned.",
+            diversity_table(evaluations),
+        ]
     sections += [
         "## What the senders learned",
         "On the held-out split, single-turn. A sender that games the judge shows here: one emoji message"
