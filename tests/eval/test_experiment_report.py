@@ -201,6 +201,11 @@ def test_the_sft_senders_diversity_is_set_beside_its_datas_greedy_and_sampled(ru
         "| sft | 100 | grammar | 1 | 1.00 | 2.60 | 88 | 6.30 | 0.25 | 1.10 | 1.05 |",
         "",
     ]
+    (run_dir / "reports" / "sft" / "eval_sft.json").write_text('{"results": [')
+    from emoji_rl.eval import experiment_report
+
+    with pytest.raises(UserError, match=r"reports/sft/eval_sft.json: not eval-sft's JSON"):
+        experiment_report.main(experiment_report.Config(run_dir=str(run_dir)))
 
 
 def test_missing_metrics_are_said_and_a_missing_evaluation_is_an_error(run_dir, tmp_path):

@@ -248,14 +248,15 @@ def curve_summary(points: dict[str, list[tuple[float, float]]]) -> str:
 
 def stage_timings(run_dir: Path) -> list[Record]:
     """The pipeline runner's markers, in the order the stages finished."""
-    markers = []
-    for path in sorted((run_dir / "stages").glob("*.done")):
-        try:
-            marker = json.loads(path.read_text(encoding="utf-8"))
-        except json.JSONDecodeError as err:
-            raise UserError(f"{path}: not a JSON stage marker ({err})") from err
-        markers.append(marker)
+    markers = [read_json(path, "a JSON stage marker") for path in sorted((run_dir / "stages").glob("*.done"))]
     return sorted(markers, key=lambda m: str(m.get("finished", "")))
+
+
+def read_json(path: Path, what: str) -> Record:
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except json.JSONDecodeError as err:
+        raise UserError(f"{path}: not {what} ({err})") from err
 
 
 def timings_table(markers: Sequence[Record]) -> str:
@@ -309,7 +310,7 @@ def main(cfg: Config) -> None:
             continue
         figure = line_figure(points, f"{name} by step", figures / f"{name.lower()}_curves.png")
         sections += [f"![{name} by step]({figure.relative_to(run_dir)})", curve_summary(points)]
-    evaluations = [json.loads(p.read_text(encoding="utf-8")) for p in sorted(run_dir.glob(EVAL_SFT))]
+    evaluations = [read_json(path, "eval-sft's JSON") for path in sorted(run_dir.glob(EVAL_SFT))]
     if evaluations:
         sections += [
             "## SFT against its data",
