@@ -351,8 +351,8 @@ def test_every_stage_command_of_the_experiment_parses_with_its_stage_parser(prof
             parse_stage(*found[0])
         assert len(programs) == 1, (stage.name, programs)
         parsed.append(programs.pop())
-    programs = [name.removesuffix("-sampled") for name in EXPERIMENT]  # eval-sft-sampled runs eval-sft
-    assert [*programs, "experiment-report"] == parsed
+    run = [name.removesuffix("-sampled") for name in EXPERIMENT]  # eval-sft-sampled runs eval-sft
+    assert [*run, "experiment-report"] == parsed
 
 
 @pytest.mark.parametrize("pipeline", ["experiment", "wordle"])

@@ -287,7 +287,7 @@ def main(cfg: Config) -> None:
         raise UserError(
             f"{source} does not exist: run `emoji-rl eval-retrieval --output_dir {source.parent}` first"
         )
-    retrieval = json.loads(source.read_text(encoding="utf-8"))
+    retrieval = read_json(source, "eval-retrieval's JSON")
     figures = run_dir / "report"
     sections = [
         f"# Experiment report: {run_dir}",
