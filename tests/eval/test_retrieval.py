@@ -287,10 +287,12 @@ def test_eval_retrieval_compares_systems(tmp_path, capsys):
     assert all(r["similarity"] == 0.0 and "guess" not in r["turns"][0] for r in violations)
     assert seed["rows"][0]["violations"] == len(violations) / len(targets)
 
-    # Guided beam search for the sender, both games: every turn a message, its prompt read afresh.
+    # Guided beam search for the sender in the multi-turn game (its first turn is the single game's):
+    # every turn a message, its prompt read afresh. Three targets: beams and guidance are 4 passes a token.
     beam_out = tmp_path / "beam"
     args = ["eval-retrieval", "--systems", "base", "--data", str(data), "--judge", "lexicon"]
-    args += ["--max_turns", "2", "--distractors", "4", "--num_beams", "2", "--guidance_scale", "2"]
+    args += ["--modes", "multi", "--max_examples", "3", "--max_turns", "2", "--distractors", "3"]
+    args += ["--num_beams", "2", "--guidance_scale", "2"]
     assert cli.main([*args, "--output_dir", str(beam_out)]) == 0
     beam = json.loads((beam_out / "retrieval.json").read_text())
     assert (beam["sender_num_beams"], beam["sender_guidance_scale"]) == (2, 2.0)

@@ -1,7 +1,7 @@
-"""Load: 20 simulated players play at once for a minute against a play-web server on 127.0.0.1
+"""Load: 20 simulated players play at once for half a minute against a play-web server on 127.0.0.1
 (stand-in models, tests/web/conftest.py: the load is on the server and the store, not on models),
 double submits and double "another turn" requests included; then every answer a player was told
-was stored is in SQLite exactly once, and no other answer is. Bounded: a minute and at most
+was stored is in SQLite exactly once, and no other answer is. Bounded: half a minute and at most
 MAX_ROUNDS rounds per player, however fast the server answers."""
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ import pytest
 from emoji_rl.web.store import Store
 
 PLAYERS = 20
-PLAY_S = 60.0
+PLAY_S = 30.0
 MAX_ROUNDS = 400  # per player
 THINK_S = 0.08  # a player's pause before each action, at most: people are slower still
 DOUBLE = 0.3  # share of answers and "another turn" requests a player sends twice at once
@@ -180,9 +180,9 @@ def test_twenty_players_at_once_lose_and_duplicate_no_answer(served):
     threads = [threading.Thread(target=run, args=(p,), daemon=True) for p in players]
     for thread in threads:
         thread.start()
-    for thread in threads:  # a round in flight at the minute ends: a few requests, 30 s each at most
+    for thread in threads:  # a round in flight when the time is up: a few requests, 30 s each at most
         thread.join(max(0.0, until + 120 - time.monotonic()))
-    assert not any(t.is_alive() for t in threads), "players still playing two minutes after the minute"
+    assert not any(t.is_alive() for t in threads), "players still playing two minutes after the time was up"
     assert not failures, "\n".join(failures[:3])
     game.store.close()
 
