@@ -248,6 +248,26 @@ def test_a_stage_dies_with_the_runner_even_by_sigkill(tmp_path):
     assert not (tmp_path / "r" / "stages" / "sleep.done").exists()
 
 
+def test_a_sigterm_to_the_runner_stops_its_stage_and_says_so_in_the_log(tmp_path):
+    pid_file = tmp_path / "stage.pid"
+    code = f"import os, time; open({str(pid_file)!r}, 'w').write(str(os.getpid())); time.sleep(60)"
+    config = write_config(tmp_path / "p.yaml", [("sleep", f"{PY} -c {shlex.quote(code)}")], tmp_path / "r")
+    runner = start_runner(config, child_env())
+    try:
+        deadline = time.monotonic() + 30
+        while not pid_file.exists() or not pid_file.read_text():
+            assert time.monotonic() < deadline and runner.poll() is None
+            time.sleep(0.05)
+        runner.send_signal(signal.SIGTERM)  # the runner alone, as `kill PID` or a scheduler sends it
+        assert runner.wait(timeout=30) == 128 + signal.SIGTERM
+    finally:
+        runner.kill()
+    assert not alive(int(pid_file.read_text()))  # stopped and reaped by the runner, not left behind
+    assert not (tmp_path / "r" / "stages" / "sleep.done").exists()
+    last = (tmp_path / "r" / "pipeline.log").read_text().splitlines()[-1]
+    assert last.startswith("== pipeline [1/1] sleep: stopped by SIGTERM after "), last
+
+
 def kill_group_when(ready: Callable[[], bool], config: Path, env: dict[str, str], timeout: float) -> None:
     """Start the runner, and SIGKILL its process group (the runner and its stage) once `ready()`."""
     runner = start_runner(config, env)
@@ -290,6 +310,7 @@ def test_a_sigkill_of_the_runners_group_then_a_rerun_ends_as_an_uninterrupted_ru
     assert (killed / "out").read_text() == (whole / "out").read_text() == str(sum(i * i for i in range(10)))
     assert ran(killed) == ran(whole) == ["a", "c"]
     log = (killed / "pipeline.log").read_text()
+    assert log.count("== pipeline [1/3] a: skipped (finished ") == 1  # the rerun reads as one in the log
     assert "from step 0" in log and "from step 0" not in log.split("from step 0", 1)[1]  # resumed later
 
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 import importlib
 import logging
 import os
+import signal
 import sys
 from collections.abc import Mapping
 
@@ -97,9 +98,10 @@ def main(argv: list[str] | None = None) -> int:
     except UserError as err:
         print(f"emoji-rl {stage}: error: {err}", file=sys.stderr)
         return 2
-    except KeyboardInterrupt:
-        print(f"emoji-rl {stage}: interrupted", file=sys.stderr)
-        return 130
+    except KeyboardInterrupt as stop:  # Ctrl-C, or SIGTERM where a stage turns it into one (pipeline)
+        signum = getattr(stop, "signum", signal.SIGINT)
+        print(f"emoji-rl {stage}: interrupted ({signal.Signals(signum).name})", file=sys.stderr)
+        return 128 + signum
     return 0
 
 

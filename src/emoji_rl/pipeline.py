@@ -191,6 +191,18 @@ def plan(stages: list[Stage], run_dir: Path, from_stage: str | None) -> list[Ste
 # --- running a stage ---------------------------------------------------------------------------------
 
 
+class Stopped(KeyboardInterrupt):
+    """SIGTERM to the runner, handled as Ctrl-C is: the stage stopped, the log told, the exit 128 + N."""
+
+    def __init__(self, signum: int) -> None:
+        super().__init__(signal.Signals(signum).name)
+        self.signum = signum
+
+
+def _stop(signum: int, frame: object) -> None:
+    raise Stopped(signum)
+
+
 def die_with_parent() -> None:
     """In the child, before exec: SIGTERM when the runner dies, even by SIGKILL, so no training outlives
     it (SIGTERM, not SIGKILL: a launch script stops its servers, accelerate its ranks). Linux only."""
@@ -262,12 +274,17 @@ def main(cfg: Config) -> None:
             marker_path(run_dir, step.stage.name).unlink(missing_ok=True)
     run_dir.mkdir(parents=True, exist_ok=True)
     log_path = run_dir / LOG_FILE
+    # `kill PID`, `timeout`, a scheduler's stop: said in the log like a Ctrl-C, and the stage stopped.
+    signal.signal(signal.SIGTERM, _stop)
     with log_path.open("ab") as log:
         for i, step in enumerate(steps, 1):
             stage = step.stage
             header = f"== pipeline [{i}/{len(steps)}] {stage.name}"
             if step.action != "run":
-                print(f"{header}: skipped ({step.why})", flush=True)
+                # In the log too: a rerun reads there as one, not as a stage that started twice.
+                skipped = f"{header}: skipped ({step.why})\n"
+                print(skipped, end="", flush=True)
+                log.write(skipped.encode())
                 continue
             now = datetime.now(UTC).isoformat(timespec="seconds")
             banner = f"{header}: {stage.display(STAGES)}  ({now})\n"
@@ -275,7 +292,12 @@ def main(cfg: Config) -> None:
             log.write(banner.encode())
             log.flush()
             start = time.monotonic()
-            code = run_child(stage.argv(STAGES), log)
+            try:
+                code = run_child(stage.argv(STAGES), log)
+            except KeyboardInterrupt as stop:
+                name = signal.Signals(getattr(stop, "signum", signal.SIGINT)).name
+                log.write(f"{header}: stopped by {name} after {time.monotonic() - start:.0f} s\n".encode())
+                raise
             seconds = time.monotonic() - start
             if code != 0:
                 how = f"was killed by signal {-code}" if code < 0 else f"exited with code {code}"
