@@ -180,6 +180,18 @@ def test_teacher_and_random_through_the_same_judge_with_paired_differences(tmp_p
     assert [r["mode"] for r in again["rows"]] == ["single", "single"]
     assert again["records"] == [r for r in report["records"] if r["mode"] == "single"]
 
+    # Played a sender batch at a time (under a progress bar): 2 a batch, each game gets its own answer.
+    args += ["--modes", "single", "--batch_size", "2", "--output_dir", str(tmp_path / "batches")]
+    assert cli.main(args) == 0
+    batches = json.loads((tmp_path / "batches" / "retrieval.json").read_text())["records"]
+    assert [{**r, "similarity": None} for r in batches] == [
+        {**r, "similarity": None} for r in again["records"]
+    ]
+    # (the embedder's batches differ too: similarities within float32's rounding)
+    assert [r["similarity"] for r in batches] == pytest.approx(
+        [r["similarity"] for r in again["records"]], abs=1e-6
+    )
+
 
 @pytest.mark.slow
 def test_the_judge_reads_the_same_emoji_the_same_way_at_temperature_0(smollm2_model, smollm2_tokenizer):

@@ -46,6 +46,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Literal
 
 import torch
+from tqdm.auto import tqdm
 
 from emoji_rl import models
 from emoji_rl.data.jsonl import Record, read_jsonl, write_json
@@ -56,10 +57,10 @@ from emoji_rl.eval.stats import bootstrap_mean, paired_bootstrap, reply_stats, v
 from emoji_rl.generate import MAX_NEW_TOKENS
 from emoji_rl.models import chat_ids
 from emoji_rl.prompts import sender_messages
-from emoji_rl.rl.games.retrieval import SUCCESS_THRESHOLDS, RetrievalBuilder, RetrievalRules
+from emoji_rl.rl.games.retrieval import SUCCESS_THRESHOLDS, RetrievalBuilder, RetrievalGame, RetrievalRules
 from emoji_rl.rl.judge_config import JudgeConfig
 from emoji_rl.rl.rollout.hf import HFSampler
-from emoji_rl.rl.rollout.play import Sample, play
+from emoji_rl.rl.rollout.play import Sample, Sampler, play
 from emoji_rl.rl.types import Episode
 
 if TYPE_CHECKING:
@@ -285,20 +286,24 @@ def active_system(model: torch.nn.Module, name: str, adapter: str | None) -> Ite
 
 class FixedSender:
     """A sender whose one message per game is given in advance (teacher or random emoji), in the
-    order of the games: the judge reads them through the same game as a model's."""
+    order of the games, which it is asked for in that order (a batch at a time): the judge reads them
+    through the same game as a model's."""
 
     def __init__(self, tokenizer: PreTrainedTokenizerBase, answers: Sequence[str]) -> None:
         stop = models.stop_token_id(tokenizer)
         self.samples = [
             Sample((*tokenizer(a, add_special_tokens=False)["input_ids"], stop), ()) for a in answers
         ]
+        self.given = 0
 
     async def sample(
         self, prompts: Sequence[tuple[int, ...]], previous: Sequence[Sample | None] | None = None
     ) -> list[Sample]:
-        assert len(prompts) == len(self.samples), "a fixed sender answers every game's first turn at once"
         assert previous is None or not any(previous), "a fixed sender has no second turn"
-        return self.samples
+        batch = self.samples[self.given : self.given + len(prompts)]
+        assert len(batch) == len(prompts), f"{len(prompts)} games asked for, {len(batch)} answers left"
+        self.given += len(batch)
+        return batch
 
 
 def distractor_sets(targets: Sequence[str], k: int, seed: int) -> list[list[str]]:
@@ -466,13 +471,16 @@ def main(cfg: Config) -> None:
             games = [builder(records[i]) for i in indices]
             # The same draws for every system: a sampled judge or sender differs by its inputs only.
             torch.manual_seed(cfg.seed)
+            desc = f"{system.name} {mode}-turn"
             if system.fixed:
                 sender = FixedSender(tokenizer, [fixed[system.name][i] for i in indices])
-                episodes = asyncio.run(play(games, sender))
+                episodes = play_in_batches(games, sender, cfg.batch_size, desc)
             else:
                 assert model is not None
                 with active_system(model, system.name, system.path):
-                    episodes = asyncio.run(play(games, model_sender(model, tokenizer, cfg)))
+                    episodes = play_in_batches(
+                        games, model_sender(model, tokenizer, cfg), cfg.batch_size, desc
+                    )
             mine = [
                 episode_record(e, system.name, mode, records[i], i)
                 for e, i in zip(episodes, indices, strict=True)
@@ -497,6 +505,20 @@ def main(cfg: Config) -> None:
         played,
         NAMES_CAVEAT if cfg.judge_reads_names else None,
     )
+
+
+def play_in_batches(
+    games: Sequence[RetrievalGame], sender: Sampler, batch_size: int, desc: str
+) -> list[Episode]:
+    """Every game played to its end, a sender batch of games at a time, under a progress bar: a system
+    takes minutes on a CPU."""
+    episodes: list[Episode] = []
+    with tqdm(total=len(games), desc=desc, unit="msg") as bar:
+        for start in range(0, len(games), batch_size):
+            batch = games[start : start + batch_size]
+            episodes += asyncio.run(play(batch, sender))
+            bar.update(len(batch))
+    return episodes
 
 
 def fixed_answers(
