@@ -225,18 +225,25 @@ def start_runner(config: Path, env: dict[str, str]) -> subprocess.Popen:
     return subprocess.Popen(command, cwd=ROOT, env=env, stdout=out, stderr=out, start_new_session=True)
 
 
-@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="PR_SET_PDEATHSIG is Linux's")
-def test_a_stage_dies_with_the_runner_even_by_sigkill(tmp_path):
+def start_sleeping_stage(tmp_path: Path) -> tuple[subprocess.Popen, int]:
+    """A runner whose one stage sleeps a minute; returned once the stage runs, with the stage's pid."""
     pid_file = tmp_path / "stage.pid"
     code = f"import os, time; open({str(pid_file)!r}, 'w').write(str(os.getpid())); time.sleep(60)"
     config = write_config(tmp_path / "p.yaml", [("sleep", f"{PY} -c {shlex.quote(code)}")], tmp_path / "r")
     runner = start_runner(config, child_env())
+    deadline = time.monotonic() + 30
+    while not pid_file.exists() or not pid_file.read_text():
+        if time.monotonic() > deadline or runner.poll() is not None:
+            runner.kill()
+            pytest.fail("the stage did not start")
+        time.sleep(0.05)
+    return runner, int(pid_file.read_text())
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="PR_SET_PDEATHSIG is Linux's")
+def test_a_stage_dies_with_the_runner_even_by_sigkill(tmp_path):
+    runner, stage_pid = start_sleeping_stage(tmp_path)
     try:
-        deadline = time.monotonic() + 30
-        while not pid_file.exists() or not pid_file.read_text():
-            assert time.monotonic() < deadline and runner.poll() is None
-            time.sleep(0.05)
-        stage_pid = int(pid_file.read_text())
         runner.send_signal(signal.SIGKILL)  # the runner alone, not its process group (its stage's too)
         runner.wait()
         deadline = time.monotonic() + 10
@@ -249,20 +256,13 @@ def test_a_stage_dies_with_the_runner_even_by_sigkill(tmp_path):
 
 
 def test_a_sigterm_to_the_runner_stops_its_stage_and_says_so_in_the_log(tmp_path):
-    pid_file = tmp_path / "stage.pid"
-    code = f"import os, time; open({str(pid_file)!r}, 'w').write(str(os.getpid())); time.sleep(60)"
-    config = write_config(tmp_path / "p.yaml", [("sleep", f"{PY} -c {shlex.quote(code)}")], tmp_path / "r")
-    runner = start_runner(config, child_env())
+    runner, stage_pid = start_sleeping_stage(tmp_path)
     try:
-        deadline = time.monotonic() + 30
-        while not pid_file.exists() or not pid_file.read_text():
-            assert time.monotonic() < deadline and runner.poll() is None
-            time.sleep(0.05)
         runner.send_signal(signal.SIGTERM)  # the runner alone, as `kill PID` or a scheduler sends it
         assert runner.wait(timeout=30) == 128 + signal.SIGTERM
     finally:
         runner.kill()
-    assert not alive(int(pid_file.read_text()))  # stopped and reaped by the runner, not left behind
+    assert not alive(stage_pid)  # stopped and reaped by the runner, not left behind
     assert not (tmp_path / "r" / "stages" / "sleep.done").exists()
     last = (tmp_path / "r" / "pipeline.log").read_text().splitlines()[-1]
     assert last.startswith("== pipeline [1/1] sleep: stopped by SIGTERM after "), last
