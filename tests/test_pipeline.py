@@ -56,7 +56,9 @@ def three(tmp_path):
 
 def test_stages_run_in_order_with_run_dir_replaced_and_leave_markers_and_a_log(three, capfd):
     config, run_dir = three
+    handler = signal.getsignal(signal.SIGTERM)
     assert pipeline(config) == 0
+    assert signal.getsignal(signal.SIGTERM) is handler  # SIGTERM is the stages' only while they run
     assert ran(run_dir) == ["a", "b", "c"]  # the file is under run_dir: {run_dir} was replaced
     marker = json.loads((run_dir / "stages" / "b.done").read_text())
     assert set(marker) == {"name", "command", "seconds", "finished"} and marker["name"] == "b"

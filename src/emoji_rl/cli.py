@@ -9,12 +9,11 @@ from __future__ import annotations
 import importlib
 import logging
 import os
-import signal
 import sys
 from collections.abc import Mapping
 
 from emoji_rl.config import parse_config
-from emoji_rl.errors import UserError
+from emoji_rl.errors import UserError, stop_signal
 
 # stage -> (module, one-line description). Order is the pipeline's order.
 STAGES: dict[str, tuple[str, str]] = {
@@ -99,8 +98,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"emoji-rl {stage}: error: {err}", file=sys.stderr)
         return 2
     except KeyboardInterrupt as stop:  # Ctrl-C, or SIGTERM where a stage turns it into one (pipeline)
-        signum = getattr(stop, "signum", signal.SIGINT)
-        print(f"emoji-rl {stage}: interrupted ({signal.Signals(signum).name})", file=sys.stderr)
+        signum = stop_signal(stop)
+        print(f"emoji-rl {stage}: interrupted ({signum.name})", file=sys.stderr)
         return 128 + signum
     return 0
 

@@ -22,6 +22,7 @@ interrupted starts again, so stages resume on their own (`sft` and `grpo` with `
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import json
 import os
@@ -31,14 +32,14 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Collection
+from collections.abc import Callable, Collection, Iterator
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import BinaryIO
 
 from emoji_rl.data.jsonl import write_json
-from emoji_rl.errors import UserError
+from emoji_rl.errors import Stopped, UserError, stop_signal
 
 RUN_DIR = "{run_dir}"
 LOG_FILE = "pipeline.log"
@@ -191,16 +192,19 @@ def plan(stages: list[Stage], run_dir: Path, from_stage: str | None) -> list[Ste
 # --- running a stage ---------------------------------------------------------------------------------
 
 
-class Stopped(KeyboardInterrupt):
-    """SIGTERM to the runner, handled as Ctrl-C is: the stage stopped, the log told, the exit 128 + N."""
-
-    def __init__(self, signum: int) -> None:
-        super().__init__(signal.Signals(signum).name)
-        self.signum = signum
-
-
 def _stop(signum: int, frame: object) -> None:
     raise Stopped(signum)
+
+
+@contextlib.contextmanager
+def sigterm_as_interrupt() -> Iterator[None]:
+    """While the stages run, `kill PID`, `timeout` or a scheduler's stop is handled as Ctrl-C is: the
+    stage stopped, the log told, the exit 128 + 15. The handler before it comes back after."""
+    previous = signal.signal(signal.SIGTERM, _stop)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
 
 
 def die_with_parent() -> None:
@@ -274,9 +278,7 @@ def main(cfg: Config) -> None:
             marker_path(run_dir, step.stage.name).unlink(missing_ok=True)
     run_dir.mkdir(parents=True, exist_ok=True)
     log_path = run_dir / LOG_FILE
-    # `kill PID`, `timeout`, a scheduler's stop: said in the log like a Ctrl-C, and the stage stopped.
-    signal.signal(signal.SIGTERM, _stop)
-    with log_path.open("ab") as log:
+    with sigterm_as_interrupt(), log_path.open("ab") as log:
         for i, step in enumerate(steps, 1):
             stage = step.stage
             header = f"== pipeline [{i}/{len(steps)}] {stage.name}"
@@ -295,7 +297,7 @@ def main(cfg: Config) -> None:
             try:
                 code = run_child(stage.argv(STAGES), log)
             except KeyboardInterrupt as stop:
-                name = signal.Signals(getattr(stop, "signum", signal.SIGINT)).name
+                name = stop_signal(stop).name
                 log.write(f"{header}: stopped by {name} after {time.monotonic() - start:.0f} s\n".encode())
                 raise
             seconds = time.monotonic() - start

@@ -219,6 +219,9 @@ def test_missing_metrics_are_said_and_a_missing_evaluation_is_an_error(run_dir, 
         from emoji_rl.eval import experiment_report
 
         experiment_report.main(experiment_report.Config(run_dir=str(tmp_path / "nothing")))
+    (run_dir / "stages" / "sft.done").write_text("{")  # read as the pipeline reads its markers
+    with pytest.raises(UserError, match=r"stages/sft.done is not a stage marker"):
+        experiment_report.main(experiment_report.Config(run_dir=str(run_dir)))
     (run_dir / "reports" / "retrieval" / "retrieval.json").write_text("{")
     with pytest.raises(UserError, match=r"retrieval/retrieval.json: not eval-retrieval's JSON"):
         experiment_report.main(experiment_report.Config(run_dir=str(run_dir)))

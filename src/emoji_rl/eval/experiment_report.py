@@ -28,6 +28,7 @@ from emoji_rl.errors import UserError
 from emoji_rl.eval.report import line_figure
 from emoji_rl.eval.retrieval import comparisons, final_guess, sent_texts
 from emoji_rl.eval.stats import compliant_emoji, most_common_share, repeat_share, verdict
+from emoji_rl.pipeline import read_marker
 
 RETRIEVAL = "reports/retrieval/retrieval.json"
 GRPO_METRICS = "grpo/metrics.jsonl"
@@ -248,7 +249,7 @@ def curve_summary(points: dict[str, list[tuple[float, float]]]) -> str:
 
 def stage_timings(run_dir: Path) -> list[Record]:
     """The pipeline runner's markers, in the order the stages finished."""
-    markers = [read_json(path, "a JSON stage marker") for path in sorted((run_dir / "stages").glob("*.done"))]
+    markers = [read_marker(path) for path in sorted((run_dir / "stages").glob("*.done"))]
     return sorted(markers, key=lambda m: str(m.get("finished", "")))
 
 
