@@ -4,7 +4,7 @@ import math
 
 import pytest
 import torch
-from tests.tiny import tiny_qwen3_5
+from tests.tiny import tiny_llama, tiny_qwen3_5
 
 from emoji_rl.beam import Beam, beam_search, best_candidates, guide
 from emoji_rl.emoji.alphabet import parse_message
@@ -38,24 +38,9 @@ def test_best_candidates_never_take_a_forbidden_token():
     assert ended is None
 
 
-def _tiny_llama(vocab_size: int):
-    from transformers import LlamaConfig, LlamaForCausalLM
-
-    torch.manual_seed(0)
-    config = LlamaConfig(
-        vocab_size=vocab_size,
-        hidden_size=32,
-        intermediate_size=64,
-        num_hidden_layers=2,
-        num_attention_heads=2,
-        num_key_value_heads=1,
-    )
-    return LlamaForCausalLM(config).eval()
-
-
 def _block_model(tokenizer, bias: dict[str, float]):
     """A real Llama whose next-token logits are `bias` (by token text, 0 elsewhere) whatever came before."""
-    model = _tiny_llama(len(tokenizer))
+    model = tiny_llama(vocab_size=len(tokenizer)).eval()
     model.lm_head.weight.data.zero_()
     logits = torch.zeros(len(tokenizer))
     for token, value in bias.items():
@@ -96,7 +81,7 @@ def test_beam_replies_are_messages_scored_as_the_trainer_scores_them(smollm2_tok
     message that ended on the way)."""
     tokenizer = smollm2_tokenizer
     if architecture == "llama":
-        model = _tiny_llama(len(tokenizer))
+        model = tiny_llama(vocab_size=len(tokenizer)).eval()
     else:
         model = tiny_qwen3_5(vocab_size=len(tokenizer)).eval()
     constraint = compile_emoji_grammar(tokenizer, 2, 8, vocab_size=len(tokenizer))
@@ -133,7 +118,7 @@ def test_guided_search_scores_each_token_from_both_prompts(smollm2_tokenizer, nu
     cache's reordering: each reply's log-probs are `guide` of what forward passes over prompt + reply
     and unconditional + reply give under the replayed grammar."""
     tokenizer = smollm2_tokenizer
-    model = _tiny_llama(len(tokenizer))
+    model = tiny_llama(vocab_size=len(tokenizer)).eval()
     constraint = compile_emoji_grammar(tokenizer, 2, 8, vocab_size=len(tokenizer))
     prompts, unconditional = [[5, 6, 7, 8, 9], [10, 11], [12, 13, 14]], [5, 6, 20]
     replies = beam_search(

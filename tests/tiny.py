@@ -26,10 +26,14 @@ def tiny_qwen3_5(**config):
     return Qwen3_5ForCausalLM(config)
 
 
-def tiny_llama():
+def tiny_llama(**config):
+    """A `LlamaForCausalLM` of 2 decoder layers; `config`: more LlamaConfig fields (e.g. a tokenizer's
+    vocab_size). Seeded: the same weights every time."""
+    import torch
     from transformers import LlamaConfig, LlamaForCausalLM
 
-    return LlamaForCausalLM(LlamaConfig(**_SIZES, num_hidden_layers=2))
+    torch.manual_seed(0)
+    return LlamaForCausalLM(LlamaConfig(**{**_SIZES, **config}, num_hidden_layers=2))
 
 
 def saved(model, directory: Path) -> str:

@@ -15,6 +15,7 @@ import torch
 from emoji_rl.emoji.constraint import EmojiConstraint, replay_masks
 from emoji_rl.rl import grpo
 from emoji_rl.rl.types import Episode, EpisodeGroup
+from emoji_rl.shared_prefix import kept_logits
 
 if TYPE_CHECKING:
     from transformers import PreTrainedModel
@@ -96,20 +97,21 @@ def collate_groups(
     return collate([e for g in groups for e in g.episodes], advantages_D, pad_id, constraint)
 
 
-def token_logprobs(model: PreTrainedModel, batch: Batch, temperature: float) -> torch.Tensor:
+def token_logprobs(
+    model: PreTrainedModel, batch: Batch, temperature: float, share_prefix: bool = False
+) -> torch.Tensor:
     """[D, T] log-probs of the target tokens under the grammar mask (0 off the loss mask).
 
     The logits are computed at the sender's positions only, then masked and normalized: the same
-    distribution the sampler drew from (docs/DESIGN.md §6).
+    distribution the sampler drew from (docs/DESIGN.md §6). `share_prefix`: the rows' common opening
+    (a group's whole prompt) runs once (`shared_prefix`; one process, no activation checkpointing).
     """
-    # A boolean `logits_to_keep` projects only those positions through the LM head, as [N, V], as
-    # TRL's fused head does: the [D, T, V] logits are never built. SmolLM2 (49K vocabulary), 8
-    # one-turn episodes of 74 tokens: forward + backward 6.6-6.9 s instead of 7.4-7.7 s on 2 cores.
-    picked_N_V = model(
-        input_ids=batch.input_ids_D_T[:, :-1],
-        attention_mask=batch.attention_D_T[:, :-1],
-        logits_to_keep=batch.mask_D_T,
-    ).logits
+    # Projecting only the kept positions through the LM head, as TRL's fused head does, never builds
+    # the [D, T, V] logits: SmolLM2 (49K vocabulary), 8 one-turn episodes of 74 tokens: forward +
+    # backward 6.6-6.9 s instead of 7.4-7.7 s on 2 cores.
+    picked_N_V = kept_logits(
+        model, batch.input_ids_D_T[:, :-1], batch.attention_D_T[:, :-1], batch.mask_D_T, share_prefix
+    )
     targets_N = batch.input_ids_D_T[:, 1:][batch.mask_D_T]
     allowed = torch.cat(batch.allowed_N_V).to(picked_N_V.device) if batch.allowed_N_V else None
     logp_N = grpo.masked_token_logprobs(

@@ -36,20 +36,31 @@ def _shares(batch: Batch, cfg: Config, total: float) -> Iterator[tuple[Batch, fl
 
 
 def _reference_logprobs(
-    cfg: Config, policy: torch.nn.Module, unwrapped: torch.nn.Module, micro: Batch
+    cfg: Config, policy: torch.nn.Module, unwrapped: torch.nn.Module, micro: Batch, share_prefix: bool
 ) -> torch.Tensor:
     with torch.no_grad(), reference_mode(unwrapped, cfg.reference):
-        return token_logprobs(policy, micro, cfg.temperature)
+        return token_logprobs(policy, micro, cfg.temperature, share_prefix)
+
+
+def shares_prefix(cfg: Config, accelerator: Accelerator) -> bool:
+    """Whether a micro-batch's shared opening runs once (`shared_prefix`): where that is allowed (one
+    process, no activation checkpointing) and measured, on a CPU. A micro-batch of one group shares its
+    whole prompt: 8 one-turn SmolLM2 episodes, ~64 of their ~74 tokens."""
+    return accelerator.num_processes == 1 and accelerator.device.type == "cpu" and not cfg.gradient_checkpointing
 
 
 def _kl_in_reward(
-    cfg: Config, policy: torch.nn.Module, unwrapped: torch.nn.Module, micros: list[tuple[Batch, float]]
+    cfg: Config,
+    policy: torch.nn.Module,
+    unwrapped: torch.nn.Module,
+    micros: list[tuple[Batch, float]],
+    share_prefix: bool,
 ) -> tuple[list[torch.Tensor], float]:
     """Per micro-batch, per-token advantages with the KL penalty, and the step's mean KL (its baseline,
     over every contributing process's sender tokens). Every process runs a reference pass for each of
     its micro-batches, padding included: under FSDP a forward pass is a collective."""
     kls = [
-        grpo.k1_kl(micro.sampler_logp_D_T, _reference_logprobs(cfg, policy, unwrapped, micro))
+        grpo.k1_kl(micro.sampler_logp_D_T, _reference_logprobs(cfg, policy, unwrapped, micro, share_prefix))
         for micro, _ in micros
     ]
     sums = [
@@ -87,15 +98,16 @@ def update(
     shares = [(micro, weight if contributes else 0.0) for micro, weight in _shares(batch, cfg, total)]
     shares += [(batch.rows(0, micro_size), 0.0)] * (max(n for _, n in counts) - len(shares))
     shares = [(micro.to(accelerator.device), weight) for micro, weight in shares]
+    share_prefix = shares_prefix(cfg, accelerator)
     kl_in_loss = cfg.beta > 0 and cfg.kl_in == "loss"
     kl_in_reward = cfg.beta > 0 and cfg.kl_in == "reward"
     advantages = [micro.advantages_D for micro, _ in shares]
     mean_kl = 0.0
     if kl_in_reward:
-        advantages, mean_kl = _kl_in_reward(cfg, policy, unwrapped, shares)
+        advantages, mean_kl = _kl_in_reward(cfg, policy, unwrapped, shares, share_prefix)
     optimizer.zero_grad(set_to_none=True)
     for (micro, weight), advantage in zip(shares, advantages, strict=True):
-        logp = token_logprobs(policy, micro, cfg.temperature)
+        logp = token_logprobs(policy, micro, cfg.temperature, share_prefix)
         # One update per batch: the policy that sampled is the policy being updated, so the old
         # log-probs are the current ones, detached (ratio 1, gradient of the ratio intact).
         old = logp.detach()
@@ -104,7 +116,7 @@ def update(
             pg_loss = pg_loss * grpo.truncated_importance_weights(old, micro.sampler_logp_D_T)
         per_token = pg_loss
         if kl_in_loss:
-            kl = grpo.k3_kl(logp, _reference_logprobs(cfg, policy, unwrapped, micro))
+            kl = grpo.k3_kl(logp, _reference_logprobs(cfg, policy, unwrapped, micro, share_prefix))
             per_token = per_token + cfg.beta * kl
             sums["kl"] += weight * grpo.masked_mean(kl.detach(), micro.mask_D_T).item()
         # A sum counts every token once, whatever micro-batch holds it: the weight scales only the

@@ -318,6 +318,71 @@ def jsonl_metrics_callback(path: Path) -> TrainerCallback:
     return JsonlMetrics()
 
 
+# --- loss -------------------------------------------------------------------------------------------
+
+
+def own_loss_blocker(args: SFTConfig, runtime: models.Runtime, world_size: int, padding_free: bool) -> str | None:
+    """Why this run keeps TRL's loss instead of `answer_loss_trainer`'s, or None when it can use it.
+
+    TRL's answer-only loss projects the answer tokens through a tiled LM head that runs as Triton
+    kernels on a GPU and as plain torch code elsewhere: on 2 cores it took half of a 5.7 s step of 8
+    SmolLM2 chats (docs/DESIGN.md §5). Ours is the same loss and the same logged metrics, computed
+    on a CPU with the shared prompt run once (`shared_prefix`), in the cases that loss covers."""
+    if runtime.device != "cpu":
+        return "TRL's fused head on a GPU"
+    if world_size > 1:
+        return "several processes: DDP/FSDP allow one forward pass per backward"
+    if args.activation_checkpointing:
+        return "activation checkpointing recomputes layers, which would extend the prefix's cache twice"
+    if padding_free:
+        return "padding-free batches have no shared opening"
+    if args.loss_type != "nll" or args.label_smoothing_factor:
+        return f"loss_type={args.loss_type}, label_smoothing_factor={args.label_smoothing_factor}"
+    return None
+
+
+def answer_loss_trainer() -> type[SFTTrainer]:
+    """TRL's SFTTrainer whose training and eval loss, when `own_loss` is set, is the mean negative
+    log-likelihood of the answer tokens from `shared_prefix.kept_logits`, logging what TRL logs
+    (entropy, mean_token_accuracy, num_tokens). tests/sft/test_answer_loss.py holds it to TRL's own."""
+    import torch
+    from trl import SFTTrainer
+
+    from emoji_rl.shared_prefix import kept_logits
+
+    class AnswerLossTrainer(SFTTrainer):
+        own_loss = False
+
+        def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
+            if return_outputs or not self.own_loss:  # the logits for compute_metrics: TRL's path
+                return super().compute_loss(model, inputs, return_outputs, num_items_in_batch)
+            mode = "train" if self.model.training else "eval"
+            labels = inputs["labels"]
+            predicts_answer = labels[:, 1:] != -100  # the logits at t score the token at t + 1
+            keep = torch.nn.functional.pad(predicts_answer, (0, 1))
+            targets = labels[:, 1:][predicts_answer]
+            logits = kept_logits(
+                model, inputs["input_ids"], inputs["attention_mask"], keep, share_prefix=True
+            ).float()
+            count = len(targets) if num_items_in_batch is None else num_items_in_batch
+            loss = torch.nn.functional.cross_entropy(logits, targets, reduction="sum") / torch.as_tensor(
+                count
+            ).clamp(min=1)
+            with torch.no_grad():
+                logp = logits.log_softmax(-1)
+                entropy = -(logp.exp() * logp).sum(-1)
+                top1 = logits.argmax(-1) == targets
+            metrics = self._metrics[mode]
+            metrics["entropy"].append(entropy.mean().item() if len(targets) else 0.0)
+            metrics["mean_token_accuracy"].append(top1.float().mean().item() if len(targets) else 0.0)
+            if mode == "train":
+                self._total_train_tokens += int(inputs["attention_mask"].sum())
+            metrics["num_tokens"] = [self._total_train_tokens]
+            return loss
+
+    return AnswerLossTrainer
+
+
 def scheduled_lr_callback() -> TrainerCallback:
     """A callback that sets the learning rate from this run's schedule at the step a run resumes from
     (`follow_schedule`): the Trainer restores the optimizer's rate as the checkpoint's run left it."""
@@ -376,8 +441,6 @@ def restore_token_count(trainer: SFTTrainer, checkpoint: str) -> None:
 
 
 def main(cfg: Config) -> None:
-    from trl import SFTTrainer
-
     # --- run dir, runtime, TRL config (all checks before any model loads)
     output_dir = Path(cfg.output_dir)
     world_size = int(os.environ.get("WORLD_SIZE", "1"))
@@ -412,7 +475,7 @@ def main(cfg: Config) -> None:
 
     # --- model: left on the CPU; the Trainer places it on this process's device (DDP, FSDP)
     model = models.load_base_model(cfg.model, runtime)
-    trainer = SFTTrainer(
+    trainer = answer_loss_trainer()(
         model=model,
         args=args,
         train_dataset=train_set,
@@ -424,6 +487,9 @@ def main(cfg: Config) -> None:
     models.warn_if_slow_linear_attention(model, runtime)
     # TRL decides padding-free (padding_free, or packing with a bfd strategy, in sft_overrides).
     models.check_padding_free(trainer.padding_free, model, "sft_overrides")
+    blocker = own_loss_blocker(args, runtime, world_size, trainer.padding_free)
+    trainer.own_loss = blocker is None
+    logger.info("loss: %s", "the shared prompt once, the LM head on answer tokens" if blocker is None else blocker)
     state = trainer.accelerator.state
     logger.info(
         "distributed: %s, %d process(es), mixed precision %s",
