@@ -235,3 +235,26 @@ async def test_hf_judge_writes_plain_sentences(smollm2_model, smollm2_tokenizer)
     for guess in guesses:
         assert guess.text != UNKNOWN and len(guess.text.split()) <= 40, guess
         assert not any(ord(ch) >= 0x1F000 for ch in guess.text), guess
+
+
+@pytest.mark.slow
+async def test_a_greedy_hf_judge_decodes_each_distinct_input_once(smollm2_model, smollm2_tokenizer):
+    pizza, beach, cat = (JudgeInput((turn,)) for turn in [("🍕", "🎬"), ("🏖️", "☀️"), ("🐈", "🎂")])
+
+    def counting(judge):
+        decoded, generate = [], judge._generate
+        judge._generate = lambda prompts: decoded.append(len(prompts)) or generate(prompts)
+        return judge, decoded
+
+    judge, decoded = counting(HFJudge(smollm2_model, smollm2_tokenizer, "gloss", "smollm2", temperature=0.0))
+    first = await judge.guess([pizza, beach, pizza])
+    second = await judge.guess([beach, cat])
+    assert decoded == [2, 1]  # pizza and beach, then cat alone
+    assert first[2] == first[0] and second[0] == first[1]
+    fresh = HFJudge(smollm2_model, smollm2_tokenizer, "gloss", "smollm2", temperature=0.0)
+    assert await fresh.guess([pizza, beach]) == first[:2]  # what decoding them gives
+
+    sampling, decoded = counting(HFJudge(smollm2_model, smollm2_tokenizer, "gloss", "smollm2", temperature=0.3))
+    await sampling.guess([pizza, pizza])
+    await sampling.guess([pizza])
+    assert decoded == [2, 1]  # a sampling judge draws again each time
