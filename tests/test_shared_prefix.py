@@ -27,7 +27,9 @@ def _lora_llama():
 
     model = tiny_llama()
     # Non-zero B as well as A, so that the adapter changes the logits and both get gradients.
-    config = LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj", "up_proj"], init_lora_weights=False)
+    config = LoraConfig(
+        r=4, lora_alpha=8, target_modules=["q_proj", "v_proj", "up_proj"], init_lora_weights=False
+    )
     return get_peft_model(model, config)
 
 

@@ -254,7 +254,9 @@ async def test_a_greedy_hf_judge_decodes_each_distinct_input_once(smollm2_model,
     fresh = HFJudge(smollm2_model, smollm2_tokenizer, "gloss", "smollm2", temperature=0.0)
     assert await fresh.guess([pizza, beach]) == first[:2]  # what decoding them gives
 
-    sampling, decoded = counting(HFJudge(smollm2_model, smollm2_tokenizer, "gloss", "smollm2", temperature=0.3))
+    sampling, decoded = counting(
+        HFJudge(smollm2_model, smollm2_tokenizer, "gloss", "smollm2", temperature=0.3)
+    )
     await sampling.guess([pizza, pizza])
     await sampling.guess([pizza])
     assert decoded == [2, 1]  # a sampling judge draws again each time

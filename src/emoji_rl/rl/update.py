@@ -46,7 +46,9 @@ def shares_prefix(cfg: Config, accelerator: Accelerator) -> bool:
     """Whether a micro-batch's shared opening runs once (`shared_prefix`): where that is allowed (one
     process, no activation checkpointing) and measured, on a CPU. A micro-batch of one group shares its
     whole prompt: 8 one-turn SmolLM2 episodes, ~64 of their ~74 tokens."""
-    return accelerator.num_processes == 1 and accelerator.device.type == "cpu" and not cfg.gradient_checkpointing
+    return (
+        accelerator.num_processes == 1 and accelerator.device.type == "cpu" and not cfg.gradient_checkpointing
+    )
 
 
 def _kl_in_reward(

@@ -321,7 +321,9 @@ def jsonl_metrics_callback(path: Path) -> TrainerCallback:
 # --- loss -------------------------------------------------------------------------------------------
 
 
-def own_loss_blocker(args: SFTConfig, runtime: models.Runtime, world_size: int, padding_free: bool) -> str | None:
+def own_loss_blocker(
+    args: SFTConfig, runtime: models.Runtime, world_size: int, padding_free: bool
+) -> str | None:
     """Why this run keeps TRL's loss instead of `answer_loss_trainer`'s, or None when it can use it.
 
     TRL's answer-only loss projects the answer tokens through a tiled LM head that runs as Triton
@@ -489,7 +491,9 @@ def main(cfg: Config) -> None:
     models.check_padding_free(trainer.padding_free, model, "sft_overrides")
     blocker = own_loss_blocker(args, runtime, world_size, trainer.padding_free)
     trainer.own_loss = blocker is None
-    logger.info("loss: %s", "the shared prompt once, the LM head on answer tokens" if blocker is None else blocker)
+    logger.info(
+        "loss: %s", "the shared prompt once, the LM head on answer tokens" if blocker is None else blocker
+    )
     state = trainer.accelerator.state
     logger.info(
         "distributed: %s, %d process(es), mixed precision %s",
