@@ -197,7 +197,7 @@ def step_logits(
         input_ids=ids,
         attention_mask=mask,
         position_ids=positions,
-        past_key_values=cache,
+        cache=cache,
         use_cache=True,
         logits_to_keep=1,
     )

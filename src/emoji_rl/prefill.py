@@ -216,7 +216,7 @@ def prefill_inputs(
             attention_mask=head_mask.to(device),
             # As decode computes them from the whole row's mask, so the cached keys match.
             position_ids=(head_mask.cumsum(-1) - 1).clamp(min=0).to(device),
-            past_key_values=cache,
+            cache=cache,
             use_cache=True,
             logits_to_keep=1,
         )
