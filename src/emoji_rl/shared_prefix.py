@@ -4,10 +4,10 @@ passes what `emoji_rl.prefill` is for decoding.
 Every chat the sender trains on opens with the same tokens: the system prompt and the instruction
 before the message, about 50 of SmolLM2's 70-90 (docs/DESIGN.md §5), and a GRPO group's episodes
 share their whole prompt. A training forward pass can run the opening once, for one row, and give
-every row its keys and values as a cache; the rows' own tokens then attend to it. The gradient flows through the cache back into the one prefix pass, so loss and
-gradients are those of the full batch (tests/test_shared_prefix.py compares them). On 2 cores, 8
-chats: forward + backward 1.8 s instead of 2.8 s with the LM head on the kept positions alone, and
-3.5-4.2 s with it on every position.
+every row its keys and values as a cache; the rows' own tokens then attend to it. The gradient flows
+through the cache back into the one prefix pass, so loss and gradients are those of the full batch
+(tests/test_shared_prefix.py compares them). On 2 cores, 8 chats: forward + backward 1.8 s instead of
+2.8 s with the LM head on the kept positions alone, and 3.5-4.2 s with it on every position.
 
 A cache is extended in place, so the layers must not be recomputed (activation checkpointing), and
 two forward passes feed one backward pass, which DDP and FSDP do not allow: callers use it in a
