@@ -78,6 +78,24 @@ def test_an_answer_does_not_depend_on_the_rest_of_the_batch(teacher):
     assert teacher.answer(messages) == [teacher.answer([m])[0] for m in messages]
 
 
+def test_a_restricted_teacher_answers_only_with_the_emoji_its_own_answers_use_often(embedder, sample_answers):
+    teacher = OfflineTeacher(embedder)  # its own: restricting the shared fixture would leak into other tests
+    messages = [m for m, _ in sample_answers]
+    counts: dict[str, int] = {}
+    for _, answer in sample_answers:
+        for e in parse_message(answer).emoji:
+            counts[e] = counts.get(e, 0) + 1
+    often = {e for e, n in counts.items() if n >= 2}
+    assert teacher.restrict([a for _, a in sample_answers], 2) == len(often)
+    restricted = teacher.answer(messages)
+    used = {e for answer in restricted for e in parse_message(answer).emoji}
+    assert used <= often and len(used) > 8, used
+    assert sum(a != b for a, (_, b) in zip(restricted, sample_answers, strict=True)) > 0
+    assert all(parse_message(a).ok for a in restricted)
+    with pytest.raises(ValueError, match="keeps 0 emoji"):
+        teacher.restrict([a for _, a in sample_answers], 10_000)
+
+
 class CountingEmbedder:
     """A tiny stand-in for MiniLM: a fixed random unit vector per text, and a count of texts embedded."""
 

@@ -258,6 +258,13 @@ def test_openai_teacher_sends_the_grammar_as_top_level_structured_outputs(tmp_pa
     assert body["messages"][0]["role"] == "system" and len(body["messages"]) == 2 + 2 * len(FEW_SHOT)
 
 
+def test_a_vocabulary_is_for_the_offline_teacher_only():
+    with pytest.raises(ValueError, match="only with --teacher offline"):
+        Config(teacher="claude-batch", vocabulary_min_count=20)
+    with pytest.raises(ValueError, match="vocabulary_min_count=-1"):
+        Config(vocabulary_min_count=-1)
+
+
 def test_openai_teacher_needs_a_model_name():
     with pytest.raises(ValueError, match="--teacher openai needs --model"):
         Config(teacher="openai")

@@ -22,6 +22,7 @@ import itertools
 import logging
 import re
 import tempfile
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -107,6 +108,26 @@ class OfflineTeacher:
         first_rows = torch.tensor([0, *torch.cumsum(torch.tensor([len(ns) for ns in names]), 0)[:-1]])
         # Redundancy is judged on each emoji's main (CLDR) name.
         self._main_vecs = self._name_vecs[first_rows]
+        self._vocabulary = torch.ones(len(self.emoji), dtype=torch.bool)
+
+    def restrict(self, answers: Iterable[str], min_count: int) -> int:
+        """From now on answer only with the emoji that `answers` (this teacher's own, unrestricted)
+        use at least `min_count` times; returns how many emoji that keeps. A small sender learns an
+        emoji from the examples that use it, and one seen a handful of times is never sent, so a
+        teacher that spreads over 950 emoji teaches it less than one that keeps to those it can
+        learn (docs/DESIGN.md §5)."""
+        index = {e: i for i, e in enumerate(self.emoji)}
+        counts = torch.zeros(len(self.emoji), dtype=torch.long)
+        for answer in answers:
+            for e in answer.split(SEPARATOR):
+                counts[index[e]] += 1
+        if int((counts >= min_count).sum()) < self.max_emoji:
+            raise ValueError(
+                f"min_count={min_count} keeps {int((counts >= min_count).sum())} emoji, fewer than an "
+                f"answer may hold ({self.max_emoji}): lower it"
+            )
+        self._vocabulary = counts >= min_count
+        return int(self._vocabulary.sum())
 
     def answer(self, messages: list[str]) -> list[str]:
         """One emoji answer per message: `min_emoji`..`max_emoji` emoji joined by single spaces."""
@@ -136,7 +157,7 @@ class OfflineTeacher:
         scores = (self._scores(query_vecs) + context) / (1 + self.context_weight)
         picks: list[tuple[int, int]] = []  # (position in the message, emoji index)
         covered: set[int] = set()
-        allowed = torch.ones(len(self.emoji), dtype=torch.bool)
+        allowed = self._vocabulary.clone()
         # Greedy over phrases: the best remaining (phrase, emoji) match first, one emoji per phrase.
         while len(picks) < self.max_emoji:
             open_rows = [r for r, q in enumerate(queries) if not q.words & covered]

@@ -86,6 +86,11 @@ class Config:
     embedder: str = field(
         default=models.MINILM, metadata={"help": "sentence embedder spec (offline teacher)"}
     )
+    vocabulary_min_count: int = field(
+        default=0,
+        metadata={"help": "offline teacher: answer only with emoji its own answers to all the prompts use at "
+                  "least this often, the ones a small sender can learn (0: any emoji; docs/DESIGN.md §5)"},
+    )  # fmt: skip
     # --- LLM teachers
     model: str | None = field(
         default=None,
@@ -119,6 +124,10 @@ class Config:
         if self.max_attempts < 1 or self.concurrency < 1:
             raise ValueError(
                 f"max_attempts={self.max_attempts} and concurrency={self.concurrency} must be >= 1"
+            )
+        if self.vocabulary_min_count < 0 or (self.vocabulary_min_count and self.teacher != "offline"):
+            raise ValueError(
+                f"vocabulary_min_count={self.vocabulary_min_count}: a count >= 0, and only with --teacher offline"
             )
         if self.teacher == "openai" and not self.model:
             raise ValueError("--teacher openai needs --model: the model name the server serves")
@@ -254,11 +263,17 @@ def write_outputs(cfg: Config, prompts: list[Prompt], records: list[Record], tea
     return stats
 
 
-def build_teacher(cfg: Config) -> Teacher:
+def build_teacher(cfg: Config, prompts: list[Prompt]) -> Teacher:
     if cfg.teacher == "offline":
         from emoji_rl.data.teachers import OfflineTeacherAdapter
 
-        return OfflineTeacherAdapter(models.load_embedder(cfg.embedder), cfg.min_emoji, cfg.max_emoji)
+        return OfflineTeacherAdapter(
+            models.load_embedder(cfg.embedder),
+            cfg.min_emoji,
+            cfg.max_emoji,
+            cfg.vocabulary_min_count,
+            [p.text for p in prompts],
+        )
     if cfg.teacher == "openai":
         import openai
 
@@ -295,7 +310,7 @@ def main(cfg: Config) -> None:
     if cfg.teacher == "claude-batch":
         claude.require_key("--teacher claude-batch", "emoji-rl teacher --teacher offline")
     prompts = read_prompts(cfg.prompts)
-    stats = run(cfg, build_teacher(cfg), prompts)
+    stats = run(cfg, build_teacher(cfg, prompts), prompts)
     log.info("rejects by reason: %s", stats["rejects_by_reason"] or "none")
     log.info("top emoji: %s", " ".join(f"{e}{c}" for e, c in list(stats["top20"].items())[:10]))
     print(

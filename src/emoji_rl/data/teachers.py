@@ -14,10 +14,12 @@ a teacher returns the raw text, or an error when it got none.
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor, as_completed
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING, Protocol, TypeVar
+
+from tqdm import tqdm
 
 from emoji_rl.errors import UserError
 from emoji_rl.prompts import SENDER_FIRST_TURN, SENDER_SYSTEM
@@ -27,6 +29,7 @@ if TYPE_CHECKING:
     from sentence_transformers import SentenceTransformer
 
 log = logging.getLogger(__name__)
+T = TypeVar("T")
 
 
 @dataclass(frozen=True)
@@ -84,19 +87,36 @@ def teacher_turns(target: str) -> list[dict[str, str]]:
 
 
 class OfflineTeacherAdapter:
-    """`data/offline_teacher.py` behind the `Teacher` protocol, in chunks so progress shows."""
+    """`data/offline_teacher.py` behind the `Teacher` protocol, in chunks so progress shows.
+
+    With `min_count`, the teacher first answers every one of `all_targets` (all the prompts, not
+    just those a resumed run still has to do, so a rerun keeps the same vocabulary) and from then on
+    uses only the emoji those answers use at least `min_count` times (`OfflineTeacher.restrict`)."""
 
     name = "offline"
     _CHUNK = 64
 
-    def __init__(self, embedder: SentenceTransformer, min_emoji: int, max_emoji: int) -> None:
+    def __init__(
+        self,
+        embedder: SentenceTransformer,
+        min_emoji: int,
+        max_emoji: int,
+        min_count: int = 0,
+        all_targets: Sequence[str] = (),
+    ) -> None:
         from emoji_rl.data.offline_teacher import OfflineTeacher
 
         self.teacher = OfflineTeacher(embedder, min_emoji=min_emoji, max_emoji=max_emoji)
+        if min_count:
+            chunks = tqdm(self._chunks(all_targets), desc="offline vocabulary", unit="chunk")
+            kept = self.teacher.restrict((a for c in chunks for a in self.teacher.answer(c)), min_count)
+            log.info("offline teacher: %d emoji used at least %d times in its answers", kept, min_count)
+
+    def _chunks(self, items: Sequence[T]) -> list[Sequence[T]]:
+        return [items[start : start + self._CHUNK] for start in range(0, len(items), self._CHUNK)]
 
     def run(self, requests: list[Request]) -> Iterator[Answer]:
-        for start in range(0, len(requests), self._CHUNK):
-            chunk = requests[start : start + self._CHUNK]
+        for chunk in self._chunks(requests):
             texts = self.teacher.answer([r.target for r in chunk])
             for request, text in zip(chunk, texts, strict=True):
                 yield Answer(request.id, request.attempt, text)
