@@ -279,3 +279,10 @@ def test_offline_teacher_answers_every_prompt(tmp_path, prompts, embedder):
 
     stats = stage.run(config(tmp_path), OfflineTeacherAdapter(embedder, 2, 8), prompts[:8])
     assert stats["answered"] == 8 and stats["rejected"] == 0
+
+
+def test_a_vocabulary_too_small_for_an_answer_is_a_user_error(prompts, embedder):
+    from emoji_rl.data.teachers import OfflineTeacherAdapter
+
+    with pytest.raises(UserError, match="--vocabulary_min_count over 8 prompts: min_count=50 keeps 0 emoji"):
+        OfflineTeacherAdapter(embedder, 2, 8, 50, [p.text for p in prompts[:8]])

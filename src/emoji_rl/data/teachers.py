@@ -109,7 +109,10 @@ class OfflineTeacherAdapter:
         self.teacher = OfflineTeacher(embedder, min_emoji=min_emoji, max_emoji=max_emoji)
         if min_count:
             chunks = tqdm(self._chunks(all_targets), desc="offline vocabulary", unit="chunk")
-            kept = self.teacher.restrict((a for c in chunks for a in self.teacher.answer(c)), min_count)
+            try:
+                kept = self.teacher.restrict((a for c in chunks for a in self.teacher.answer(c)), min_count)
+            except ValueError as err:
+                raise UserError(f"--vocabulary_min_count over {len(all_targets)} prompts: {err}") from err
             log.info("offline teacher: %d emoji used at least %d times in its answers", kept, min_count)
 
     def _chunks(self, items: Sequence[T]) -> list[Sequence[T]]:
