@@ -31,6 +31,7 @@ import torch
 
 from emoji_rl import models
 from emoji_rl.emoji.alphabet import ALPHABET, MAX_EMOJI, MIN_EMOJI, SEPARATOR, keywords, parse_message
+from emoji_rl.eval.stats import emoji_counts
 
 if TYPE_CHECKING:
     from sentence_transformers import SentenceTransformer
@@ -116,18 +117,15 @@ class OfflineTeacher:
         emoji from the examples that use it, and one seen a handful of times is never sent, so a
         teacher that spreads over 950 emoji teaches it less than one that keeps to those it can
         learn (docs/DESIGN.md §5)."""
-        index = {e: i for i, e in enumerate(self.emoji)}
-        counts = torch.zeros(len(self.emoji), dtype=torch.long)
-        for answer in answers:
-            for e in answer.split(SEPARATOR):
-                counts[index[e]] += 1
-        if int((counts >= min_count).sum()) < self.max_emoji:
+        counts = emoji_counts([answer.split(SEPARATOR) for answer in answers])
+        vocabulary = torch.tensor([counts[e] >= min_count for e in self.emoji])
+        kept = int(vocabulary.sum())
+        if kept < self.max_emoji:
             raise ValueError(
-                f"min_count={min_count} keeps {int((counts >= min_count).sum())} emoji, fewer than an "
-                f"answer may hold ({self.max_emoji}): lower it"
+                f"min_count={min_count} keeps {kept} emoji, fewer than an answer may hold ({self.max_emoji}): lower it"
             )
-        self._vocabulary = counts >= min_count
-        return int(self._vocabulary.sum())
+        self._vocabulary = vocabulary
+        return kept
 
     def answer(self, messages: list[str]) -> list[str]:
         """One emoji answer per message: `min_emoji`..`max_emoji` emoji joined by single spaces."""
