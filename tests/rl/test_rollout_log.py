@@ -62,11 +62,13 @@ def test_each_rollout_record_names_its_target_and_debug_rollout_prints_it(tmp_pa
     assert "rollout 1: reward +1.000" in best and "  target " in best
 
 
-def test_step_metrics_count_the_emoji_sent():
+def test_step_metrics_count_the_emoji_sent_and_each_groups_best():
     records = [{"id": "p0", "target": "let's get pizza tonight"}]
     stream = PromptStream(records, seed=0, state=TrainState(), gather_counts=lambda n: [n])
     rollouts = collect(stream, lambda record: OneTurnGame(), CountingSampler(), batch_size=1, group_size=3)
     metrics = rollout_metrics(rollouts.played, len(rollouts.kept))
+    # rewards 0, 1, 0 (the first token ids): mean 1/3, the group's best 1
+    assert (metrics["reward/mean"], metrics["reward/group_best"]) == (pytest.approx(1 / 3), 1.0)
     # three messages of 🍕 🌙: 2 distinct emoji, used equally (1 bit), 2 a message
     assert (metrics["emoji/distinct"], metrics["emoji/entropy_bits"], metrics["emoji/per_message"]) == (
         2,

@@ -36,6 +36,7 @@ SFT_METRICS = "sft/metrics.jsonl"
 # Learning curves: a panel per metric the GRPO run logged, in this order, under these titles.
 GRPO_CURVES = {
     "reward/mean": "reward",
+    "reward/group_best": "best reward in a group",
     "game/similarity": "similarity",
     "game/success@0.5": "success@0.5",
     "game/success@0.7": "success@0.7",

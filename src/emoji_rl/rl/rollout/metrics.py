@@ -18,8 +18,9 @@ ROLLOUTS_FILE = "rollouts.jsonl"
 
 
 def rollout_metrics(played: Sequence[EpisodeGroup], kept: int) -> dict[str, float]:
-    """Reward, group and token counts over every played episode, and the mean of each metric the
-    games report on their last turn (`reward/<term>` -> `reward/<term>/mean`, others -> `game/<key>`)."""
+    """Reward (mean, spread, each group's best), group and token counts over every played episode, and
+    the mean of each metric the games report on their last turn (`reward/<term>` ->
+    `reward/<term>/mean`, others -> `game/<key>`)."""
     episodes = [e for g in played for e in g.episodes]
     rewards = torch.tensor([e.reward for e in episodes], dtype=torch.float)
     final = [e.turns[-1].result.metrics for e in episodes]
@@ -27,6 +28,9 @@ def rollout_metrics(played: Sequence[EpisodeGroup], kept: int) -> dict[str, floa
     metrics = {
         "reward/mean": rewards.mean().item(),
         "reward/std": rewards.std().item() if len(rewards) > 1 else 0.0,
+        # Each group's best episode beside the mean: how far above its usual answer the policy already
+        # reaches, the room the group's advantages have to move it (flat groups learn little).
+        "reward/group_best": sum(max(g.rewards) for g in played) / len(played),
         "group/frac_zero_std": 1.0 - kept / len(played),
         "group/played": float(len(played)),
         "group/kept": float(kept),
