@@ -15,7 +15,8 @@ seed 001's SFT emoji were "generic").
 Differences can be believed because every system sees the same messages, the same distractors and
 the same judge (greedy by default, so one emoji message always gets one guess): `--compare A:B`
 (default: each adjacent pair in `systems` order) gives mean(A - B) over the messages both played,
-similarity and success@0.5 / 0.7, with a paired percentile-bootstrap interval (`eval/stats.py`).
+similarity, success@0.5 / 0.7 and retrieval@1, with a paired percentile-bootstrap interval
+(`eval/stats.py`).
 
 Protocols (`--protocol`):
 - `ours` (default): the sender decodes greedily under the emoji grammar, so every reply is an emoji
@@ -72,7 +73,7 @@ if TYPE_CHECKING:
 Mode = Literal["single", "multi"]
 Protocol = Literal["ours", "seed"]
 MODES: tuple[Mode, ...] = ("single", "multi")
-COMPARED = ("similarity", "success@0.5", "success@0.7")
+COMPARED = ("similarity", "success@0.5", "success@0.7", "retrieval@1")
 SEED_TEMPERATURE = 0.7
 RANDOM_LENGTH = 3
 LEVEL = 0.95
@@ -411,9 +412,12 @@ def comparisons(
 
 
 def metric_of(metric: str):
-    """A per-message value of a compared metric: the similarity, or success at a threshold as 0/1."""
+    """A per-message value of a compared metric: the similarity, or as 0/1 success at a threshold or
+    whether the guess picked out its target (retrieval@1)."""
     if metric == "similarity":
         return lambda r: r["similarity"]
+    if metric == "retrieval@1":
+        return lambda r: float(r["retrieved"])
     threshold = float(metric.removeprefix("success@"))
     return lambda r: float(r["similarity"] >= threshold)
 
