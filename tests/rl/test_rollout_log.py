@@ -62,13 +62,21 @@ def test_each_rollout_record_names_its_target_and_debug_rollout_prints_it(tmp_pa
     assert "rollout 1: reward +1.000" in best and "  target " in best
 
 
-def test_step_metrics_count_the_emoji_sent_and_each_groups_best():
+class ListSampler:
+    """Answers the i-th game of a call with token id `ids[i]`: rewards chosen per episode."""
+
+    def __init__(self, ids):
+        self.ids = ids
+
+    async def sample(self, prompts, previous=None):
+        return [Sample((self.ids[i],), (-0.5,)) for i in range(len(prompts))]
+
+
+def test_step_metrics_count_the_emoji_sent():
     records = [{"id": "p0", "target": "let's get pizza tonight"}]
     stream = PromptStream(records, seed=0, state=TrainState(), gather_counts=lambda n: [n])
     rollouts = collect(stream, lambda record: OneTurnGame(), CountingSampler(), batch_size=1, group_size=3)
     metrics = rollout_metrics(rollouts.played, len(rollouts.kept))
-    # rewards 0, 1, 0 (the first token ids): mean 1/3, the group's best 1
-    assert (metrics["reward/mean"], metrics["reward/group_best"]) == (pytest.approx(1 / 3), 1.0)
     # three messages of 🍕 🌙: 2 distinct emoji, used equally (1 bit), 2 a message
     assert (metrics["emoji/distinct"], metrics["emoji/entropy_bits"], metrics["emoji/per_message"]) == (
         2,
@@ -76,3 +84,14 @@ def test_step_metrics_count_the_emoji_sent_and_each_groups_best():
         2,
     )
     assert metrics["game/similarity"] == pytest.approx(0.1)
+
+
+def test_step_metrics_average_each_groups_best_reward():
+    records = [{"id": "p0", "target": "pizza"}, {"id": "p1", "target": "moon"}]
+    stream = PromptStream(records, seed=0, state=TrainState(), gather_counts=lambda n: [n])
+    sampler = ListSampler([0, 1, 0, 2, 3, 2])  # rewards: group 0, 1, 0 and group 2, 3, 2
+    rollouts = collect(stream, lambda record: OneTurnGame(), sampler, batch_size=2, group_size=3)
+    metrics = rollout_metrics(rollouts.played, len(rollouts.kept))
+    # mean 8/6; the groups' best 1 and 3 average 2 (the best of all episodes would be 3)
+    assert metrics["reward/mean"] == pytest.approx(8 / 6)
+    assert metrics["reward/group_best"] == pytest.approx(2.0)
