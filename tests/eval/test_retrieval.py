@@ -162,8 +162,9 @@ def test_teacher_and_random_through_the_same_judge_with_paired_differences(tmp_p
     diffs = {(c["metric"]): c for c in report["comparisons"]}
     assert set(diffs) == {"similarity", "success@0.5", "success@0.7", "retrieval@1"}
     random_sims = [records["random", f"m{i}"]["similarity"] for i in range(5)]
-    # retrieval@1 paired as 0/1 per message (teacher 5 hits of 5, random 1): the difference of the hit counts
+    # retrieval@1 paired as 0/1 per message: the difference of the hit counts
     hits = {s: sum(records[s, f"m{i}"]["retrieved"] for i in range(5)) for s in ("random", "teacher")}
+    assert hits == {"random": 1, "teacher": 5}
     assert diffs["retrieval@1"]["mean"] == pytest.approx((hits["random"] - hits["teacher"]) / 5)
     similarity = diffs["similarity"]
     assert (similarity["a"], similarity["b"], similarity["mode"], similarity["n"]) == (

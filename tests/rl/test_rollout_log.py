@@ -26,19 +26,21 @@ class OneTurnGame(Game):
         return StepResult(True, float(action_ids[0]), metrics={"similarity": 0.1}, log={"emoji": "🍕 🌙"})
 
 
-class CountingSampler:
-    def __init__(self):
-        self.calls = 0
+class ListSampler:
+    """Answers the i-th game of a call with token id `ids[i]`: rewards chosen per episode."""
+
+    def __init__(self, ids):
+        self.ids = ids
 
     async def sample(self, prompts, previous=None):
-        self.calls += 1
-        return [Sample((i % 2,), (-0.5,)) for i in range(len(prompts))]
+        return [Sample((self.ids[i],), (-0.5,)) for i in range(len(prompts))]
 
 
 def test_each_rollout_record_names_its_target_and_debug_rollout_prints_it(tmp_path, capsys):
     records = [{"id": "p0", "target": "let's get pizza tonight"}, {"id": "p1", "answer": "crane"}]
     stream = PromptStream(records, seed=0, state=TrainState(), gather_counts=lambda n: [n])
-    rollouts = collect(stream, lambda record: OneTurnGame(), CountingSampler(), batch_size=2, group_size=2)
+    sampler = ListSampler([0, 1, 0, 1])
+    rollouts = collect(stream, lambda record: OneTurnGame(), sampler, batch_size=2, group_size=2)
     assert {g.prompt_id: g.target for g in rollouts.played} == {
         "p0": "let's get pizza tonight",
         "p1": "crane",
@@ -62,20 +64,11 @@ def test_each_rollout_record_names_its_target_and_debug_rollout_prints_it(tmp_pa
     assert "rollout 1: reward +1.000" in best and "  target " in best
 
 
-class ListSampler:
-    """Answers the i-th game of a call with token id `ids[i]`: rewards chosen per episode."""
-
-    def __init__(self, ids):
-        self.ids = ids
-
-    async def sample(self, prompts, previous=None):
-        return [Sample((self.ids[i],), (-0.5,)) for i in range(len(prompts))]
-
-
 def test_step_metrics_count_the_emoji_sent():
     records = [{"id": "p0", "target": "let's get pizza tonight"}]
     stream = PromptStream(records, seed=0, state=TrainState(), gather_counts=lambda n: [n])
-    rollouts = collect(stream, lambda record: OneTurnGame(), CountingSampler(), batch_size=1, group_size=3)
+    sampler = ListSampler([0, 1, 0])  # rewards 0, 1, 0
+    rollouts = collect(stream, lambda record: OneTurnGame(), sampler, batch_size=1, group_size=3)
     metrics = rollout_metrics(rollouts.played, len(rollouts.kept))
     # three messages of 🍕 🌙: 2 distinct emoji, used equally (1 bit), 2 a message
     assert (metrics["emoji/distinct"], metrics["emoji/entropy_bits"], metrics["emoji/per_message"]) == (
