@@ -78,6 +78,19 @@ def test_a_teacher_file_of_other_messages_is_refused_and_random_alone_sends_rand
     assert [len(parse_message(a).emoji) for a in answers] == [4, 4]
 
 
+def test_reference_examples_keep_only_the_systems_without_an_adapter_to_the_first_targets():
+    base, sft = retrieval.System("base", "base"), retrieval.System("sft", "adapter", "runs/sft/adapter")
+    teacher = retrieval.System("teacher", "teacher", "sft_test.jsonl")
+    answers = ["🍕", None, "🎂", "🔑", "🎬"]
+    assert retrieval.played_indices(sft, None, 5, 2) == [0, 1, 2, 3, 4]
+    assert retrieval.played_indices(base, None, 5, 2) == [0, 1]
+    assert retrieval.played_indices(teacher, answers, 5, 3) == [0, 2]  # and only where it answered
+    assert retrieval.played_indices(teacher, answers, 5, 0) == [0, 2, 3, 4]  # 0: every target
+    assert retrieval.played_indices(base, None, 5, 9) == [0, 1, 2, 3, 4]
+    with pytest.raises(ValueError, match="reference_examples=-1"):
+        retrieval.Config(reference_examples=-1)
+
+
 def test_distractors_are_the_same_for_every_system_and_retrieval_ranks_among_them(embedder):
     targets = ["I love pizza", "the car broke down", "my cat is asleep", "we won the football match"]
     candidates = retrieval.distractor_sets(targets, k=3, seed=0)
@@ -183,6 +196,23 @@ def test_teacher_and_random_through_the_same_judge_with_paired_differences(tmp_p
     again = json.loads((tmp_path / "again" / "retrieval.json").read_text())
     assert [r["mode"] for r in again["rows"]] == ["single", "single"]
     assert again["records"] == [r for r in report["records"] if r["mode"] == "single"]
+
+    # --reference_examples 3: teacher and random play only the first 3 targets (the teacher all 3: it
+    # answered them), and the difference is over those 3, the same records as before for them.
+    capped = tmp_path / "capped"
+    assert (
+        cli.main([*args, "--modes", "single", "--reference_examples", "3", "--output_dir", str(capped)]) == 0
+    )
+    capped_report = json.loads((capped / "retrieval.json").read_text())
+    assert [r["n"] for r in capped_report["rows"]] == [3, 3]
+    first3 = [r for r in again["records"] if int(r["id"][1:]) < 3]
+    assert [{**r, "similarity": None} for r in capped_report["records"]] == [
+        {**r, "similarity": None} for r in first3
+    ]
+    assert [r["similarity"] for r in capped_report["records"]] == pytest.approx(
+        [r["similarity"] for r in first3], abs=1e-6
+    )
+    assert {c["n"] for c in capped_report["comparisons"]} == {3}
 
     # Played a sender batch at a time (under a progress bar): 2 a batch, each game gets its own answer.
     args += ["--modes", "single", "--batch_size", "2", "--output_dir", str(tmp_path / "batches")]

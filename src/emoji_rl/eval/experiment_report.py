@@ -295,7 +295,8 @@ def main(cfg: Config) -> None:
         f"# Experiment report: {run_dir}",
         f"Held-out split: {retrieval['examples']} messages from `{retrieval['data']}`; judge "
         f"`{retrieval['judge']}`; protocol `{retrieval.get('protocol', 'ours')}`; {sender_decoding(retrieval)}. "
-        "Every system played the same messages against the same distractors and the same judge.",
+        "Two systems that played a message played it against the same distractors and the same judge; a "
+        "row's n is how many messages it played, and a difference is over the messages both played.",
         "## Systems on the held-out split",
         systems_table(retrieval),
         "## Differences",

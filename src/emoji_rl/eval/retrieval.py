@@ -14,7 +14,8 @@ seed 001's SFT emoji were "generic").
 
 Differences can be believed because every system sees the same messages, the same distractors and
 the same judge (greedy by default, so one emoji message always gets one guess): `--compare A:B`
-(default: each adjacent pair in `systems` order) gives mean(A - B) over the messages both played,
+(default: each adjacent pair in `systems` order) gives mean(A - B) over the messages both played
+(`--reference_examples N` keeps base, teacher and random to the first N, so adapters can play more),
 similarity, success@0.5 / 0.7 and retrieval@1, with a paired percentile-bootstrap interval
 (`eval/stats.py`).
 
@@ -127,6 +128,13 @@ class Config(JudgeConfig):
         default="data/rl_eval.jsonl", metadata={"help": "held-out targets, JSONL with `target`"}
     )
     max_examples: int = field(default=0, metadata={"help": "evaluate at most this many targets (0 = all)"})
+    reference_examples: int = field(
+        default=0,
+        metadata={
+            "help": "base, teacher and random play only the first N targets (0 = all); adapters play them "
+            "all. The smallest difference measured is between adapters (RL - SFT): spend the messages there"
+        },
+    )
     output_dir: str = field(default="reports/retrieval", metadata={"help": "where the JSON and PNG go"})
     max_turns: int = field(default=5, metadata={"help": "turns of the multi-turn game"})
     tau: float = field(default=0.85, metadata={"help": "similarity that ends a multi-turn game early"})
@@ -178,6 +186,8 @@ class Config(JudgeConfig):
             )
         if self.num_beams < 1:
             raise ValueError(f"num_beams={self.num_beams} must be >= 1")
+        if self.reference_examples < 0:
+            raise ValueError(f"reference_examples={self.reference_examples} must be >= 0 (0 = all targets)")
         searched = self.num_beams > 1 or self.guidance_scale != 1.0
         if searched and (self.protocol != "ours" or self.sender_temperature > 0):
             raise ValueError(
@@ -469,9 +479,7 @@ def main(cfg: Config) -> None:
                 max_emoji=cfg.max_emoji,
             )
             builder = RetrievalBuilder(tokenizer, judge, similarity, rules)
-            indices = [
-                i for i in range(len(records)) if not system.fixed or fixed[system.name][i] is not None
-            ]
+            indices = played_indices(system, fixed.get(system.name), len(records), cfg.reference_examples)
             games = [builder(records[i]) for i in indices]
             # The same draws for every system: a sampled judge or sender differs by its inputs only.
             torch.manual_seed(cfg.seed)
@@ -509,6 +517,14 @@ def main(cfg: Config) -> None:
         played,
         NAMES_CAVEAT if cfg.judge_reads_names else None,
     )
+
+
+def played_indices(system: System, answers: Sequence[str | None] | None, n: int, reference: int) -> list[int]:
+    """The targets a system plays: all `n`, or the first `reference` for a system without an adapter
+    of its own (base, teacher, random) when `reference` > 0, and of those only the ones a fixed
+    system has an answer for."""
+    limit = min(n, reference) if reference and system.kind != "adapter" else n
+    return [i for i in range(limit) if answers is None or answers[i] is not None]
 
 
 def play_in_batches(
