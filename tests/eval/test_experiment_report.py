@@ -208,6 +208,29 @@ def test_the_sft_senders_diversity_is_set_beside_its_datas_greedy_and_sampled(ru
         experiment_report.main(experiment_report.Config(run_dir=str(run_dir)))
 
 
+def test_the_senders_emoji_on_the_whole_split_are_set_beside_the_teachers_answers_to_it(run_dir):
+    path = run_dir / "reports" / "retrieval" / "retrieval.json"
+    retrieval = json.loads(path.read_text())
+    retrieval["teacher_emoji"] = {"system": "teacher", "replies": 4, "compliance": 1.0, "emoji_per_message": 2.0,
+                                  "distinct_emoji": 14, "entropy_bits": 5.0, "top10_share": 0.5}  # fmt: skip
+    retrieval["rows"][2]["violations"] = 0.25  # rl: one message of four broke the format
+    path.write_text(json.dumps(retrieval))
+    assert cli.main(["experiment-report", "--run_dir", str(run_dir)]) == 0
+    lines = (run_dir / "report.md").read_text().splitlines()
+    table = lines.index("## SFT against its data") + 6  # no eval-sft runs: the data row comes first
+    # Each sender: 7 distinct emoji and 2.5 bits (its row) against the teacher's 14 and 5.0; base and the
+    # teacher itself are not senders shown here.
+    assert lines[table : table + 4] == [
+        "| data (the teacher's answers; held-out split, eval-retrieval) | 4 |  |  | 1.00 | 2.00 | 14 | 5.00 | 0.50 | 1.00 | 1.00 |",
+        "| sft (held-out split, eval-retrieval) | 4 | grammar | 0 | 1.00 | 2.50 | 7 | 2.50 | 1.00 | 0.50 | 0.50 |",
+        "| rl (held-out split, eval-retrieval) | 4 | grammar | 0 | 0.75 | 2.50 | 7 | 2.50 | 1.00 | 0.50 | 0.50 |",
+        "",
+    ]
+    assert cli.main(["experiment-report", "--run_dir", str(run_dir), "--diversity_systems", "rl"]) == 0
+    text = (run_dir / "report.md").read_text()
+    assert "| rl (held-out split" in text and "| sft (held-out split" not in text
+
+
 def test_missing_metrics_are_said_and_a_missing_evaluation_is_an_error(run_dir, tmp_path):
     (run_dir / "grpo" / "metrics.jsonl").unlink()
     assert cli.main(["experiment-report", "--run_dir", str(run_dir), "--examples", "1"]) == 0

@@ -1,4 +1,5 @@
 import json
+import math
 
 import pytest
 import torch
@@ -213,6 +214,14 @@ def test_teacher_and_random_through_the_same_judge_with_paired_differences(tmp_p
         [r["similarity"] for r in first3], abs=1e-6
     )
     assert {c["n"] for c in capped_report["comparisons"]} == {3}
+    # The teacher's emoji statistics are over all 5 of its answers, the 3 it played and the 2 it did not:
+    # 11 emoji in 5 messages, each emoji once.
+    assert capped_report["teacher_emoji"] == again["teacher_emoji"]
+    data = capped_report["teacher_emoji"]
+    assert (data["system"], data["replies"], data["distinct_emoji"]) == ("teacher", 5, 11)
+    assert data["compliance"] == 1.0
+    assert data["emoji_per_message"] == pytest.approx(11 / 5)
+    assert data["entropy_bits"] == pytest.approx(math.log2(11))
 
     # Played a sender batch at a time (under a progress bar): 2 a batch, each game gets its own answer.
     args += ["--modes", "single", "--batch_size", "2", "--output_dir", str(tmp_path / "batches")]

@@ -4,7 +4,8 @@ Reads what the stages of `make experiment` wrote into the run directory:
 - `reports/retrieval/retrieval.json` (`eval-retrieval`, systems base, sft, rl, teacher, random):
   the table on the held-out split, and its per-message records, from which the paired differences
   RL - SFT, SFT - base and RL - teacher are computed (whatever `--compare` that run used), and what
-  each sender learned (repeated emoji, the message it sends most, the guess the judge gives most);
+  each sender learned (repeated emoji, the message it sends most, the guess the judge gives most), and
+  the emoji statistics of the teacher's answers to the whole split, beside which the senders' are set;
 - `grpo/metrics.jsonl`: learning curves by step (reward, similarity, success, KL, distinct emoji,
   emoji per message, the contrast term, judge replies that echoed emoji);
 - `sft/metrics.jsonl`: the SFT loss curves;
@@ -64,6 +65,12 @@ class Config:
         metadata={"help": "senders shown side by side on the example messages (those present)"},
     )
     examples: int = field(default=12, metadata={"help": "held-out messages shown side by side"})
+    diversity_systems: list[str] = field(
+        default_factory=lambda: ["sft", "rl"],
+        metadata={
+            "help": "senders whose emoji on the held-out split are set beside the teacher's (those present)"
+        },
+    )
     resamples: int = field(default=2000, metadata={"help": "bootstrap resamples per interval"})
     seed: int = field(default=0, metadata={"help": "seed of the bootstrap"})
 
@@ -191,10 +198,11 @@ def examples_table(retrieval: Record, cfg: Config) -> str:
     return markdown_table(["message", "sender", "emoji", "the judge's guess", "similarity"], rows)
 
 
-def diversity_table(evaluations: Sequence[Record]) -> str:
+def diversity_table(evaluations: Sequence[Record], retrieval: Record, systems: Sequence[str]) -> str:
     """Per eval-sft run, its data's answers (unless the run before had the same) and, per decoding, the
-    SFT sender's replies at that run's temperature: compliance and emoji statistics, distinct emoji and
-    entropy also as a share of the data's."""
+    SFT sender's replies at that run's temperature; then, where eval-retrieval had a teacher, its answers
+    to the whole held-out split beside the named senders' emoji on it. Compliance and emoji statistics,
+    distinct emoji and entropy also as a share of the data's."""
     header = ["replies", "n", "decoding", "T", "compliance", "emoji / message", "distinct emoji",
               "entropy (bits)", "top-10 share", "distinct / data", "entropy / data"]  # fmt: skip
     rows, shown = [], None
@@ -207,6 +215,19 @@ def diversity_table(evaluations: Sequence[Record]) -> str:
         for row in evaluation["results"]:
             if row["system"] == "sft":
                 rows.append(["sft", str(row["replies"]), row["decoding"], temperature, *_stats(row, data)])
+    data = retrieval.get("teacher_emoji")
+    if data:
+        split = "held-out split, eval-retrieval"
+        rows.append(
+            [f"data (the teacher's answers; {split})", str(data["replies"]), "", "", *_stats(data, data)]
+        )
+        decoding = "grammar" if retrieval.get("protocol", "ours") == "ours" else "none"
+        temperature = f"{retrieval.get('sender_temperature', 0.0):g}"
+        for row in retrieval["rows"]:
+            if row["system"] in systems and row["mode"] == "single" and row.get("n"):
+                played = {**row, "replies": row["n"], "compliance": 1.0 - row["violations"]}
+                label = f"{row['system']} ({split})"
+                rows.append([label, str(row["n"]), decoding, temperature, *_stats(played, data)])
     return markdown_table(header, rows)
 
 
@@ -314,13 +335,14 @@ def main(cfg: Config) -> None:
         figure = line_figure(points, f"{name} by step", figures / f"{name.lower()}_curves.png")
         sections += [f"![{name} by step]({figure.relative_to(run_dir)})", curve_summary(points)]
     evaluations = [read_json(path, "eval-sft's JSON") for path in sorted(run_dir.glob(EVAL_SFT))]
-    if evaluations:
+    if evaluations or retrieval.get("teacher_emoji"):
         sections += [
             "## SFT against its data",
-            "The first chats of the SFT test split (eval-sft). A collapse to generic emoji shows as "
-            "fewer distinct emoji and a lower entropy than the data's: greedy decoding (T 0) sends each "
-            "message's likeliest emoji, sampling at T 1 shows the distribution the sender learned.",
-            diversity_table(evaluations),
+            "The first chats of the SFT test split (eval-sft), then the whole held-out split "
+            "(eval-retrieval). A collapse to generic emoji shows as fewer distinct emoji and a lower "
+            "entropy than the data's: greedy decoding (T 0) sends each message's likeliest emoji, "
+            "sampling at T 1 shows the distribution the sender learned.",
+            diversity_table(evaluations, retrieval, cfg.diversity_systems),
         ]
     sections += [
         "## What the senders learned",

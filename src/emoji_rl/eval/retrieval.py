@@ -515,6 +515,7 @@ def main(cfg: Config) -> None:
         rows,
         compared,
         played,
+        teacher_emoji(systems, fixed, cfg),
         NAMES_CAVEAT if cfg.judge_reads_names else None,
     )
 
@@ -568,6 +569,19 @@ def fixed_answers(
     return answers
 
 
+def teacher_emoji(
+    systems: dict[str, System], fixed: dict[str, list[str | None]], cfg: Config
+) -> Record | None:
+    """Emoji statistics of the teacher's answers to every target it answered, played or not: the data a
+    sender's distinct emoji and entropy on the whole split are measured against, when `reference_examples`
+    lets the teacher play only the first few."""
+    teacher = next((s for s in systems.values() if s.kind == "teacher"), None)
+    if teacher is None:
+        return None
+    answers = [a for a in fixed[teacher.name] if a is not None]
+    return {"system": teacher.name, **asdict(reply_stats(answers, cfg.min_emoji, cfg.max_emoji))}
+
+
 def model_sender(model: torch.nn.Module, tokenizer: PreTrainedTokenizerBase, cfg: Config) -> HFSampler:
     """The protocol's sender: emoji-constrained (ours), or free text the parser filters (seed)."""
     return HFSampler(
@@ -592,6 +606,7 @@ def write_outputs(
     rows: list[Record],
     compared: list[Record],
     played: list[Record],
+    teacher: Record | None,
     caveat: str | None,
 ) -> None:
     out = Path(cfg.output_dir)
@@ -627,6 +642,7 @@ def write_outputs(
             "rows": rows,
             "comparisons": compared,
             "records": played,
+            "teacher_emoji": teacher,
             "caveat": caveat,
         },
     )
