@@ -225,7 +225,7 @@ def diversity_table(evaluations: Sequence[Record], retrieval: Record, systems: S
         temperature = f"{retrieval.get('sender_temperature', 0.0):g}"
         for row in retrieval["rows"]:
             if row["system"] in systems and row["mode"] == "single" and row.get("n"):
-                played = {**row, "replies": row["n"], "compliance": 1.0 - row["violations"]}
+                played = {**row, "compliance": 1.0 - row["violations"]}
                 label = f"{row['system']} ({split})"
                 rows.append([label, str(row["n"]), decoding, temperature, *_stats(played, data)])
     return markdown_table(header, rows)

@@ -542,13 +542,18 @@ def play_in_batches(
     return episodes
 
 
+def teacher_system(systems: dict[str, System]) -> System | None:
+    """The system that plays the teacher's own answers, if one was given."""
+    return next((s for s in systems.values() if s.kind == "teacher"), None)
+
+
 def fixed_answers(
     systems: dict[str, System], targets: Sequence[str], cfg: Config
 ) -> dict[str, list[str | None]]:
     """The teacher's and the random system's answer per target (None: the teacher has none); random
     answers have the teacher's length for the message where there is one."""
     answers: dict[str, list[str | None]] = {}
-    teacher = next((s for s in systems.values() if s.kind == "teacher"), None)
+    teacher = teacher_system(systems)
     if teacher is not None:
         answers[teacher.name] = teacher_answers(str(teacher.path), targets)
         if not any(answers[teacher.name]):
@@ -575,7 +580,7 @@ def teacher_emoji(
     """Emoji statistics of the teacher's answers to every target it answered, played or not: the data a
     sender's distinct emoji and entropy on the whole split are measured against, when `reference_examples`
     lets the teacher play only the first few."""
-    teacher = next((s for s in systems.values() if s.kind == "teacher"), None)
+    teacher = teacher_system(systems)
     if teacher is None:
         return None
     answers = [a for a in fixed[teacher.name] if a is not None]
