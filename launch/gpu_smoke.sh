@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# GPU smoke test, for a box with GPUs (it cannot run on CPU), on the GPU layout below: starts the
+# GPU smoke test, for a box with GPUs (GPUS=0 runs it on vLLM's CPU engine, as the test suite does
+# with the cpu profile's configs), on the GPU layout below: starts the
 # judge vLLM server and, where the layout has one, the policy server, waits for them, runs two GRPO
 # steps with the openai judge (the vllm engine, or --engine hf without a policy server), then one
 # retrieval evaluation, and reports PASS / FAIL / SKIP per stage (budget: 15 minutes). Servers are
@@ -8,6 +9,7 @@
 #   launch/gpu_smoke.sh                              # this box's layout (GPUS: what nvidia-smi lists)
 #   GPUS=2 launch/gpu_smoke.sh                       # judge 0 (TP 1), trainer 1 with --engine hf
 #   launch/gpu_smoke.sh --dry-run                    # print every command, run nothing
+#   GPUS=0 GRPO_CONFIG=configs/cpu/grpo.yaml EVAL_CONFIG=configs/cpu/eval_retrieval.yaml launch/gpu_smoke.sh
 #
 # Settings (environment, default):
 #   SMOKE_DIR    logs, run directories, summary.txt (emptied first)    (runs/gpu-smoke)
@@ -29,8 +31,8 @@ WAIT_S=${WAIT_S:-900}
 GRPO_CONFIG=${GRPO_CONFIG:-configs/gpu/grpo.yaml}
 EVAL_CONFIG=${EVAL_CONFIG:-configs/gpu/eval_retrieval.yaml}
 gpu_layout  # exported: the scripts below see the same layout
-[[ -n "$JUDGE_GPUS" ]] || die "the $GPU_LAYOUT-GPU layout (GPUS=$GPUS) has no GPU for the judge server the smoke test starts: set JUDGE_GPUS"
-[[ -n "$TRAIN_GPUS" ]] || die "TRAIN_GPUS is empty: the GRPO and eval stages need a GPU"
+has_server JUDGE || die "the $GPU_LAYOUT-GPU layout (GPUS=$GPUS) has no GPU for the judge server the smoke test starts: set JUDGE_GPUS"
+on_cpu || [[ -n "$TRAIN_GPUS" ]] || die "TRAIN_GPUS is empty: the GRPO and eval stages need a GPU"
 export JUDGE_PORT=${JUDGE_PORT:-8001} POLICY_PORT=${POLICY_PORT:-8002}
 export JUDGE_NAME=${JUDGE_NAME:-judge} POLICY_NAME=${POLICY_NAME:-policy}
 pick_python
@@ -46,7 +48,7 @@ judge_flags=(
 )
 servers=(judge-server)
 grpo_args=(--max_steps 2 --save_steps 2 --output_dir "$SMOKE_DIR/grpo" "${judge_flags[@]}")
-if [[ -n "$POLICY_GPUS" ]]; then
+if has_server POLICY; then
   servers+=(policy-server)
   grpo_args+=(
     --engine vllm --vllm_url "$policy_url" --vllm_served_name "$POLICY_NAME" --vllm_api_key_env POLICY_API_KEY
@@ -60,13 +62,13 @@ wait_cmd() { print_cmd "$PYTHON" -m emoji_rl.rl.endpoint "$1" --timeout "$POLL_S
 if [[ "$DRY_RUN" == 1 ]]; then
   echo "# stage judge-server: in the background, log in $SMOKE_DIR/judge-server.log"
   launch/serve_judge.sh --dry-run
-  if [[ -n "$POLICY_GPUS" ]]; then
+  if has_server POLICY; then
     echo "# stage policy-server: in the background, log in $SMOKE_DIR/policy-server.log"
     launch/serve_policy.sh --dry-run
   fi
   echo "# each server stage then repeats this while its server lives, up to WAIT_S=$WAIT_S s:"
   wait_cmd "$judge_url"
-  [[ -z "$POLICY_GPUS" ]] || wait_cmd "$policy_url"
+  ! has_server POLICY || wait_cmd "$policy_url"
   echo "# stage grpo: log in $SMOKE_DIR/grpo.log"
   CONFIG="$GRPO_CONFIG" launch/train_grpo.sh --dry-run "${grpo_args[@]}"
   echo "# stage eval: log in $SMOKE_DIR/eval.log"
@@ -122,9 +124,9 @@ run_stage() {  # NAME COMMAND...
 
 total=$SECONDS
 start_server judge-server launch/serve_judge.sh
-[[ -z "$POLICY_GPUS" ]] || start_server policy-server launch/serve_policy.sh
+! has_server POLICY || start_server policy-server launch/serve_policy.sh
 wait_ready judge-server "$judge_url" "${pids[0]}"
-[[ -z "$POLICY_GPUS" ]] || wait_ready policy-server "$policy_url" "${pids[1]}"
+! has_server POLICY || wait_ready policy-server "$policy_url" "${pids[1]}"
 servers_up=1
 for stage in "${servers[@]}"; do [[ "${result[$stage]}" == PASS ]] || servers_up=0; done
 if [[ "$servers_up" == 1 ]]; then

@@ -13,9 +13,11 @@
 #   launch/serve_policy.sh                          # Qwen3.5-4B on 127.0.0.1:8002, POLICY_GPUS
 #   GPUS=8 POLICY_MAX_LORA_RANK=64 launch/serve_policy.sh
 #   launch/serve_policy.sh --dry-run                # print the command, run nothing
+#   GPUS=0 launch/serve_policy.sh                   # no GPU: the cpu profile's SmolLM2 on vLLM's CPU engine
 #
 # Settings (environment, default):
-#   POLICY_MODEL          base model: the grpo config's `model`     (Qwen/Qwen3.5-4B)
+#   POLICY_MODEL          base model: the grpo config's `model`     (Qwen/Qwen3.5-4B;
+#                         GPUS=0: embedded:smollm2-135m-instruct)
 #   POLICY_NAME           served base name; adapters load as NAME-v<step> (policy)
 #   POLICY_HOST           bind address                              (127.0.0.1)
 #   POLICY_PORT           port                                      (8002)
@@ -30,13 +32,13 @@
 #   POLICY_MAX_MODEL_LEN  context length: a whole episode           (4096; 5 turns stay under 1.5K)
 #   POLICY_GPU_MEMORY     --gpu-memory-utilization, in (0, 1]       (0.90)
 #   POLICY_API_KEY        key the server requires                   (unset: none); passed as VLLM_API_KEY, never printed
-#   VLLM                  the vllm executable                       (.venv-vllm/bin/vllm if present, else vllm)
+#   VLLM                  the vllm executable                       (.venv-vllm/bin/vllm if present, else vllm;
+#                         GPUS=0: .venv-vllm-engine/bin/vllm)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 source launch/common.sh
 parse_args "$@"
 
-POLICY_MODEL=${POLICY_MODEL:-Qwen/Qwen3.5-4B}
 POLICY_NAME=${POLICY_NAME:-policy}
 POLICY_HOST=${POLICY_HOST:-127.0.0.1}
 POLICY_PORT=${POLICY_PORT:-8002}
@@ -45,9 +47,11 @@ POLICY_MAX_LORAS=${POLICY_MAX_LORAS:-2}
 POLICY_MAX_CPU_LORAS=${POLICY_MAX_CPU_LORAS:-4}
 POLICY_MAX_MODEL_LEN=${POLICY_MAX_MODEL_LEN:-4096}
 POLICY_GPU_MEMORY=${POLICY_GPU_MEMORY:-0.90}
-pick_vllm
 gpu_layout
-[[ -n "$POLICY_GPUS" ]] || die "the $GPU_LAYOUT-GPU layout (GPUS=$GPUS) has no policy server: GRPO rolls out in the trainer's process (--engine hf, which launch/train_grpo.sh passes); to serve the policy anyway, set POLICY_GPUS to GPUs the judge and the trainer do not use"
+pick_vllm
+if on_cpu; then POLICY_MODEL=${POLICY_MODEL:-embedded:smollm2-135m-instruct}; fi
+POLICY_MODEL=$(resolve_model "${POLICY_MODEL:-Qwen/Qwen3.5-4B}")
+has_server POLICY || die "the $GPU_LAYOUT-GPU layout (GPUS=$GPUS) has no policy server: GRPO rolls out in the trainer's process (--engine hf, which launch/train_grpo.sh passes); to serve the policy anyway, set POLICY_GPUS to GPUs the judge and the trainer do not use"
 
 require_int POLICY_PORT "$POLICY_PORT" 1
 require_one_of POLICY_MAX_LORA_RANK "$POLICY_MAX_LORA_RANK" 1 8 16 32 64 128 256 320 512
@@ -57,13 +61,13 @@ require_int POLICY_MAX_CPU_LORAS "$POLICY_MAX_CPU_LORAS" "$POLICY_MAX_LORAS"
 # The key goes through the environment: on the command line `ps` would show it to every user.
 [[ -n "${POLICY_API_KEY:-}" ]] && export VLLM_API_KEY="$POLICY_API_KEY"
 
+server_device POLICY
 cmd=(
-  env VLLM_ALLOW_RUNTIME_LORA_UPDATING=1 "CUDA_VISIBLE_DEVICES=$POLICY_GPUS" "$VLLM" serve "$POLICY_MODEL"
+  env VLLM_ALLOW_RUNTIME_LORA_UPDATING=1 "${DEVICE_ENV[@]}" "$VLLM" serve "$POLICY_MODEL"
   --host "$POLICY_HOST"
   --port "$POLICY_PORT"
   --served-model-name "$POLICY_NAME"
-  --tensor-parallel-size "$POLICY_TP"
-  --data-parallel-size "$POLICY_DP"
+  "${DEVICE_FLAGS[@]}"
   --api-server-count 1
   --language-model-only
   --enable-lora
@@ -73,7 +77,6 @@ cmd=(
   --structured-outputs-config.backend xgrammar
   --logprobs-mode processed_logprobs
   --max-model-len "$POLICY_MAX_MODEL_LEN"
-  --gpu-memory-utilization "$POLICY_GPU_MEMORY"
   --generation-config vllm
   ${ARGS[@]+"${ARGS[@]}"}
 )

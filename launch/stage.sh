@@ -20,6 +20,6 @@ parse_args "$@"
 
 pick_python
 gpu_layout
-[[ -n "$TRAIN_GPUS" ]] || die "TRAIN_GPUS is empty: the stage needs a GPU for its model"
+on_cpu || [[ -n "$TRAIN_GPUS" ]] || die "TRAIN_GPUS is empty: the stage needs a GPU for its model"
 
 run env "CUDA_VISIBLE_DEVICES=$TRAIN_GPUS" "$PYTHON" -m emoji_rl.cli "${ARGS[@]}"

@@ -12,6 +12,7 @@
 #   NNODES=2 NODE_RANK=1 MASTER_ADDR=10.0.0.1 JUDGE_GPUS= POLICY_GPUS= TRAIN_GPUS=0,1,2,3,4,5,6,7 \
 #     launch/train_grpo.sh --judge_url http://10.0.0.1:8001 --vllm_url http://10.0.0.1:8002   # node 1
 #   LAUNCHER=torchrun launch/train_grpo.sh
+#   GPUS=0 CONFIG=configs/cpu/grpo.yaml launch/train_grpo.sh --engine vllm   # no GPU: one CPU process
 #   launch/train_grpo.sh --dry-run                             # print the command, run nothing
 #
 # Settings (environment, default):
@@ -41,9 +42,7 @@ STRATEGY=${STRATEGY:-ddp}
 CONFIG=${CONFIG:-configs/gpu/grpo.yaml}
 pick_python
 gpu_layout
-[[ -n "$TRAIN_GPUS" ]] || die "TRAIN_GPUS is empty: the trainer needs at least one GPU"
-check_ngpus "$TRAIN_GPUS" "TRAIN_GPUS=$TRAIN_GPUS"
-NGPUS=$(count_list "$TRAIN_GPUS")
+on_cpu || [[ -n "$TRAIN_GPUS" ]] || die "TRAIN_GPUS is empty: the trainer needs at least one GPU"
 
 require_int NNODES "$NNODES" 1
 require_int NODE_RANK "$NODE_RANK" 0
@@ -55,8 +54,16 @@ require_one_of STRATEGY "$STRATEGY" ddp fsdp
 stage=(-m emoji_rl.cli grpo --config "$CONFIG")
 # Before ARGS, so an explicit --engine still wins. Only on one node: another node's layout has no
 # policy server of its own, yet the job's rollouts may use node 0's.
-[[ -z "$POLICY_GPUS" && "$NNODES" == 1 ]] && stage+=(--engine hf)
+! has_server POLICY && [[ "$NNODES" == 1 ]] && stage+=(--engine hf)
 stage+=(${ARGS[@]+"${ARGS[@]}"})
+
+# Without GPUs: one process, beside the servers on the CPU.
+if on_cpu; then
+  (( NNODES == 1 )) || die "GPUS=0 trains in one process on this machine: NNODES=$NNODES needs GPUs"
+  run env CUDA_VISIBLE_DEVICES= "$PYTHON" "${stage[@]}"
+fi
+check_ngpus "$TRAIN_GPUS" "TRAIN_GPUS=$TRAIN_GPUS"
+NGPUS=$(count_list "$TRAIN_GPUS")
 
 if [[ "$LAUNCHER" == accelerate ]]; then
   # accelerate counts processes over all nodes.

@@ -41,7 +41,7 @@ export JUDGE_PORT=${JUDGE_PORT:-8001} POLICY_PORT=${POLICY_PORT:-8002}
 pick_python
 
 wanted=(judge)
-[[ "$SERVERS" == judge,policy && -n "$POLICY_GPUS" ]] && wanted+=(policy)
+[[ "$SERVERS" == judge,policy ]] && has_server POLICY && wanted+=(policy)
 url_of() { if [[ "$1" == judge ]]; then echo "http://127.0.0.1:$JUDGE_PORT"; else echo "http://127.0.0.1:$POLICY_PORT"; fi; }
 answers() { "$PYTHON" -m emoji_rl.rl.endpoint "$1" --timeout 5 > /dev/null 2>&1; }
 

@@ -11,6 +11,7 @@ import os
 import shlex
 import shutil
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -342,6 +343,78 @@ def test_two_gpu_layout_has_no_policy_server_unless_asked():
     assert "the 2-GPU layout (GPUS=2) has no policy server" in result.stderr
     [argv] = dry_run("serve_policy.sh", GPUS="2", POLICY_GPUS="1", TRAIN_GPUS="")
     assert gpus_of(argv) == {"1"}
+
+
+# --- the CPU layout (GPUS=0) ------------------------------------------------------------------------------
+
+CPU = {
+    "GPUS": "0",
+    "PYTHON": sys.executable,
+}  # the CPU layout resolves embedded models with emoji-rl's Python
+
+
+@pytest.mark.parametrize(
+    ("script", "env"),
+    [("serve_judge.sh", {}), ("serve_policy.sh", {"VLLM_ALLOW_RUNTIME_LORA_UPDATING": "1"})],
+)
+def test_the_cpu_layout_serves_the_embedded_model_on_vllms_cpu_engine(script, env):
+    from emoji_rl import models
+
+    [argv] = dry_run(script, **CPU)
+    served_env, cmd = split_env(argv)
+    assert served_env == {**env, "VLLM_CPU_KVCACHE_SPACE": "1", "VLLM_CPU_OMP_THREADS_BIND": "nobind"}
+    assert cmd[:3] == ["vllm", "serve", models.resolve(models.SMOLLM2)]
+    assert flag(cmd, "--dtype") == "float32"
+    assert not {"--tensor-parallel-size", "--data-parallel-size", "--gpu-memory-utilization"} & set(cmd)
+    [argv] = dry_run(script, CPU_KVCACHE_GIB="4", JUDGE_MODEL="/models/j", POLICY_MODEL="/models/p", **CPU)
+    served_env, cmd = split_env(argv)
+    assert served_env["VLLM_CPU_KVCACHE_SPACE"] == "4" and cmd[2] in ("/models/j", "/models/p")
+
+
+def test_the_cpu_layout_takes_the_engines_venv_when_it_is_built(tmp_path):
+    repo = tmp_path / "repo"
+    shutil.copytree(ROOT / "launch", repo / "launch")
+    engine = repo / ".venv-vllm-engine" / "bin" / "vllm"
+    engine.parent.mkdir(parents=True)
+    engine.write_text("")
+    engine.chmod(0o755)
+    env = CPU | {"PATH": os.environ["PATH"], "HOME": str(tmp_path)}
+    result = subprocess.run(
+        ["bash", str(repo / "launch" / "serve_policy.sh"), "--dry-run", "--served-model-name", "p"],
+        env={**env, "POLICY_MODEL": "/models/p"}, capture_output=True, text=True, timeout=30, check=False,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    _, cmd = split_env(shlex.split(result.stdout))
+    assert cmd[:2] == [".venv-vllm-engine/bin/vllm", "serve"]
+
+
+def test_the_cpu_layout_refuses_gpu_ids():
+    result = run("serve_judge.sh", "--dry-run", JUDGE_GPUS="0", **CPU)
+    assert result.returncode == 2 and result.stdout == ""
+    assert "GPUS=0 runs everything on the CPU, but JUDGE_GPUS=0" in result.stderr
+
+
+def test_grpo_on_the_cpu_layout_is_one_process_beside_the_policy_server():
+    [argv] = dry_run("train_grpo.sh", "--max_steps", "2", CONFIG="configs/cpu/grpo.yaml", **CPU)
+    assert argv == [
+        "env", "CUDA_VISIBLE_DEVICES=", sys.executable, "-m", "emoji_rl.cli", "grpo",
+        "--config", "configs/cpu/grpo.yaml", "--max_steps", "2",
+    ]  # fmt: skip
+    result = run("train_grpo.sh", "--dry-run", NNODES="2", **CPU)
+    assert result.returncode == 2 and "NNODES=2 needs GPUs" in result.stderr
+
+
+def test_gpu_smoke_on_the_cpu_layout_starts_both_servers_and_rolls_out_with_vllm():
+    result = run("gpu_smoke.sh", "--dry-run", **CPU)
+    assert result.returncode == 0, result.stderr
+    stages = [line.split(":")[0] for line in result.stdout.splitlines() if line.startswith("# stage")]
+    assert stages == ["# stage judge-server", "# stage policy-server", "# stage grpo", "# stage eval"]
+    [grpo] = [
+        shlex.split(line)
+        for line in result.stdout.splitlines()
+        if " grpo " in line and "emoji_rl.cli" in line
+    ]
+    assert flag(grpo, "--engine") == "vllm" and grpo[:2] == ["env", "CUDA_VISIBLE_DEVICES="]
 
 
 def test_sft_runs_alone_on_every_gpu_or_on_train_gpus():

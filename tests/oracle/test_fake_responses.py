@@ -6,6 +6,7 @@ included, nothing vLLM does not send."""
 from __future__ import annotations
 
 import pytest
+from tests.fakes.traffic import key_paths
 
 ROUTES = {"/v1/completions": "completion", "/v1/chat/completions": "chat", "/v1/models": "models"}
 
@@ -43,8 +44,8 @@ def test_each_answer_is_what_vllm_would_send(checked):
         elif answer["unknown"]:  # extra="allow" keeps them in the dump: name them instead
             wrong.append((kind, exchange.path, {"not in vLLM": answer["unknown"]}))
         elif exchange.answer != answer["dump"]:
-            missing = sorted(_paths(answer["dump"]) - _paths(exchange.answer))
-            extra = sorted(_paths(exchange.answer) - _paths(answer["dump"]))
+            missing = sorted(key_paths(answer["dump"]) - key_paths(exchange.answer))
+            extra = sorted(key_paths(exchange.answer) - key_paths(answer["dump"]))
             wrong.append(
                 (
                     kind,
@@ -59,14 +60,3 @@ def test_the_check_sees_a_missing_null_and_a_field_vllm_lacks(vllm_oracle):
     error = {"error": {"message": "m", "type": "NotFoundError", "code": 404, "detail": "x"}}
     [answer] = vllm_oracle("responses", items=[{"kind": "error", "body": error}])
     assert answer["unknown"] == ["error.detail"] and answer["dump"]["error"]["param"] is None
-
-
-def _paths(value, where=""):
-    """Every key path of a JSON value (list items as [])."""
-    if isinstance(value, dict):
-        return {where + "." + k for k in value} | {
-            p for k, v in value.items() for p in _paths(v, f"{where}.{k}")
-        }
-    if isinstance(value, list):
-        return {p for v in value for p in _paths(v, where + "[]")}
-    return set()

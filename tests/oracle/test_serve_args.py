@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import re
 import shlex
+import sys
 from pathlib import Path
 
 import pytest
@@ -18,13 +19,14 @@ SCRIPTS = ("serve_judge.sh", "serve_policy.sh", "gpu_smoke.sh")
 # server: serve_policy.sh refuses it (tests/test_launch.py checks that) and gpu_smoke.sh starts only
 # the judge. A script never passes here by printing nothing.
 SERVERS = {
+    0: {"serve_judge.sh": 1, "serve_policy.sh": 1, "gpu_smoke.sh": 2},
     2: {"serve_judge.sh": 1, "gpu_smoke.sh": 1},
     4: {"serve_judge.sh": 1, "serve_policy.sh": 1, "gpu_smoke.sh": 2},
     8: {"serve_judge.sh": 1, "serve_policy.sh": 1, "gpu_smoke.sh": 2},
 }
-# The headers' examples are read as on a 4-GPU box, unless they set GPUS themselves: this machine
-# has no GPU, and with none the layout has no servers at all.
-HEADER_BOX = {"GPUS": "4"}
+# The headers' examples are read as on a 4-GPU box, unless they set GPUS themselves (GPUS=0: the CPU
+# layout). The interpreter is the suite's: the CPU layout resolves the embedded model's directory with it.
+HEADER_BOX = {"GPUS": "4", "PYTHON": sys.executable}
 ASSIGNMENT = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*=")
 
 
@@ -46,7 +48,7 @@ def header_examples(script: str) -> list[tuple[dict[str, str], list[str]]]:
 
 
 CASES = [
-    pytest.param(script, {"GPUS": str(gpus)}, [], id=f"{script}-GPUS={gpus}")
+    pytest.param(script, {"GPUS": str(gpus), "PYTHON": sys.executable}, [], id=f"{script}-GPUS={gpus}")
     for gpus, scripts in SERVERS.items()
     for script in scripts
 ] + [

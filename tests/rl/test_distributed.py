@@ -9,6 +9,7 @@ records per rank: the prompts it played and the adapter it holds after each chec
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -178,8 +179,9 @@ def test_publishing_under_fsdp_sends_the_whole_adapter_not_a_shard(tmp_path, mon
         loads = server.bodies("/v1/load_lora_adapter")
     assert done.returncode == 0, done.stderr[-4000:]
     # The ranks held halves (the script checks), the main process published once, both sample from it.
-    assert [load["lora_name"] for load in loads] == ["policy-v1"]
-    assert [(tmp_path / f"sampler{rank}").read_text() for rank in range(RANKS)] == ["policy-v1"] * RANKS
+    [name] = [load["lora_name"] for load in loads]
+    assert re.fullmatch(r"policy-[0-9a-f]{8}-v1", name), name
+    assert [(tmp_path / f"sampler{rank}").read_text() for rank in range(RANKS)] == [name] * RANKS
     published, _ = read_weights(Path(loads[0]["lora_path"]) / "adapter_model.safetensors")
     full, _ = read_weights(tmp_path / "full.safetensors")
     assert published.keys() == full.keys() and all(torch.equal(published[k], full[k]) for k in full)

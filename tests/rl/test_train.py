@@ -190,7 +190,7 @@ def test_vllm_engine_trains_through_versioned_adapters(tmp_path, monkeypatch):
     with FakeVLLMServer(FakeLM(tokenizer), logprobs_mode="processed_logprobs") as server:
         endpoint = Endpoint(server.url + "/v1", api_key_env="EMOJI_RL_TEST_POLICY_KEY", backoff_s=0.01)
         sampler = VLLMSampler(endpoint, "policy", stop_token_id(tokenizer), max_new_tokens=16, max_emoji=4)
-        sync = AdapterSync(sampler, cfg.output_dir, "policy", keep=2)
+        sync = AdapterSync(sampler, cfg.output_dir, "policy", keep=2, session="5e5")
         records = [{"id": "p0", "target": PROMPT}]
 
         # The fake server's model is not the policy: any reward its samples vary in will do. A hash of
@@ -207,11 +207,11 @@ def test_vllm_engine_trains_through_versioned_adapters(tmp_path, monkeypatch):
     updated = [m for m in read_metrics(cfg.output_dir) if m["optim/skipped"] == 0]
     # The adapter is published before the first rollout and after every update, under a new name.
     assert updated, "no update happened: the test would not see a new adapter version"
-    assert loads == ["policy-v0", *(f"policy-v{m['step']}" for m in updated)]
+    assert loads == ["policy-5e5-v0", *(f"policy-5e5-v{m['step']}" for m in updated)]
     # Step 2 rolled out with the newest adapter published before it.
-    before_step_2 = ["policy-v0", *(f"policy-v{m['step']}" for m in updated if m["step"] < 2)]
+    before_step_2 = ["policy-5e5-v0", *(f"policy-5e5-v{m['step']}" for m in updated if m["step"] < 2)]
     assert completions[-1]["model"] == before_step_2[-1]
-    assert completions[0]["model"] == "policy-v0"
+    assert completions[0]["model"] == "policy-5e5-v0"
     assert all(body["structured_outputs"] == {"grammar": constraint_ebnf()} for body in completions)
     assert all(isinstance(p, list) and all(isinstance(t, int) for t in p) for p in completions[0]["prompt"])
 

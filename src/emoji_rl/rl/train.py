@@ -85,16 +85,18 @@ def prompts_per_process(batch_size: int, processes: int) -> int:
 def _sync_weights(
     sync: AdapterSync | None, accelerator: Accelerator, model: torch.nn.Module, step: int
 ) -> None:
-    """Save the adapter and load it on the vLLM server (main process); the others follow its name.
-    Every process gathers the adapter's weights first: under FSDP each holds only a shard."""
+    """Save the adapter and load it on the vLLM server (main process); the others follow the name it
+    loaded it under (a collective, which also waits for the load). Every process gathers the adapter's
+    weights first: under FSDP each holds only a shard."""
     if sync is None:
         return
     state = adapter_state_dict(model)
-    if accelerator.is_main_process:
+    name = (
         sync.publish(step, lambda path: save_adapter(model, path, state))
-    accelerator.wait_for_everyone()
-    if not accelerator.is_main_process:
-        sync.follow(step)
+        if accelerator.is_main_process
+        else None
+    )
+    sync.follow(gather(name)[0])
 
 
 def _step_metrics(rollouts: Rollouts, services: dict[str, float]) -> dict[str, float]:

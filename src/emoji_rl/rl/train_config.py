@@ -122,7 +122,7 @@ class Config(JudgeConfig):
     )
     vllm_served_name: str = field(
         default="policy",
-        metadata={"help": "its --served-model-name (POLICY_NAME); adapters load as NAME-v<step>"},
+        metadata={"help": "its --served-model-name (POLICY_NAME); adapters load as NAME-<session>-v<step>"},
     )
     vllm_api_key_env: str | None = field(
         default="POLICY_API_KEY",

@@ -240,43 +240,57 @@ def test_sampler_logprobs_match_the_trainers_masked_scaled_logprobs(lm, smollm2_
 
 def test_each_update_loads_a_new_version_and_unloads_stale_ones(server, smollm2_tokenizer, tmp_path):
     sampler = sampler_for(server, smollm2_tokenizer)
-    sync = AdapterSync(sampler, tmp_path, base_name="policy", keep=2)
+    sync = AdapterSync(sampler, tmp_path, base_name="policy", keep=2, session="5e55")
     for step in range(4):
-        assert sync.publish(step, save_adapter()) == f"policy-v{step}"
-    root = tmp_path.resolve() / "adapters"
+        assert sync.publish(step, save_adapter()) == f"policy-5e55-v{step}"
+    root = tmp_path.resolve() / "adapters" / "5e55"
     loads = server.bodies("/v1/load_lora_adapter")
     assert loads == [
-        {"lora_name": f"policy-v{k}", "lora_path": str(root / f"step-{k:06d}"), "load_inplace": False}
+        {"lora_name": f"policy-5e55-v{k}", "lora_path": str(root / f"step-{k:06d}"), "load_inplace": False}
         for k in range(4)
     ]
     assert server.bodies("/v1/unload_lora_adapter") == [
-        {"lora_name": "policy-v0"},
-        {"lora_name": "policy-v1"},
+        {"lora_name": "policy-5e55-v0"},
+        {"lora_name": "policy-5e55-v1"},
     ]
-    assert set(server.adapters) == {"policy-v2", "policy-v3"}
+    assert set(server.adapters) == {"policy-5e55-v2", "policy-5e55-v3"}
     assert sorted(p.name for p in root.iterdir()) == ["step-000002", "step-000003"]
     asyncio.run(sampler.sample([(1, 2, 3)]))
-    assert server.bodies("/v1/completions")[-1]["model"] == "policy-v3"
-    assert sync.follow(5) == "policy-v5" and sampler.model == "policy-v5"
+    assert server.bodies("/v1/completions")[-1]["model"] == "policy-5e55-v3"
+    assert sync.follow("policy-5e55-v5") == "policy-5e55-v5" and sampler.model == "policy-5e55-v5"
 
 
-def test_stale_versions_of_an_earlier_run_are_cleared_and_paths_never_reused(
-    server, smollm2_tokenizer, tmp_path
-):
+def test_no_two_sessions_load_the_same_name_or_path(server, smollm2_tokenizer, tmp_path):
+    """vLLM keeps an adapter's cached prefixes under (name, path) after the unload: a rerun or a
+    resume that loaded new weights under an earlier session's name and path would be served KV of
+    the old weights (docs/VLLM.md §4). Each session draws its own id, so none ever does."""
+    for _ in range(3):  # three trainer sessions into one run directory, each from step 0
+        sync = AdapterSync(sampler_for(server, smollm2_tokenizer), tmp_path, base_name="policy")
+        sync.clear_stale()
+        for step in range(2):
+            sync.publish(step, save_adapter())
+    keys = [(b["lora_name"], b["lora_path"]) for b in server.bodies("/v1/load_lora_adapter")]
+    assert len(keys) == 6
+    assert len({name for name, _ in keys}) == 6 and len({path for _, path in keys}) == 6
+
+
+def test_stale_versions_of_an_earlier_session_are_cleared(server, smollm2_tokenizer, tmp_path):
     sampler = sampler_for(server, smollm2_tokenizer)
-    sync = AdapterSync(sampler, tmp_path, base_name="policy", keep=2)
-    old = tmp_path.resolve() / "adapters" / "step-000007"
-    save_adapter()(old)
+    root = tmp_path.resolve() / "adapters"
+    earlier = AdapterSync(sampler, tmp_path, base_name="policy", session="01d")
+    earlier.publish(7, save_adapter())
+    older = root / "step-000003"  # what a version of emoji-rl before sessions left
+    save_adapter()(older)
     httpx.post(
         server.url + "/v1/load_lora_adapter",
         headers=server.auth,
-        json={"lora_name": "policy-v7", "lora_path": str(old)},
+        json={"lora_name": "policy-v3", "lora_path": str(older)},
     )
-    assert sync.clear_stale() == ["policy-v7"]
-    assert not server.adapters and not old.exists()
-    save_adapter()(old)  # a folder left behind at the step the run resumes from
+    sync = AdapterSync(sampler, tmp_path, base_name="policy", session="9e1")
+    assert sorted(sync.clear_stale()) == ["policy-01d-v7", "policy-v3"]
+    assert not server.adapters and list(root.iterdir()) == []
     sync.publish(7, save_adapter())
-    assert server.bodies("/v1/load_lora_adapter")[-1]["lora_path"] == str(old.with_name("step-000007.1"))
+    assert [p.name for p in root.iterdir()] == ["9e1"]
 
 
 def test_adapter_errors_say_what_to_change(lm, smollm2_tokenizer, tmp_path, monkeypatch):
@@ -297,7 +311,7 @@ def test_adapter_errors_say_what_to_change(lm, smollm2_tokenizer, tmp_path, monk
         # A 500 that may pass is still retried.
         small.fail_next("/v1/load_lora_adapter", 500)
         sync.publish(1, save_adapter(rank=16))
-        assert len(small.bodies("/v1/load_lora_adapter")) == 3 and "policy-v1" in small.adapters
+        assert len(small.bodies("/v1/load_lora_adapter")) == 3 and sync.adapter_name(1) in small.adapters
         with pytest.raises(UserError, match=r"no adapter_config\.json"):
             sync.publish(2, lambda path: path.mkdir())
 
@@ -354,14 +368,14 @@ def test_wait_for_server_stops_at_a_dead_engine(server):
 
 def test_retrieval_turns_play_end_to_end_through_the_vllm_sampler(server, smollm2_tokenizer, tmp_path):
     sampler = sampler_for(server, smollm2_tokenizer)
-    AdapterSync(sampler, tmp_path, "policy").publish(0, save_adapter())
+    AdapterSync(sampler, tmp_path, "policy", session="1").publish(0, save_adapter())
     rules = RetrievalRules(max_turns=2, tau=0.99)
     builder = RetrievalBuilder(smollm2_tokenizer, LexiconJudge(), WordOverlap(), rules)
     target = "Let's get pizza and watch a movie tonight"
     games = [builder({"target": target}) for _ in range(2)]
     episodes = asyncio.run(play(games, sampler))
     sent = server.bodies("/v1/completions")
-    assert all(body["model"] == "policy-v0" for body in sent)
+    assert all(body["model"] == "policy-1-v0" for body in sent)
     first_prompt = models.chat_ids(smollm2_tokenizer, sender_messages(target))
     assert sent[0]["prompt"] == [first_prompt, first_prompt]
     constraint = compile_emoji_grammar(smollm2_tokenizer, 2, 8, vocab_size=len(smollm2_tokenizer))

@@ -26,6 +26,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import re
+import secrets
 import shutil
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -216,53 +217,67 @@ class VLLMSampler:
 class AdapterSync:
     """Publishes each adapter version to the policy server and points the sampler at it.
 
-    Version k is saved to `<run_dir>/adapters/step-<k>` and loaded as `<base_name>-v<k>`: a new name
-    and a new path per version, since vLLM keys its prefix cache on (name, path) and a reload from
-    the same path would keep stale KV (docs/VLLM.md §4). The last `keep` versions stay loaded and
-    on disk (vLLM re-reads an adapter evicted from its CPU cache from its path); older ones are
-    unloaded and deleted. The server must see `run_dir` at the same path: the same machine, or a
-    shared filesystem.
+    Version k of this trainer's session is saved to `<run_dir>/adapters/<session>/step-<k>` and loaded
+    as `<base_name>-<session>-v<k>`, `session` a random id drawn when the trainer starts. vLLM keys
+    its prefix cache on (name, path) and keeps the entries after an unload, so a name and path that
+    came back with other weights would be served KV computed under the old ones: a rerun into the
+    same run directory and every --resume redo steps, with new weights, that an earlier session
+    published (docs/VLLM.md §4). The last `keep` versions stay loaded and on disk (vLLM re-reads an
+    adapter evicted from its CPU cache from its path); older ones are unloaded and deleted. The server
+    must see `run_dir` at the same path: the same machine, or a shared filesystem.
 
-    One run per policy server: `clear_stale` unloads every `<base_name>-v<k>` an earlier run (one
-    before a --resume) left loaded. Under accelerate only the main process publishes; the others
-    call `follow(step)` after a barrier.
+    One run per policy server: `clear_stale` unloads every version of `base_name` an earlier session
+    left loaded. Under accelerate only the main process publishes; the others `follow` the name it
+    published.
     """
 
-    def __init__(self, sampler: VLLMSampler, run_dir: str | Path, base_name: str, keep: int = 2) -> None:
+    def __init__(
+        self,
+        sampler: VLLMSampler,
+        run_dir: str | Path,
+        base_name: str,
+        keep: int = 2,
+        session: str | None = None,
+    ) -> None:
         if keep < 1:
             raise UserError(f"keep={keep} must be >= 1: the adapter being sampled from stays loaded")
         self.endpoint = sampler.endpoint
         self.sampler = sampler
+        self.session = session or secrets.token_hex(4)
         self.root = Path(run_dir).resolve() / "adapters"
         self.base_name = base_name
         self.keep = keep
         self._loaded: list[tuple[str, Path]] = []
-        self._version = re.compile(rf"{re.escape(base_name)}-v\d+")
+        # This session's names and an earlier one's; `<base>-v<k>` was the form before sessions.
+        self._version = re.compile(rf"{re.escape(base_name)}(-[0-9a-f]+)?-v\d+")
 
     def adapter_name(self, step: int) -> str:
-        return f"{self.base_name}-v{step}"
+        return f"{self.base_name}-{self.session}-v{step}"
 
     def _client(self) -> httpx.Client:
         return httpx.Client(timeout=self.endpoint.timeout_s)
 
     def clear_stale(self) -> list[str]:
-        """Unload the versions of this base name that the server holds from an earlier run; delete
-        their folders when they lie under this run's adapters directory. Returns their names."""
+        """Unload the versions of this base name that the server holds from an earlier session, and
+        delete what earlier sessions left under this run's adapters directory. Returns the names
+        unloaded."""
         with self._client() as client:
             cards = request_sync(client, self.endpoint, "GET", "/v1/models").json()["data"]
-            stale = [card for card in cards if self._version.fullmatch(card["id"])]
-            for card in stale:
-                self._unload(client, card["id"])
-                path = Path(str(card.get("root") or ""))
-                if path.is_relative_to(self.root):
-                    shutil.rmtree(path, ignore_errors=True)
-        return [card["id"] for card in stale]
+            stale = [card["id"] for card in cards if self._version.fullmatch(card["id"])]
+            for name in stale:
+                self._unload(client, name)
+        if self.root.is_dir():
+            for left in self.root.iterdir():
+                if left.name != self.session:
+                    shutil.rmtree(left, ignore_errors=True)
+        return stale
 
     def publish(self, step: int, save: Callable[[Path], None]) -> str:
         """Save the adapter with `save(directory)` (e.g. PEFT `save_pretrained`), load it, switch
         the sampler to it, and retire versions beyond `keep`. Returns the adapter name."""
         name = self.adapter_name(step)
-        path = self._fresh_dir(step)
+        path = self.root / self.session / f"step-{step:06d}"
+        path.parent.mkdir(parents=True, exist_ok=True)
         # Saved beside the final path and renamed, so the server never reads a half-written adapter.
         tmp = path.with_name(f".{path.name}.tmp")
         shutil.rmtree(tmp, ignore_errors=True)
@@ -283,18 +298,10 @@ class AdapterSync:
         log.info("policy server now samples from %s (%s)", name, path)
         return name
 
-    def follow(self, step: int) -> str:
-        """Switch the sampler to the version the main process published for `step`."""
-        self.sampler.model = self.adapter_name(step)
-        return self.sampler.model
-
-    def _fresh_dir(self, step: int) -> Path:
-        # A folder left by an earlier run at this step gets a sibling: a path is never reused.
-        self.root.mkdir(parents=True, exist_ok=True)
-        path, n = self.root / f"step-{step:06d}", 1
-        while path.exists():
-            path, n = self.root / f"step-{step:06d}.{n}", n + 1
-        return path
+    def follow(self, name: str) -> str:
+        """Switch the sampler to the version the main process published (its `publish` answer)."""
+        self.sampler.model = name
+        return name
 
     def _load(self, client: httpx.Client, name: str, path: Path) -> None:
         body = {"lora_name": name, "lora_path": str(path), "load_inplace": False}
