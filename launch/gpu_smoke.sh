@@ -15,6 +15,7 @@
 #   SMOKE_DIR    logs, run directories, summary.txt (emptied first)    (runs/gpu-smoke)
 #   GPUS, JUDGE_GPUS, POLICY_GPUS, TRAIN_GPUS, JUDGE_TP, ...   the layout (below), checked first
 #   WAIT_S       seconds to wait for each server to answer /health      (900)
+#   SMOKE_EXAMPLES  held-out targets the evaluation plays               (16)
 #   GRPO_CONFIG  config of the two GRPO steps                           (configs/gpu/grpo.yaml)
 #   EVAL_CONFIG  config of the evaluation                               (configs/gpu/eval_retrieval.yaml)
 #   PYTHON       interpreter with emoji-rl installed                    (.venv/bin/python if present, else python3)
@@ -28,6 +29,7 @@ parse_args "$@"
 
 SMOKE_DIR=${SMOKE_DIR:-runs/gpu-smoke}
 WAIT_S=${WAIT_S:-900}
+SMOKE_EXAMPLES=${SMOKE_EXAMPLES:-16}
 GRPO_CONFIG=${GRPO_CONFIG:-configs/gpu/grpo.yaml}
 EVAL_CONFIG=${EVAL_CONFIG:-configs/gpu/eval_retrieval.yaml}
 gpu_layout  # exported: the scripts below see the same layout
@@ -37,6 +39,7 @@ export JUDGE_PORT=${JUDGE_PORT:-8001} POLICY_PORT=${POLICY_PORT:-8002}
 export JUDGE_NAME=${JUDGE_NAME:-judge} POLICY_NAME=${POLICY_NAME:-policy}
 pick_python
 require_int WAIT_S "$WAIT_S" 1
+require_int SMOKE_EXAMPLES "$SMOKE_EXAMPLES" 1
 
 judge_url="http://127.0.0.1:$JUDGE_PORT"
 policy_url="http://127.0.0.1:$POLICY_PORT"
@@ -55,7 +58,7 @@ if has_server POLICY; then
   )
 fi  # else train_grpo.sh passes --engine hf: rollouts in the trainer's process
 eval_args=(
-  --systems base "rl=$SMOKE_DIR/grpo/adapter" --max_examples 16 --output_dir "$SMOKE_DIR/eval" "${judge_flags[@]}"
+  --systems base "rl=$SMOKE_DIR/grpo/adapter" --max_examples "$SMOKE_EXAMPLES" --output_dir "$SMOKE_DIR/eval" "${judge_flags[@]}"
 )
 wait_cmd() { print_cmd "$PYTHON" -m emoji_rl.rl.endpoint "$1" --timeout "$POLL_S"; }
 

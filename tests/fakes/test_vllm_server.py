@@ -201,7 +201,8 @@ def test_a_lark_grammar_is_accepted_and_guided_fields_do_not_constrain(server):
     ("fields", "status", "param"),
     [
         ({"prompt": [[1, -2]]}, 400, "body.prompt"),
-        ({"prompt": [1, "a"]}, 400, "body.prompt"),
+        ({"prompt": [1, "a"]}, 400, "body.prompt.1"),
+        ({"prompt": [-1]}, 400, "body.prompt.0"),
         ({"prompt": [[1, 49152]]}, 400, "prompt"),
         ({"prompt": [[1]] * 1025}, 400, "prompt"),
         ({"logprobs": 21}, 400, "logprobs"),

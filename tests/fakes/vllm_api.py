@@ -107,7 +107,11 @@ class OpenAIAPI:
             return [self.lm.tokenizer(p)["input_ids"] for p in prompt]
         batch = prompt if all(isinstance(p, list) for p in prompt) else [prompt]
         for ids in batch:
-            if not ids or not all(_is_int(t) and t >= 0 for t in ids):
+            bad = next((i for i, t in enumerate(ids) if not (_is_int(t) and t >= 0)), None)
+            if bad is not None and batch[0] is prompt:
+                # The engine's param names the first offending id's place (checked against it).
+                raise bad_field(f"prompt.{bad}", "Input should be an integer >= 0")
+            if not ids or bad is not None:
                 raise bad_field("prompt", "Input should be a non-empty list of integers >= 0")
             for token in ids:
                 if token >= self.lm.vocab_size:

@@ -62,6 +62,11 @@ class Server:
     def log_tail(self, chars: int = 4000) -> str:
         return self.log.read_text(errors="replace")[-chars:]
 
+    def kill(self) -> None:
+        """SIGKILL to the whole group: the API server and the engine die at once, as in a crash."""
+        os.killpg(self.process.pid, signal.SIGKILL)
+        self.process.wait()
+
     def stop(self) -> None:
         if self.process.poll() is None:
             os.killpg(self.process.pid, signal.SIGTERM)
@@ -72,9 +77,12 @@ class Server:
                 self.process.wait()
 
 
-def start_server(script: str, log: Path, env: dict[str, str], *args: str, port_var: str) -> Server:
-    """`launch/<script> args` with `env`, waited for until /health answers (or it dies: its log then)."""
-    port = free_port()
+def start_server(
+    script: str, log: Path, env: dict[str, str], *args: str, port_var: str = "POLICY_PORT", port: int = 0
+) -> Server:
+    """`launch/<script> args` with `env` on `port` (0: a free one), waited for until /health answers
+    (or it dies: its log then)."""
+    port = port or free_port()
     log.parent.mkdir(parents=True, exist_ok=True)
     with log.open("w") as out:
         process = subprocess.Popen(
@@ -120,7 +128,6 @@ def engine(tmp_path_factory) -> Server:
         "judge",
         "--block-size",
         str(BLOCK_SIZE),
-        port_var="POLICY_PORT",
     )
     yield server
     server.stop()

@@ -4,6 +4,8 @@ served from a prefix cached under an earlier session's adapter (docs/VLLM.md §4
 
 from __future__ import annotations
 
+import shutil
+
 import pytest
 from tests.vllm_engine.conftest import KEY_ENV
 
@@ -50,25 +52,22 @@ def sampler_kl(out) -> dict[int, float]:
 
 def test_grpo_trains_resumes_and_reruns_against_the_engine(engine, engine_key, tmp_path, capsys):
     out = tmp_path / "run"
-    assert grpo(engine, out, "--max_steps", "2", "--seed", "0") == 0, capsys.readouterr().err
+    assert grpo(engine, out, "--max_steps", "1", "--seed", "0") == 0, capsys.readouterr().err
     first = sampler_kl(out)
-    assert sorted(first) == [1, 2], read_metrics(out)
-    assert all(abs(kl) < KL_TOLERANCE for kl in first.values()), first
+    assert sorted(first) == [1] and abs(first[1]) < KL_TOLERANCE, read_metrics(out)
 
-    # A resume goes on from the checkpoint, under a session of its own.
-    assert grpo(engine, out, "--max_steps", "3", "--seed", "0", "--resume", "true") == 0, (
-        capsys.readouterr().err
-    )
+    # A resume goes on from the checkpoint, under a session of its own: step 2 is sampled by step 1's
+    # adapter, loaded again from the checkpoint.
+    resumed = grpo(engine, out, "--max_steps", "2", "--seed", "0", "--resume", "true")
+    assert resumed == 0, capsys.readouterr().err
     resumed = sampler_kl(out)
-    assert sorted(resumed) == [1, 2, 3] and abs(resumed[3]) < KL_TOLERANCE, resumed
+    assert sorted(resumed) == [1, 2] and abs(resumed[2]) < KL_TOLERANCE, resumed
 
-    # A new run into the same directory, other weights from step 1 on: the names and paths it loads
-    # are its own, so nothing cached under the first run's adapters is served to it.
-    assert grpo(engine, out, "--max_steps", "2", "--seed", "1", "--resume", "false") == 0, (
-        capsys.readouterr().err
-    )
+    # The run deleted and started again in the same place, with other weights from step 1 on: the same
+    # steps, the same folder, and (before sessions) the same adapter names and paths, whose prefixes
+    # the server still held. Its names and paths are its own: nothing cached is served to it.
+    shutil.rmtree(out)
+    assert grpo(engine, out, "--max_steps", "2", "--seed", "1") == 0, capsys.readouterr().err
     rerun = sampler_kl(out)
     assert sorted(rerun) == [1, 2], rerun
     assert all(abs(kl) < KL_TOLERANCE for kl in rerun.values()), rerun
-    sessions = [p.name for p in (out / "adapters").iterdir()]
-    assert len(sessions) == 1, sessions  # earlier sessions' folders were cleared

@@ -19,6 +19,7 @@ from emoji_rl import cli
 pytestmark = pytest.mark.vllm_engine
 
 EVAL = ["--data", "data/samples/rl_eval.jsonl", "--systems", "base", "random", "--max_examples", "4"]
+EVAL += ["--distractors", "3"]
 EVAL += ["--modes", "single", "--judge_view", "gloss", "--judge_temperature", "0"]
 
 
@@ -67,11 +68,16 @@ def test_gpu_smoke_runs_end_to_end_on_the_cpu_layout(tmp_path):
         "group_size": 2,
         "max_turns": 1,
         "lora_r": 8,
-        "max_new_tokens": 32,
+        "max_new_tokens": 24,
         "judge_view": "gloss",
         "judge_temperature": 0.0,
     }
-    evaluation = {"data": "data/samples/rl_eval.jsonl", "modes": ["single"], "judge_view": "gloss"}
+    evaluation = {
+        "data": "data/samples/rl_eval.jsonl",
+        "modes": ["single"],
+        "judge_view": "gloss",
+        "distractors": 3,
+    }
     (tmp_path / "grpo.yaml").write_text(yaml.safe_dump(grpo))
     (tmp_path / "eval.yaml").write_text(yaml.safe_dump(evaluation))
     judge_port, policy_port = free_port(), free_port()
@@ -81,6 +87,7 @@ def test_gpu_smoke_runs_end_to_end_on_the_cpu_layout(tmp_path):
         cwd=ROOT,
         env=engine_env(
             SMOKE_DIR=str(smoke),
+            SMOKE_EXAMPLES="4",
             GRPO_CONFIG=str(tmp_path / "grpo.yaml"),
             EVAL_CONFIG=str(tmp_path / "eval.yaml"),
             JUDGE_PORT=str(judge_port),
