@@ -39,7 +39,9 @@ class Config:
     compare: bool = field(
         default=False, metadata={"help": "answer with grammar, static mask and unconstrained side by side"}
     )
-    temperature: float = field(default=1.0, metadata={"help": "sampling temperature; 0 for greedy"})
+    temperature: float = field(
+        default=1.0, metadata={"help": "sampling temperature; 0 for greedy", "min": 0.0}
+    )
     max_new_tokens: int = field(default=MAX_NEW_TOKENS, metadata={"help": "token budget per reply"})
     min_emoji: int = field(default=MIN_EMOJI, metadata={"help": "fewest emoji in a valid reply"})
     max_emoji: int = field(default=MAX_EMOJI, metadata={"help": "most emoji in a valid reply"})
@@ -50,6 +52,8 @@ class Config:
             raise ValueError("--unconstrained and --static_mask exclude each other: pick one decoding mode")
         if not 1 <= self.min_emoji <= self.max_emoji:
             raise ValueError(f"need 1 <= min_emoji <= max_emoji, got {self.min_emoji} and {self.max_emoji}")
+        if self.message is not None and not all(m.strip() for m in self.message):
+            raise ValueError("--message: an empty message has nothing to say in emoji")
 
     @property
     def modes(self) -> list[Constraint]:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import math
 import types
 import typing
 from pathlib import Path
@@ -27,6 +28,13 @@ def _bool(text: str) -> bool:
     if lowered in {"0", "false", "no", "off"}:
         return False
     raise argparse.ArgumentTypeError(f"expected true or false, got {text!r}")
+
+
+def _finite_float(text: str) -> float:
+    value = float(text)
+    if not math.isfinite(value):
+        raise argparse.ArgumentTypeError(f"expected a finite number, got {text!r}")
+    return value
 
 
 def _unwrap_optional(tp: Any) -> tuple[Any, bool]:
@@ -50,8 +58,10 @@ def _add_field(parser: argparse.ArgumentParser, field: dataclasses.Field, tp: An
         kwargs.update(type=_bool, metavar="{true,false}", nargs="?", const=True)
     elif origin in (list, tuple):
         (item,) = get_args(tp)[:1]
-        kwargs.update(type=item, nargs="*" if optional else "+")
-    elif tp in (int, float, str):
+        kwargs.update(type=_finite_float if item is float else item, nargs="*" if optional else "+")
+    elif tp is float:
+        kwargs["type"] = _finite_float
+    elif tp in (int, str):
         kwargs["type"] = tp
     else:
         raise TypeError(f"config field {field.name}: unsupported type {tp!r}")
@@ -104,7 +114,63 @@ def load_yaml_overrides(path: str | Path, cls: type) -> dict[str, Any]:
             f"config file {path}: unknown key(s) {', '.join(unknown)} for {cls.__name__}; "
             f"valid keys: {', '.join(sorted(known))}"
         )
-    return data
+    hints = typing.get_type_hints(cls)
+    return {key: _yaml_value(path, key, hints[key], value) for key, value in data.items()}
+
+
+def _yaml_value(path: Path, key: str, tp: Any, value: Any) -> Any:
+    """A YAML value as its field's type. The command line's values pass through argparse's `type`;
+    YAML's reach the dataclass as parsed, so a wrong type would fail deep in a library, or not at all."""
+    tp, optional = _unwrap_optional(tp)
+    if value is None:
+        if optional:
+            return None
+        raise UserError(f"config file {path}: {key} is empty; give it a value or leave the key out")
+    origin = get_origin(tp)
+    if origin in (list, tuple):
+        if not isinstance(value, list):
+            raise UserError(
+                f"config file {path}: {key} must be a list, e.g. {key}: [{value!r}], got {value!r}"
+            )
+        (item,) = get_args(tp)[:1]
+        return [_scalar(path, key, item, v) for v in value]
+    if origin is Literal:
+        if value not in get_args(tp):
+            raise UserError(
+                f"config file {path}: {key} must be one of {', '.join(map(str, get_args(tp)))}, got {value!r}"
+            )
+        return value
+    return _scalar(path, key, tp, value)
+
+
+def _scalar(path: Path, key: str, tp: Any, value: Any) -> Any:
+    def wrong(what: str) -> UserError:
+        return UserError(f"config file {path}: {key} must be {what}, got {value!r}")
+
+    if tp is bool:
+        if not isinstance(value, bool):
+            raise wrong("true or false")
+        return value
+    if tp is int:
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise wrong("a whole number")
+        return value
+    if tp is float:
+        # PyYAML reads 1e-4 (no dot) as a string: take any text float() reads.
+        try:
+            number = (
+                float(value) if isinstance(value, str | int | float) and not isinstance(value, bool) else None
+            )
+        except ValueError:
+            number = None
+        if number is None or not math.isfinite(number):
+            raise wrong("a finite number")
+        return number
+    if tp is str:
+        if not isinstance(value, str):
+            raise wrong("text (quote it)")
+        return value
+    return value
 
 
 def parse_config(cls: type[C], argv: list[str], prog: str) -> C:
@@ -115,10 +181,24 @@ def parse_config(cls: type[C], argv: list[str], prog: str) -> C:
         parser.set_defaults(**load_yaml_overrides(config_path, cls))
     namespace = vars(parser.parse_args(argv))
     namespace.pop("config", None)
+    _check_bounds(cls, namespace, config_path)
     try:
         return cls(**namespace)
     except (ValueError, TypeError) as err:
         raise UserError(str(err)) from err
+
+
+def _check_bounds(cls: type, values: dict[str, Any], config_path: str | None) -> None:
+    """Each field's `min` (metadata), wherever its value came from: a game of 0 turns never ends."""
+    for field in dataclasses.fields(cls):
+        low = field.metadata.get("min")
+        value = values.get(field.name)
+        if low is None or value is None:
+            continue
+        for item in value if isinstance(value, list) else [value]:
+            if item < low:
+                where = f" (--{field.name}, or {field.name}: in {config_path})" if config_path else ""
+                raise UserError(f"{field.name}={item!r} must be >= {low}{where}")
 
 
 def _find_config(argv: list[str]) -> str | None:

@@ -101,7 +101,8 @@ class Config(JudgeConfig):
     model: str = field(default=models.SMOLLM2, metadata={"help": "base model spec of every system"})
     # Greedy: every system's emoji read the same way, so a difference between systems is the senders'.
     judge_temperature: float = field(
-        default=0.0, metadata={"help": "the judge's sampling temperature; 0 = greedy, deterministic"}
+        default=0.0,
+        metadata={"help": "the judge's sampling temperature; 0 = greedy, deterministic", "min": 0.0},
     )
     systems: list[str] = field(
         default_factory=lambda: ["base"],
@@ -136,7 +137,7 @@ class Config(JudgeConfig):
         },
     )
     output_dir: str = field(default="reports/retrieval", metadata={"help": "where the JSON and PNG go"})
-    max_turns: int = field(default=5, metadata={"help": "turns of the multi-turn game"})
+    max_turns: int = field(default=5, metadata={"help": "turns of the multi-turn game", "min": 1})
     tau: float = field(default=0.85, metadata={"help": "similarity that ends a multi-turn game early"})
     distractors: int = field(
         default=10, metadata={"help": "K: candidates (target + K-1 others) for retrieval@1"}

@@ -90,7 +90,8 @@ class JudgeConfig:
         default=TEMPERATURE,
         metadata={
             "help": "an LLM judge's sampling temperature; 0 = greedy, the same guess for the same emoji "
-            "(evaluation's default: a sampled judge moves a 60-message score by ~0.02 on its own)"
+            "(evaluation's default: a sampled judge moves a 60-message score by ~0.02 on its own)",
+            "min": 0.0,
         },
     )
     judge_url: str = field(

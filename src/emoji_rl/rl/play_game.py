@@ -40,9 +40,9 @@ class Config(JudgeConfig):
     data: str = field(default="data/rl_eval.jsonl", metadata={"help": "where random messages come from"})
     model: str = field(default=models.SMOLLM2, metadata={"help": "sender model spec (role judge)"})
     adapter: str | None = field(default=None, metadata={"help": "sender adapter (role judge)"})
-    max_turns: int = field(default=5, metadata={"help": "turns before the game ends"})
+    max_turns: int = field(default=5, metadata={"help": "turns before the game ends", "min": 1})
     tau: float = field(default=0.85, metadata={"help": "similarity that wins the game"})
-    temperature: float = field(default=1.0, metadata={"help": "model sampling temperature"})
+    temperature: float = field(default=1.0, metadata={"help": "model sampling temperature", "min": 0.0})
     seed: int = field(default=0, metadata={"help": "seed for the random message and sampling"})
 
 

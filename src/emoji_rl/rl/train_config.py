@@ -81,7 +81,7 @@ class Config(JudgeConfig):
     curriculum_window: int = field(
         default=64, metadata={"help": "wordle: episodes the format rate is taken over"}
     )
-    max_turns: int = field(default=5, metadata={"help": "sender turns before the game ends"})
+    max_turns: int = field(default=5, metadata={"help": "sender turns before the game ends", "min": 1})
     tau: float = field(default=0.85, metadata={"help": "similarity that ends the game as a success"})
     min_emoji: int = field(default=MIN_EMOJI, metadata={"help": "fewest emoji in a valid turn"})
     max_emoji: int = field(default=MAX_EMOJI, metadata={"help": "most emoji in a valid turn"})

@@ -1,0 +1,85 @@
+"""Config values checked where they are parsed (issue 34, points 3 and 5): a wrong type or an
+impossible value names its key (and its file) before any model loads, instead of failing deep in a
+library, or running a game that never ends."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+
+from emoji_rl import chat
+from emoji_rl.config import parse_config
+from emoji_rl.errors import UserError
+from emoji_rl.eval import retrieval
+from emoji_rl.rl import play_game, train_config
+
+
+def parse(cls, tmp_path, yaml_text: str, *argv: str):
+    path = tmp_path / "c.yaml"
+    path.write_text(yaml_text)
+    return parse_config(cls, ["--config", str(path), *argv], prog="test")
+
+
+@pytest.mark.parametrize(
+    ("yaml_text", "message"),
+    [
+        ("max_steps: 2.5\n", "max_steps must be a whole number, got 2.5"),
+        ("max_steps: [1, 2]\n", "max_steps must be a whole number, got [1, 2]"),
+        ("max_steps: true\n", "max_steps must be a whole number, got True"),
+        ("learning_rate: .nan\n", "learning_rate must be a finite number, got nan"),
+        ("learning_rate: .inf\n", "learning_rate must be a finite number, got inf"),
+        ("learning_rate: fast\n", "learning_rate must be a finite number, got 'fast'"),
+        ("resume: maybe\n", "resume must be true or false, got 'maybe'"),
+        ("engine: tgi\n", "engine must be one of hf, vllm, got 'tgi'"),
+        ("output_dir: 3\n", "output_dir must be text (quote it), got 3"),
+        ("max_steps:\n", "max_steps is empty"),
+    ],
+)
+def test_a_yaml_value_of_the_wrong_type_names_its_file_and_key(tmp_path, yaml_text, message):
+    with pytest.raises(UserError, match="config file .*c.yaml: " + re.escape(message)):
+        parse(train_config.Config, tmp_path, yaml_text)
+
+
+def test_yaml_numbers_are_taken_as_their_fields_type(tmp_path):
+    cfg = parse(train_config.Config, tmp_path, "learning_rate: 1e-4\nbeta: 0\nmax_steps: 3\n")
+    assert cfg.learning_rate == 1e-4 and isinstance(cfg.beta, float) and cfg.max_steps == 3
+
+
+def test_a_list_field_given_one_value_says_to_make_it_a_list(tmp_path):
+    with pytest.raises(UserError, match=r"systems must be a list, e\.g\. systems: \['base'\], got 'base'"):
+        parse(retrieval.Config, tmp_path, "systems: base\n")
+
+
+def test_a_non_finite_number_on_the_command_line_is_refused(capsys):
+    with pytest.raises(SystemExit):
+        parse_config(train_config.Config, ["--learning_rate", "nan"], prog="grpo")
+    assert "expected a finite number, got 'nan'" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    ("cls", "argv", "message"),
+    [
+        (train_config.Config, ["--max_turns", "0"], "max_turns=0 must be >= 1"),
+        (retrieval.Config, ["--max_turns", "-1"], "max_turns=-1 must be >= 1"),
+        (play_game.Config, ["--max_turns", "0"], "max_turns=0 must be >= 1"),
+        (play_game.Config, ["--temperature", "-1"], "temperature=-1.0 must be >= 0.0"),
+        (chat.Config, ["--temperature", "-1"], "temperature=-1.0 must be >= 0.0"),
+        (retrieval.Config, ["--judge_temperature", "-0.5"], "judge_temperature=-0.5 must be >= 0.0"),
+    ],
+)
+def test_values_no_game_can_run_with_are_refused_at_parse_time(cls, argv, message):
+    with pytest.raises(UserError, match=message):
+        parse_config(cls, argv, prog="test")
+
+
+def test_a_bound_broken_in_the_config_file_names_the_file(tmp_path):
+    with pytest.raises(
+        UserError, match=r"max_turns=0 must be >= 1 \(--max_turns, or max_turns: in .*c\.yaml\)"
+    ):
+        parse(retrieval.Config, tmp_path, "max_turns: 0\n")
+
+
+def test_chat_refuses_an_empty_message():
+    with pytest.raises(UserError, match="an empty message has nothing to say"):
+        parse_config(chat.Config, ["--message", "hello", " "], prog="chat")
