@@ -575,3 +575,29 @@ def test_every_stage_command_of_a_make_target_parses(target, monkeypatch):
     assert commands, printed
     for stage, args in commands:
         parse_stage(stage, args)
+
+
+# --- launch/vllm_engine/build.sh ---------------------------------------------------------------------------
+
+
+def test_the_engine_build_names_the_step_that_failed_and_its_log(tmp_path):
+    """A failed step says which and where its log is, and leaves no mark: the next run retries it."""
+    env = {
+        "PATH": os.environ["PATH"],
+        "HOME": str(tmp_path),
+        "EMOJI_RL_CACHE": str(tmp_path / "cache"),
+        "PYTHON": "false",  # the interpreter the steps use: the first step that runs it fails
+    }
+    result = subprocess.run(
+        ["bash", str(ROOT / "launch/vllm_engine/build.sh")],
+        env=env, capture_output=True, text=True, timeout=120, check=False,
+    )  # fmt: skip
+    assert result.returncode == 1
+    [root] = (tmp_path / "cache" / "vllm-engine").glob("*/logs")
+    assert f"vllm-engine: step 'sdist' failed; the last lines of {root}/sdist.log:" in result.stderr
+    assert not (root.parent / "done" / "sdist").exists()
+    venv = subprocess.run(
+        ["bash", str(ROOT / "launch/vllm_engine/build.sh"), "--print-venv"],
+        env=env, capture_output=True, text=True, timeout=30, check=True,
+    ).stdout.strip()  # fmt: skip
+    assert venv == str(root.parent / "venv")

@@ -17,7 +17,7 @@
 #     torch==2.14.0+cpu, which the registry does not carry; vLLM's tools/use_existing_torch.py unpins it.
 #   - vllm-cpu.patch: AVX2 extension only, oneDNN left out, gcc 12.2 accepted.
 #   - torch-cmake-nocuda.patch: find_package(Torch) without a CUDA toolkit.
-# A cold build compiles for about 20-30 minutes on 2 cores and takes about 8 GB of disk.
+# A cold build takes about 11 minutes on 2 cores (8 of them compiling) and 6.9 GB of disk.
 set -euo pipefail
 HERE=$(cd "$(dirname "$0")" && pwd)
 REPO=$(cd "$HERE/../.." && pwd)
