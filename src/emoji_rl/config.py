@@ -158,12 +158,10 @@ def _scalar(path: Path, key: str, tp: Any, value: Any) -> Any:
     if tp is float:
         # PyYAML reads 1e-4 (no dot) as a string: take any text float() reads.
         try:
-            number = (
-                float(value) if isinstance(value, str | int | float) and not isinstance(value, bool) else None
-            )
-        except ValueError:
-            number = None
-        if number is None or not math.isfinite(number):
+            number = float(value) if not isinstance(value, bool) else math.nan
+        except (TypeError, ValueError):
+            number = math.nan
+        if not math.isfinite(number):
             raise wrong("a finite number")
         return number
     if tp is str:
