@@ -15,7 +15,7 @@ import torch
 from tests.vllm_engine.conftest import KEY, lora_adapter
 
 from emoji_rl import models
-from emoji_rl.emoji.constraint import compile_emoji_grammar, replay_masks
+from emoji_rl.emoji.constraint import compile_emoji_grammar, replay_masks, safe_max_new_tokens
 from emoji_rl.errors import UserError
 from emoji_rl.prompts import sender_messages
 from emoji_rl.rl import grpo
@@ -41,8 +41,11 @@ def adapters(smollm2_model, tmp_path_factory):
 
 
 def sampler_for(engine, tokenizer, engine_key, **kwargs) -> VLLMSampler:
+    # The budget within which every message the grammar allows reaches end of turn: with less, a
+    # sample of 8 multi-token emoji is cut short (seen in CI with 32: no stop token at the end).
     endpoint = Endpoint(engine.url, api_key_env=engine_key, backoff_s=0.2)
-    return VLLMSampler(endpoint, "policy", models.stop_token_id(tokenizer), max_new_tokens=32, **kwargs)
+    budget = safe_max_new_tokens(8)
+    return VLLMSampler(endpoint, "policy", models.stop_token_id(tokenizer), max_new_tokens=budget, **kwargs)
 
 
 def copy_of(adapter):
