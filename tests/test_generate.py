@@ -18,7 +18,7 @@ def test_sampling_draws_only_allowed_tokens_even_at_the_ends_of_the_uniform(monk
     # must never come out.
     scores = torch.tensor([[-INF, 0.0, -INF, math.log(3), -INF]])
     for rand, expected in ((0.0, 3), (1 - 2**-24, 1)):
-        monkeypatch.setattr(torch, "rand", lambda *shape, r=rand, **_: torch.full(shape, r))
+        monkeypatch.setattr(torch, "rand", lambda *shape, r=rand, **options: torch.full(shape, r, **options))
         ids, logprobs = sample_tokens(scores, temperature=1.0)
         assert ids.tolist() == [expected]
         assert logprobs.item() == pytest.approx(math.log({1: 0.25, 3: 0.75}[expected]))
@@ -32,6 +32,41 @@ def test_sampling_follows_the_tempered_distribution():
     share = torch.bincount(ids, minlength=4).float() / len(ids)
     assert share.tolist() == pytest.approx([1 / 6, 2 / 6, 3 / 6, 0.0], abs=0.01)
     assert logprobs[ids == 2].unique().tolist() == pytest.approx([math.log(0.5)])
+
+
+def test_a_masked_id_is_never_drawn_whatever_the_rounding_of_the_cumulative_sum(monkeypatch):
+    # CUDA sums in a tree, not left to right, so the sum at a masked id (probability 0) can round
+    # above its predecessor's and catch a uniform. Plant that rounding in every float cumulative sum,
+    # widened from 1 ulp to 0.05 so that draws find it; an integer sum is exact in any order.
+    cumsum = torch.Tensor.cumsum
+
+    def rounded_up_at_zeros(values, dim, **options):
+        sums = cumsum(values, dim, **options)
+        if not sums.is_floating_point():
+            return sums
+        return torch.where(values == 0, sums + 0.05, sums)
+
+    monkeypatch.setattr(torch.Tensor, "cumsum", rounded_up_at_zeros)
+    torch.manual_seed(0)
+    # Masked ids first, between the allowed ones and last.
+    scores = torch.tensor([[-INF, 0.0, -INF, 0.0, -INF, 0.0, -INF]]).expand(4000, 7)
+    ids, logprobs = sample_tokens(scores, temperature=1.0)
+    assert set(ids.tolist()) == {1, 3, 5}
+    assert logprobs.tolist() == pytest.approx([-math.log(3)] * 4000)
+
+
+def test_draw_frequencies_match_the_probabilities():
+    # Masked ids at both ends and between, and a rare id: a chi-square test of 20,000 draws against
+    # the probabilities (3 degrees of freedom; 16.27 is the 0.1% critical value).
+    probabilities = torch.tensor([0.0, 0.02, 0.0, 0.18, 0.3, 0.0, 0.5, 0.0])
+    scores = probabilities.log()[None].expand(20000, -1)
+    torch.manual_seed(0)
+    ids, _ = sample_tokens(scores, temperature=1.0)
+    counts = torch.bincount(ids, minlength=len(probabilities)).double()
+    assert counts[probabilities == 0].sum() == 0
+    expected = probabilities[probabilities > 0].double() * len(ids)
+    chi_square = ((counts[probabilities > 0] - expected) ** 2 / expected).sum().item()
+    assert chi_square < 16.27, (counts.tolist(), chi_square)
 
 
 def test_greedy_takes_the_argmax_with_its_log_prob():

@@ -1,3 +1,6 @@
+import logging
+import sys
+
 import pytest
 
 from emoji_rl import models
@@ -34,6 +37,41 @@ def test_cpu_runtime_is_fp32_sdpa():
 
     runtime = models.pick_runtime("cpu")
     assert (runtime.dtype, runtime.attn_implementation) == (torch.float32, "sdpa")
+
+
+@pytest.fixture
+def plant_flash_attn(monkeypatch, tmp_path):
+    """Plants a `flash_attn` package whose `__init__.py` is the source given; the process's import
+    check is forgotten before and after."""
+
+    def plant(source: str) -> None:
+        (tmp_path / "flash_attn").mkdir()
+        (tmp_path / "flash_attn" / "__init__.py").write_text(source)
+        monkeypatch.syspath_prepend(str(tmp_path))
+
+    monkeypatch.delitem(sys.modules, "flash_attn", raising=False)
+    models.flash_attn_imports.cache_clear()
+    yield plant
+    sys.modules.pop("flash_attn", None)
+    models.flash_attn_imports.cache_clear()
+
+
+def test_a_flash_attn_that_fails_to_import_falls_back_to_sdpa_saying_why_once(plant_flash_attn, caplog):
+    import torch
+
+    # What a flash-attn built against another torch raises: its package is there, its extension is not.
+    plant_flash_attn('raise ImportError("flash_attn_2_cuda.so: undefined symbol: _ZN3c105ErrorC2E")\n')
+    with caplog.at_level(logging.WARNING, logger="emoji_rl.models"):
+        runtimes = [models.pick_runtime("cuda", "bfloat16") for _ in range(2)]
+    assert [r.attn_implementation for r in runtimes] == ["sdpa", "sdpa"]
+    assert runtimes[0].dtype == torch.bfloat16
+    assert [r.getMessage().count("undefined symbol: _ZN3c105ErrorC2E") for r in caplog.records] == [1]
+
+
+def test_a_flash_attn_that_imports_is_picked_on_cuda_in_half_precision(plant_flash_attn):
+    plant_flash_attn("")
+    assert models.pick_runtime("cuda", "bfloat16").attn_implementation == "flash_attention_2"
+    assert models.pick_runtime("cuda", "float32").attn_implementation == "sdpa"
 
 
 def test_chat_template_renders_system_user_and_generation_prompt(smollm2_tokenizer):

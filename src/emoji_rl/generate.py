@@ -209,8 +209,11 @@ def sample_tokens(scores: torch.Tensor, temperature: float) -> tuple[torch.Tenso
 
     By inverse CDF: one uniform per row. `torch.multinomial` draws an exponential per vocabulary
     entry, 18 ms a step at batch 16 on SmolLM2's 49K ids (2 CPU cores), more than a decode step's
-    attention. u is in (0, total], so the first index whose cumulative sum reaches u always has
-    a probability above zero: a masked token is never drawn, even at the ends.
+    attention. The probabilities are summed as integers, not floats: a float cumulative sum depends
+    on the order of its additions, and CUDA's is a tree scan, so the sum at a masked id could land
+    1 ulp above its predecessor's, catch u and be drawn. Integer sums are exact in any order: a
+    masked id, weight 0, repeats its predecessor's sum, and the first sum that reaches u (in
+    [1, total], so even at the ends) has a weight above zero.
     """
     import torch
 
@@ -219,8 +222,12 @@ def sample_tokens(scores: torch.Tensor, temperature: float) -> tuple[torch.Tenso
         logp = scores.log_softmax(-1)
     else:
         logp = (scores / temperature).log_softmax(-1)
-        cumulative = logp.exp().cumsum(-1)
-        u = (1 - torch.rand(len(scores), 1, device=scores.device)) * cumulative[:, -1:]
+        # Weights in units of 2^-52: those rounded down to 0 hold under 1e-10 of the mass of a 250K
+        # vocabulary, and the total stays below 2^53, where float64 is exact, so u never exceeds it.
+        cumulative = logp.exp().mul_(2.0**52).long().cumsum_(-1)
+        total = cumulative[:, -1:]
+        r = torch.rand(len(scores), 1, dtype=torch.float64, device=scores.device)
+        u = ((1 - r) * total).ceil().long()
         ids = torch.searchsorted(cumulative, u).squeeze(1)
     return ids, logp.gather(-1, ids[:, None]).squeeze(1)
 

@@ -242,9 +242,29 @@ def pick_runtime(device: str = "auto", dtype: str = "auto") -> Runtime:
         chosen = torch.bfloat16 if on_gpu else torch.float32
     else:
         chosen = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}[dtype]
-    flash = device.startswith("cuda") and importlib.util.find_spec("flash_attn") is not None
-    attn = "flash_attention_2" if flash and chosen != torch.float32 else "sdpa"
-    return Runtime(device, chosen, attn)
+    flash = device.startswith("cuda") and chosen != torch.float32 and flash_attn_imports()
+    return Runtime(device, chosen, "flash_attention_2" if flash else "sdpa")
+
+
+@functools.cache
+def flash_attn_imports() -> bool:
+    """Whether flash-attn 2 imports in this process; if not, a warning says why, once.
+
+    Imported, not looked up with find_spec: a flash-attn built against another torch is installed
+    but fails to load its CUDA extension (an undefined symbol), and transformers would select it and
+    die at the first forward."""
+    try:
+        importlib.import_module("flash_attn")
+    except (ImportError, OSError, RuntimeError) as err:
+        logger.warning(
+            "flash-attn 2 does not import (%s: %s), so attention runs on sdpa, slower; %s, or rebuild a "
+            "flash-attn that was built against another torch",
+            type(err).__name__,
+            err,
+            _GPU_EXTRA_HINT,
+        )
+        return False
+    return True
 
 
 def load_base_model(spec: str | ModelSpec, runtime: Runtime) -> PreTrainedModel:

@@ -2,9 +2,11 @@
 unconstrained format compliance, and the adapter is one that PeftModel and vLLM load."""
 
 import json
+import math
 
 import pytest
 from safetensors import safe_open
+from tests.launching import read_weights
 
 from emoji_rl.sft import evaluate, train
 
@@ -131,3 +133,40 @@ def test_resume_after_a_crash_logs_each_step_once(tmp_path, monkeypatch):
     # eval at the checkpoint: the lines are the uninterrupted run's.
     assert [r["step"] for r in _lines(run) if "train/loss" in r] == [1, 2, 3]
     assert _lines(run) == _lines(tmp_path / "full")
+
+
+def test_gradient_checkpointing_recomputes_every_layer_and_trains(tiny_qwen, tmp_path, monkeypatch):
+    """`gradient_checkpointing` reaches the model that TRL wraps in LoRA, and LoRA still learns through
+    the recomputed layers (the frozen embeddings give their output no gradient of its own)."""
+    import torch
+    from transformers.modeling_layers import GradientCheckpointingLayer
+
+    seen = {"layer runs with gradients": 0}
+
+    def count_run(*_):
+        seen["layer runs with gradients"] += torch.is_grad_enabled()
+
+    def watching(path):
+        callback = real_callback(path)
+
+        def on_train_begin(args, state, control, model=None, **kwargs):
+            layers = [m for m in model.modules() if isinstance(m, GradientCheckpointingLayer)]
+            seen["checkpointed layers"] = [layer.gradient_checkpointing for layer in layers]
+            # The layer's first module: once in the forward pass, again when the backward pass recomputes it.
+            layers[0].input_layernorm.register_forward_pre_hook(count_run)
+
+        callback.on_train_begin = on_train_begin
+        return callback
+
+    real_callback = train.jsonl_metrics_callback
+    monkeypatch.setattr(train, "jsonl_metrics_callback", watching)
+    run = tmp_path / "run"
+    # The tiny Qwen3.5: both kinds of decoder layer, as on the gpu profile. 2 steps of one forward each.
+    settings = dict(_tiny_run(tmp_path), model=str(tiny_qwen), eval_data=None, max_steps=2)
+    train.main(train.Config(output_dir=str(run), gradient_checkpointing=True, **settings))
+    assert seen == {"layer runs with gradients": 4, "checkpointed layers": [True] * 4}
+    losses = [row["train/loss"] for row in _lines(run) if "train/loss" in row]
+    assert len(losses) == 2 and all(math.isfinite(loss) for loss in losses)
+    weights, _ = read_weights(run / "adapter" / "adapter_model.safetensors")
+    lora_b = [w for name, w in weights.items() if ".lora_B." in name]
+    assert lora_b and any(b.abs().max() > 0 for b in lora_b), "nothing trained"  # LoRA B starts at 0

@@ -89,6 +89,15 @@ def test_profile_configs_parse(profile):
     build_sft_config(cfg, CPU, world_size=1)
 
 
+def test_gpu_wordle_sft_recomputes_activations():
+    # A forward holds 16 rows of up to 1,057 tokens through Qwen3.5-4B.
+    path = ROOT / "configs" / "gpu" / "sft.wordle.yaml"
+    cfg = parse_config(Config, ["--config", str(path)], prog="emoji-rl sft")
+    args = build_sft_config(cfg, CPU, world_size=1)
+    assert args.activation_checkpointing is True
+    assert args.activation_checkpointing_kwargs == {"use_reentrant": False}
+
+
 @pytest.mark.parametrize("strategy", ["ddp", "fsdp"])
 def test_accelerate_configs_are_valid(strategy):
     from accelerate.commands.config.config_args import ClusterConfig
