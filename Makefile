@@ -16,7 +16,7 @@ RUN_DIR ?= runs/demo
 TEST_WORKERS ?= 2
 
 .DEFAULT_GOAL := help
-.PHONY: help setup setup-vllm-cpu setup-vllm-engine demo play-web eval-human test test-fast bench lint format clean
+.PHONY: help setup setup-vllm-cpu setup-vllm-engine demo play-web eval-human test test-fast bench bench-scale lint format clean
 
 help: ## List the targets
 	@grep -hE '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-12s %s\n", $$1, $$2}'
@@ -105,6 +105,9 @@ test-fast: $(STAMP) $(VLLM_CPU_STAMP) ## Run the tests not marked slow (nor vllm
 
 bench: $(STAMP) ## Print side-by-side speed ratios on the embedded models
 	$(OFFLINE) $(BIN)/python -m emoji_rl.bench
+
+bench-scale: $(STAMP) ## The gpu profile's GRPO step at Qwen3.5-4B's real shapes, measured on the CPU (~15 min, 10 GB)
+	$(OFFLINE) $(BIN)/python -m emoji_rl.rl.bench_scale
 
 lint: $(STAMP) ## ruff check and format check
 	$(BIN)/ruff check src tests

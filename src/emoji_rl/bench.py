@@ -185,16 +185,23 @@ def print_rows(rows: list[Row]) -> None:
         )
 
 
-def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(prog="python -m emoji_rl.bench", description=__doc__.splitlines()[0])
-    parser.add_argument("--only", nargs="+", choices=list(BENCHMARKS), help="run only these benchmarks")
+def run_benchmarks(
+    benchmarks: dict[str, Callable[[], list[Row]]], prog: str, description: str, argv: list[str] | None
+) -> None:
+    """The command line of a bench module: run its benchmarks (or `--only` some), then the table."""
+    parser = argparse.ArgumentParser(prog=prog, description=description)
+    parser.add_argument("--only", nargs="+", choices=list(benchmarks), help="run only these benchmarks")
     args = parser.parse_args(argv)
     rows: list[Row] = []
-    for name in args.only or BENCHMARKS:
+    for name in args.only or benchmarks:
         print(f"running {name} ...", flush=True)
-        rows.extend(BENCHMARKS[name]())
+        rows.extend(benchmarks[name]())
     print()
     print_rows(rows)
+
+
+def main(argv: list[str] | None = None) -> None:
+    run_benchmarks(BENCHMARKS, "python -m emoji_rl.bench", __doc__.splitlines()[0], argv)
 
 
 if __name__ == "__main__":

@@ -16,10 +16,13 @@ single process without checkpointing. Models with other than full-attention laye
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Iterator
 from typing import TYPE_CHECKING
 
+import torch
+
 if TYPE_CHECKING:
-    import torch
     from transformers import PreTrainedModel
 
 
@@ -34,16 +37,74 @@ def shared_prefix_length(input_ids: torch.Tensor, attention_mask: torch.Tensor, 
     return int(differs[0]) if len(differs) else input_ids.shape[1] - 1
 
 
+class _HeadColumns(torch.nn.Module):
+    """The LM head projecting onto some vocabulary ids only: its weight's rows at those ids, read
+    at call time (under FSDP the weight is whole only during the forward pass). It holds no
+    parameters of its own, so the model's parameters and their names do not change."""
+
+    def __init__(self, head: torch.nn.Linear, ids: torch.Tensor) -> None:
+        super().__init__()
+        self._head = (head,)  # in a tuple: not registered as a submodule
+        self._ids = ids
+
+    def forward(self, hidden: torch.Tensor) -> torch.Tensor:
+        (head,) = self._head
+        ids = self._ids.to(head.weight.device)
+        bias = head.bias[ids] if head.bias is not None else None
+        return torch.nn.functional.linear(hidden, head.weight[ids], bias)
+
+
+def _hf_model(model: torch.nn.Module) -> torch.nn.Module:
+    """The transformers model under DDP's `.module` and PEFT's wrappers (FSDP2 wraps in place)."""
+    while hasattr(model, "module"):
+        model = model.module
+    return model.get_base_model() if hasattr(model, "get_base_model") else model
+
+
+@contextlib.contextmanager
+def _head_onto(model: torch.nn.Module, vocabulary: torch.Tensor) -> Iterator[bool]:
+    """While open, the model's logits are those of `vocabulary`'s ids only, when its LM head is a
+    plain linear layer (yields True); otherwise (an adapted head) it is left alone (yields False)."""
+    inner = _hf_model(model)
+    head = inner.get_output_embeddings()
+    if type(head) is not torch.nn.Linear:
+        yield False
+        return
+    inner.set_output_embeddings(_HeadColumns(head, vocabulary))
+    try:
+        yield True
+    finally:
+        inner.set_output_embeddings(head)
+
+
 def kept_logits(
     model: PreTrainedModel,
     input_ids: torch.Tensor,
     attention_mask: torch.Tensor,
     keep: torch.Tensor,
     share_prefix: bool,
+    vocabulary: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """[N, V] logits at the N positions where `keep` [B, L] is true, in row-major order: the LM head
     projects only those (transformers' boolean `logits_to_keep`), never the [B, L, V] logits.
-    `share_prefix` runs the rows' common opening once (see the module's docstring)."""
+    `share_prefix` runs the rows' common opening once (see the module's docstring).
+
+    `vocabulary`: ids (int64 [S]) whose logits alone are wanted, [N, S]: the head multiplies by S
+    rows of its weight instead of V (for Qwen3.5 under the emoji grammar, 240 of 248,320)."""
+    if vocabulary is None:
+        return _kept_logits(model, input_ids, attention_mask, keep, share_prefix)
+    with _head_onto(model, vocabulary) as narrowed:
+        logits = _kept_logits(model, input_ids, attention_mask, keep, share_prefix)
+    return logits if narrowed else logits[:, vocabulary.to(logits.device)]
+
+
+def _kept_logits(
+    model: PreTrainedModel,
+    input_ids: torch.Tensor,
+    attention_mask: torch.Tensor,
+    keep: torch.Tensor,
+    share_prefix: bool,
+) -> torch.Tensor:
     from emoji_rl.prefill import can_share_prefixes
 
     share_prefix = share_prefix and can_share_prefixes(model)

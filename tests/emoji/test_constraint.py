@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import copy
 import json
+import random
 
 import pytest
 import torch
@@ -16,8 +17,11 @@ from emoji_rl.emoji.constraint import (
     compile_emoji_grammar,
     compile_emoji_grammar_raw,
     grammar_ebnf,
+    grammar_support,
+    pack_bitmask,
     replay_masks,
     safe_max_new_tokens,
+    support_masks,
     unpack_bitmask,
     vllm_structured_outputs,
 )
@@ -87,6 +91,13 @@ def test_unpacked_masks_match_the_matcher_token_by_token() -> None:
         assert matcher.accept_token(token_id)
 
 
+def test_pack_bitmask_is_unpack_bitmasks_inverse() -> None:
+    ids = torch.tensor([0, 5, 31, 63, 66])  # 31 and 63: the int32 sign bits of words 0 and 1
+    packed = pack_bitmask(ids, 70)
+    assert packed.dtype == torch.int32 and packed.shape == (3,) and packed[0] < 0 and packed[1] < 0
+    assert unpack_bitmask(packed, 70).nonzero().flatten().tolist() == ids.tolist()
+
+
 def test_unpack_bitmask_bit_order() -> None:
     words = torch.tensor([[1 | (1 << 5), -(2**31), 1 << 2]], dtype=torch.int32)
     assert unpack_bitmask(words, 70).nonzero()[:, 1].tolist() == [0, 5, 63, 66]
@@ -149,3 +160,57 @@ def test_raw_vocab_missing_a_byte_fails_and_names_it() -> None:
 def test_stop_token_outside_the_logits_is_a_user_error(byte_level_tokenizer) -> None:
     with pytest.raises(UserError, match="not all below vocab_size=257"):
         compile_emoji_grammar(byte_level_tokenizer, stop_token_ids=[300])
+
+
+def test_the_support_holds_the_tokens_that_fit_inside_a_message() -> None:
+    pizza = "🍕".encode()  # F0 9F 8D 95
+    tokens = (
+        pizza,  # a whole emoji
+        pizza[-1:] + b" " + "🎉".encode()[:1],  # the end of one, the separator, the start of the next
+        b"a",
+        pizza[2:] + "🎉".encode()[:2],  # across two emoji written together
+        b"\xf0\xf0",  # two lead bytes: inside no emoji, nor across two
+        b"",
+        b"<|end|>",
+    )
+    assert grammar_support(tokens, stop_token_ids=(6,)) == [0, 1, 3, 6]
+
+
+def _random_messages(count: int, seed: int = 0) -> list[str]:
+    rng = random.Random(seed)
+    return [
+        rng.choice(["", " "]).join(rng.choice(ALPHABET) for _ in range(rng.randint(2, 8)))
+        for _ in range(count)
+    ]
+
+
+def test_the_support_covers_every_mask_and_the_support_masks_are_the_masks_read_there(
+    smollm2_tokenizer,
+) -> None:
+    from emoji_rl.emoji.qwen_vocab import qwen_raw_vocab, qwen_tokenizer
+
+    qwen = qwen_raw_vocab("qwen3.5")
+    vocabularies = [
+        (compile_emoji_grammar(smollm2_tokenizer), lambda text: smollm2_tokenizer.encode(text)),
+        (compile_emoji_grammar_raw(qwen), qwen_tokenizer("qwen3.5").encode),
+    ]
+    for constraint, encode in vocabularies:
+        support = constraint.support
+        seen = torch.zeros(constraint.vocab_size, dtype=torch.bool)
+        for message in _random_messages(100):
+            ids = [*encode(message), constraint.stop_token_ids[0]]
+            masks = replay_masks(constraint, ids)
+            seen |= masks.any(0)
+            assert torch.equal(support_masks(constraint, ids), masks[:, support])
+        assert seen[support].sum() == seen.sum()  # nothing the grammar allowed lies outside
+        assert len(support) < 300 < constraint.vocab_size / 100
+    assert len(vocabularies[1][0].support) == 240
+
+
+def test_a_support_missing_an_allowed_token_is_caught(smollm2_tokenizer) -> None:
+    constraint = copy.copy(compile_emoji_grammar(smollm2_tokenizer))
+    ids = [*smollm2_tokenizer.encode("🍕 🎉"), constraint.stop_token_ids[0]]
+    constraint.__dict__["support"] = constraint.support[constraint.support != ids[0]]
+    constraint.__dict__.pop("support_bitmask", None)  # computed from the support above
+    with pytest.raises(RuntimeError, match=f"allowed token {ids[0]} at position 0 .* grammar_support missed"):
+        support_masks(constraint, ids)

@@ -27,6 +27,7 @@ from emoji_rl.emoji.logits import (
     StaticMaskLogitsProcessor,
     allowed_positions,
     mask_logits_,
+    mask_logits_to_support_,
     static_allowed_ids,
 )
 from emoji_rl.errors import UserError
@@ -173,6 +174,29 @@ def test_mask_logits_masks_as_xgrammar_does(width: int, density: float) -> None:
     xgr.apply_token_bitmask_inplace(expected, bitmask)
     assert torch.equal(mask_logits_(scores, bitmask), expected)
     assert torch.equal(scores, expected)  # in place
+
+
+def test_masking_through_the_support_is_xgrammars_masking(smollm2_tokenizer) -> None:
+    """Bitmasks of 16 SmolLM2 rows along real messages (the first step allows every emoji's first
+    token, the last only end of turn), the sign bit among them: the same scores as xgrammar's."""
+    constraint = compile_emoji_grammar(smollm2_tokenizer)
+    messages = [
+        " ".join(ALPHABET[(7 * i + 3 * j) % len(ALPHABET)] for j in range(2 + i % 4)) for i in range(16)
+    ]
+    rows = [[*smollm2_tokenizer.encode(m), constraint.stop_token_ids[0]] for m in messages]
+    matchers = [constraint.matcher() for _ in rows]
+    bitmask = xgr.allocate_token_bitmask(len(rows), constraint.vocab_size)
+    generator = torch.Generator().manual_seed(0)
+    for step in range(max(map(len, rows))):
+        for row, (matcher, ids) in enumerate(zip(matchers, rows, strict=True)):
+            if step < len(ids):
+                matcher.fill_next_token_bitmask(bitmask, row)
+                assert matcher.accept_token(ids[step])
+        scores = torch.randn(len(rows), constraint.vocab_size, generator=generator)
+        expected = scores.clone()
+        xgr.apply_token_bitmask_inplace(expected, bitmask)
+        assert torch.equal(mask_logits_to_support_(scores, bitmask, constraint.support), expected)
+        assert torch.equal(scores, expected)  # in place
 
 
 @pytest.fixture(scope="module")

@@ -14,7 +14,7 @@ import torch
 
 from emoji_rl import models
 from emoji_rl.emoji.constraint import compile_emoji_grammar, replay_masks
-from emoji_rl.rl.batch import collate
+from emoji_rl.rl.batch import collate, support_columns
 from emoji_rl.rl.games.retrieval import RetrievalBuilder, RetrievalRules
 from emoji_rl.rl.judge import LexiconJudge
 from emoji_rl.rl.rollout.play import Sample, play
@@ -64,7 +64,8 @@ def test_a_rollout_ending_on_another_eos_id_is_played_and_replayed(tokenizer):
     assert second_prompt[first_end - 1 : first_end + 1] == (ENDOFTEXT, IM_END)
     constraint = compile_emoji_grammar(tokenizer)
     batch = collate([episode], torch.zeros(1), IM_END, constraint)
-    [allowed] = batch.allowed_N_V
+    [allowed] = batch.allowed_N_S
     assert allowed.shape[0] == 2 * len(sampler.ids)
-    assert allowed[len(sampler.ids) - 1, [IM_END, ENDOFTEXT]].all()  # both may end it, as on vLLM
+    ends = support_columns(batch.support, torch.tensor([IM_END, ENDOFTEXT]))
+    assert allowed[len(sampler.ids) - 1, ends].all()  # both may end it, as on vLLM
     assert replay_masks(constraint, sampler.ids).shape[0] == len(sampler.ids)

@@ -13,7 +13,7 @@ import xgrammar as xgr
 from transformers import LogitsProcessor
 
 from emoji_rl.emoji.alphabet import ALPHABET, SEPARATOR
-from emoji_rl.emoji.constraint import EmojiConstraint, unpack_bitmask
+from emoji_rl.emoji.constraint import EmojiConstraint, bits_at, pack_bitmask, unpack_bitmask
 from emoji_rl.errors import UserError
 from emoji_rl.models import end_of_turn_ids
 
@@ -63,6 +63,21 @@ def mask_logits_(scores: torch.Tensor, bitmask: torch.Tensor) -> torch.Tensor:
     return scores
 
 
+def mask_logits_to_support_(
+    scores: torch.Tensor, bitmask: torch.Tensor, support: torch.Tensor
+) -> torch.Tensor:
+    """In place: `mask_logits_` for a bitmask that allows ids of `support` (sorted int64 [S]) only,
+    as the emoji grammar's does (`EmojiConstraint.support`). It reads S bits a row instead of
+    searching the whole bitmask for set words, and the masking runs on the scores' device with
+    nothing for the host to wait on: at 128 rows of Qwen3.5's 248,320 ids, 0.2 ms of host work
+    instead of 60-200 ms (`make bench-scale`)."""
+    allowed = bits_at(bitmask, support).to(scores.device, non_blocking=True)
+    columns = support.to(scores.device, non_blocking=True)
+    kept = scores.index_select(-1, columns).masked_fill_(~allowed, float("-inf"))
+    scores.fill_(float("-inf"))
+    return scores.index_copy_(-1, columns, kept)
+
+
 class EmojiLogitsProcessor(LogitsProcessor):
     """Masks to -inf every token the emoji grammar does not allow next, one matcher per batch row.
 
@@ -79,18 +94,10 @@ class EmojiLogitsProcessor(LogitsProcessor):
         self._matchers: list[xgr.GrammarMatcher] = []
         self._length = 0
         self._bitmask = xgr.allocate_token_bitmask(1, constraint.vocab_size)
-        self._ended_row = self._stop_only_row()
+        stops = torch.tensor(constraint.stop_token_ids)
+        self._ended_row = pack_bitmask(stops, constraint.vocab_size)
         # One (bitmask [B, W], row still in its message [B]) pair per step.
         self._recorded: list[tuple[torch.Tensor, list[bool]]] = []
-
-    def _stop_only_row(self) -> torch.Tensor:
-        row = torch.zeros(self._bitmask.shape[1], dtype=torch.int32)
-        one = torch.ones((), dtype=torch.int32)
-        for token_id in self.constraint.stop_token_ids:
-            row[token_id // 32] |= one << (
-                token_id % 32
-            )  # bit 31 wraps to the int32 sign bit, as in xgrammar
-        return row
 
     def __call__(self, input_ids: torch.LongTensor, scores: torch.FloatTensor) -> torch.FloatTensor:
         batch, length = input_ids.shape
@@ -116,7 +123,7 @@ class EmojiLogitsProcessor(LogitsProcessor):
                 self._bitmask[row] = self._ended_row
         if self.record_masks:
             self._recorded.append((self._bitmask.clone(), active))
-        return mask_logits_(scores, self._bitmask)
+        return mask_logits_to_support_(scores, self._bitmask, self.constraint.support)
 
     def _accept(self, sampled: list[int]) -> None:
         for row, (matcher, token_id) in enumerate(zip(self._matchers, sampled, strict=True)):

@@ -1,0 +1,126 @@
+"""Log-probs under the grammar from its support alone: the same values and gradients as the masked
+softmax over the whole vocabulary, with masks a few hundred ids wide."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+import torch
+from peft import LoraConfig, get_peft_model
+from tests.tiny import tiny_qwen3_5
+
+from emoji_rl import models
+from emoji_rl.emoji.alphabet import ALPHABET
+from emoji_rl.emoji.constraint import compile_emoji_grammar, replay_masks
+from emoji_rl.prompts import sender_messages
+from emoji_rl.rl import grpo
+from emoji_rl.rl.batch import collate, support_columns, token_logprobs
+from emoji_rl.rl.types import Episode, StepResult, Turn
+from emoji_rl.shared_prefix import kept_logits
+
+TEMPERATURE = 0.7
+
+
+def two_turn_episodes(tokenizer, count: int) -> list[Episode]:
+    """`count` episodes of two sender turns (2-4 emoji each, end of turn) with game feedback between."""
+    rng = random.Random(0)
+    stop = models.stop_token_id(tokenizer)
+    prompt = tuple(models.chat_ids(tokenizer, sender_messages("Pizza and a movie tonight")))
+    feedback = tuple(tokenizer.encode("\nThe judge guessed: a party. Try again.\n"))
+    episodes = []
+    for i in range(count):
+        turns = []
+        for observation in (prompt, feedback):
+            message = " ".join(rng.choice(ALPHABET) for _ in range(rng.randint(2, 4)))
+            action = (*tokenizer.encode(message), stop)
+            result = StepResult(done=observation == feedback, reward=float(i))
+            turns.append(Turn(observation, action, (0.0,) * len(action), result))
+        episodes.append(Episode(tuple(turns)))
+    return episodes
+
+
+def full_vocabulary_logprobs(model, batch, episodes, constraint) -> torch.Tensor:
+    """The log-probs as the trainer computed them before the support: the [N, V] logits, masked by
+    the full-width replayed masks, log-softmax over the whole vocabulary."""
+    logits = kept_logits(
+        model, batch.input_ids_D_T[:, :-1], batch.attention_D_T[:, :-1], batch.mask_D_T, False
+    )
+    masks = torch.cat([replay_masks(constraint, turn.action_ids) for e in episodes for turn in e.turns])
+    targets = batch.input_ids_D_T[:, 1:][batch.mask_D_T]
+    return grpo.masked_token_logprobs(logits[None], masks[None], targets[None], TEMPERATURE)[0]
+
+
+def lora(model, target_modules: list[str]):
+    torch.manual_seed(1)
+    policy = get_peft_model(model, LoraConfig(r=4, lora_alpha=8, target_modules=target_modules))
+    for name, param in policy.named_parameters():
+        if "lora_B" in name:  # nonzero, so the adapter changes the logits
+            torch.nn.init.normal_(param, std=0.02)
+    return policy
+
+
+def logprobs_and_grads(compute, policy) -> tuple[torch.Tensor, list[torch.Tensor]]:
+    policy.zero_grad()
+    logp = compute()
+    (logp * torch.linspace(-1, 1, len(logp))).sum().backward()
+    return logp.detach(), [p.grad.clone() for p in policy.parameters() if p.requires_grad]
+
+
+@pytest.mark.parametrize(
+    ("model_name", "targets", "share_prefix"),
+    [
+        ("smollm2", ["q_proj", "v_proj"], False),  # tied embeddings, the head narrowed
+        ("smollm2", ["q_proj", "v_proj"], True),
+        ("qwen3_5", ["q_proj", "v_proj", "in_proj_qkv"], False),  # Qwen3.5's own class, untied head
+        ("qwen3_5", ["q_proj", "lm_head"], False),  # an adapted head: the full logits, then the support's
+    ],
+)
+def test_logprobs_over_the_support_are_the_full_vocabularys(
+    model_name, targets, share_prefix, smollm2_tokenizer, smollm2_model
+) -> None:
+    if model_name == "smollm2":
+        model = smollm2_model
+    else:
+        model = tiny_qwen3_5(vocab_size=len(smollm2_tokenizer), eos_token_id=smollm2_tokenizer.eos_token_id)
+    constraint = compile_emoji_grammar(
+        smollm2_tokenizer, vocab_size=model.get_output_embeddings().weight.shape[0]
+    )
+    episodes = two_turn_episodes(smollm2_tokenizer, 4)
+    batch = collate(episodes, torch.zeros(4), smollm2_tokenizer.pad_token_id, constraint)
+    policy = lora(model, targets)
+    head = policy.get_output_embeddings()
+    try:
+        ours, our_grads = logprobs_and_grads(
+            lambda: token_logprobs(policy, batch, TEMPERATURE, share_prefix)[batch.mask_D_T], policy
+        )
+        full, full_grads = logprobs_and_grads(
+            lambda: full_vocabulary_logprobs(policy, batch, episodes, constraint), policy
+        )
+        assert policy.get_output_embeddings() is head  # the narrowed head was put back
+    finally:
+        policy.unload()  # smollm2_model is shared by the session: leave it unadapted
+    torch.testing.assert_close(ours, full, atol=1e-5, rtol=1e-5)
+    assert len(our_grads) == len(full_grads) > 0
+    for ours_grad, full_grad in zip(our_grads, full_grads, strict=True):
+        torch.testing.assert_close(ours_grad, full_grad, atol=1e-4 * float(full_grad.abs().max()), rtol=1e-4)
+
+
+def test_collate_keeps_masks_over_the_support_only(smollm2_tokenizer) -> None:
+    constraint = compile_emoji_grammar(smollm2_tokenizer)
+    episodes = two_turn_episodes(smollm2_tokenizer, 3)
+    batch = collate(episodes, torch.zeros(3), smollm2_tokenizer.pad_token_id, constraint)
+    assert torch.equal(batch.support, constraint.support)
+    for episode, allowed in zip(episodes, batch.allowed_N_S, strict=True):
+        full = torch.cat([replay_masks(constraint, turn.action_ids) for turn in episode.turns])
+        assert torch.equal(allowed, full[:, constraint.support])
+        assert allowed.shape[1] * 100 < full.shape[1]  # a few hundred ids, not the vocabulary
+    narrow = batch.rows(1, 3)
+    assert narrow.allowed_N_S == batch.allowed_N_S[1:3] and narrow.support is batch.support
+
+
+def test_an_id_outside_the_support_is_named() -> None:
+    support = torch.tensor([3, 7, 9])
+    assert support_columns(support, torch.tensor([9, 3, 7, 7])).tolist() == [2, 0, 1, 1]
+    with pytest.raises(ValueError, match=r"token ids \[4, 10\] are outside the grammar's support"):
+        support_columns(support, torch.tensor([3, 4, 10]))
