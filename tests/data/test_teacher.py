@@ -286,3 +286,46 @@ def test_a_vocabulary_too_small_for_an_answer_is_a_user_error(prompts, embedder)
 
     with pytest.raises(UserError, match="--vocabulary_min_count over 8 prompts: min_count=50 keeps 0 emoji"):
         OfflineTeacherAdapter(embedder, 2, 8, 50, [p.text for p in prompts[:8]])
+
+
+def test_a_dead_server_stops_the_stage_naming_its_url_and_a_rerun_asks_again(tmp_path, prompts, openai_api):
+    import openai
+
+    dead = openai.OpenAI(base_url="http://127.0.0.1:9/v1", api_key="EMPTY", max_retries=0)
+    cfg = config(tmp_path, teacher="openai", model="qwen-test", concurrency=2)
+    teacher = OpenAITeacher(dead, "qwen-test", 2, 8, max_tokens=64, temperature=0.7, concurrency=2)
+    with pytest.raises(
+        UserError, match=r"cannot reach the OpenAI-compatible server at http://127\.0\.0\.1:9/v1"
+    ):
+        stage.run(cfg, teacher, prompts)
+    assert ids_in(tmp_path / stage.ANSWERS_LOG) == []  # a connection failure is no answer
+    server = openai_api(lambda body: emoji_for(target_of(body["messages"])))
+    working = OpenAITeacher(server.client(), "qwen-test", 2, 8, max_tokens=64, temperature=0.7, concurrency=2)
+    assert stage.run(cfg, working, prompts)["answered"] == N - 1
+    assert len(server.bodies) == N + 2  # every prompt asked, the one answered in words three times
+
+
+def test_connection_failures_an_earlier_version_logged_spend_no_attempt(tmp_path, prompts):
+    with AppendLog(tmp_path / stage.ANSWERS_LOG) as log:
+        for p in prompts:
+            for attempt in (1, 2, 3):
+                log.append(
+                    {"id": p.id, "attempt": attempt, "target": p.text, "answer": None,
+                     "error": "api error: APIConnectionError", "teacher": "openai"}
+                )  # fmt: skip
+    teacher = ScriptedTeacher()
+    stats = stage.run(config(tmp_path), teacher, prompts)
+    assert stats["answered"] == N - 1
+    assert {r.attempt for r in teacher.asked if r.target != BAD} == {4}  # numbered after the old records
+
+
+def test_no_valid_answer_at_all_writes_the_rejects_it_names(tmp_path, prompts):
+    class InWords(ScriptedTeacher):
+        def run(self, requests):
+            yield from (Answer(r.id, r.attempt, "pizza") for r in requests)
+
+    with pytest.raises(
+        UserError, match=f"no valid answer for any of {N} prompts; see {tmp_path}/sft_rejects.jsonl"
+    ):
+        stage.run(config(tmp_path), InWords(), prompts)
+    assert len(ids_in(tmp_path / stage.REJECTS_FILE)) == 3 * N

@@ -167,18 +167,24 @@ def _check_log(records: list[Record], targets: dict[str, str], path: Path) -> No
             )
 
 
+# Kept by earlier versions for a server that could not be reached: no answer, so no attempt spent.
+UNREACHABLE = "api error: APIConnectionError"
+
+
 def _todo(records: list[Record], prompts: list[Prompt], cfg: Config) -> list[Request]:
     """A request for every prompt with no valid answer yet and attempts left."""
-    attempts: Counter[str] = Counter()
+    last: Counter[str] = Counter()
+    spent: Counter[str] = Counter()
     done: set[str] = set()
     for r in records:
-        attempts[r["id"]] = max(attempts[r["id"]], r["attempt"])
+        last[r["id"]] = max(last[r["id"]], r["attempt"])
+        spent[r["id"]] += r["error"] != UNREACHABLE
         if check_answer(r["answer"], cfg.min_emoji, cfg.max_emoji)[0] is not None:
             done.add(r["id"])
     return [
-        Request(p.id, attempts[p.id] + 1, p.text)
+        Request(p.id, last[p.id] + 1, p.text)
         for p in prompts
-        if p.id not in done and attempts[p.id] < cfg.max_attempts
+        if p.id not in done and spent[p.id] < cfg.max_attempts
     ]
 
 
@@ -233,20 +239,21 @@ def write_outputs(cfg: Config, prompts: list[Prompt], records: list[Record], tea
         kind = r["error"] or reason_kind(reason or "")
         reject = {k: r[k] for k in ("id", "attempt", "target", "answer")}
         rejects.append({**reject, "reason": r["error"] or reason, "kind": kind})
+    out = Path(cfg.out_dir)
+    write_jsonl(out / REJECTS_FILE, rejects)
     answered = [p for p in prompts if p.id in accepted]
     if not answered:
         raise UserError(
-            f"the {teacher} teacher gave no valid answer for any of {len(prompts)} prompts; see {REJECTS_FILE}"
+            f"the {teacher} teacher gave no valid answer for any of {len(prompts)} prompts; see "
+            f"{out / REJECTS_FILE}"
         )
     test_ids = held_out([p.id for p in answered], cfg.test_fraction, cfg.seed)
-    out = Path(cfg.out_dir)
     n_train = write_jsonl(
         out / TRAIN_FILE, (sft_record(p, accepted[p.id]) for p in answered if p.id not in test_ids)
     )
     n_test = write_jsonl(
         out / TEST_FILE, (sft_record(p, accepted[p.id]) for p in answered if p.id in test_ids)
     )
-    write_jsonl(out / REJECTS_FILE, rejects)
     stats = {
         "teacher": teacher,
         "prompts": len(prompts),

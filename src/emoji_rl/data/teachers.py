@@ -169,8 +169,15 @@ class OpenAITeacher:
                 f"the OpenAI-compatible server refused a request: HTTP {err.status_code} {err.message}; "
                 "check --model and --base_url"
             ) from err
-        except openai.APIConnectionError as err:
+        except openai.APITimeoutError as err:  # reachable but slow: that attempt is spent
             return Answer(request.id, request.attempt, None, f"api error: {type(err).__name__}")
+        except openai.APIConnectionError as err:
+            # No server, no answer: stop before every request burns its attempts on it.
+            raise UserError(
+                f"cannot reach the OpenAI-compatible server at {self.client.base_url} ({err}): start it "
+                "(e.g. a vLLM server) or fix --base_url; the answers so far are kept, so rerunning the "
+                "same command asks only for the rest"
+            ) from err
         return Answer(request.id, request.attempt, reply.choices[0].message.content or "")
 
     def run(self, requests: list[Request]) -> Iterator[Answer]:
