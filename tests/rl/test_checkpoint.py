@@ -2,6 +2,7 @@
 
 import logging
 
+import pytest
 import torch
 from peft import LoraConfig, get_peft_model
 from transformers import LlamaConfig, LlamaForCausalLM
@@ -80,3 +81,54 @@ def test_a_longer_resumed_run_follows_its_own_schedule():
     same_scheduler.load_state_dict(scheduler.state_dict())
     follow_schedule(same, same_scheduler)
     assert same.param_groups[0]["lr"] == 0.0
+
+
+class Killed(BaseException):
+    """The process dying mid-save."""
+
+
+@pytest.mark.parametrize("killed_in", ["adapter", "trainer_state", "rename", "pointer"])
+def test_a_save_cut_short_at_any_point_leaves_the_last_whole_checkpoint(tmp_path, monkeypatch, killed_in):
+    """GRPO's (and the Wordle curriculum's) checkpoints: killed at each point of the save of step 4,
+    the run resumes from step 2 with its curriculum, and the next save of step 4 goes through."""
+    import pathlib
+
+    from emoji_rl.rl import checkpoint
+
+    tracker = CurriculumTracker(Curriculum(window=4))
+    tracker.record(1.0)
+    save_checkpoint(tmp_path, TrainState(step=2), *_tiny_run(), game=tracker)
+    policy, optimizer, scheduler = _tiny_run()
+    real_rename = pathlib.Path.rename
+
+    def die(*args, **kwargs):
+        raise Killed
+
+    def half_written(obj, path):
+        pathlib.Path(path).write_bytes(b"PK\x03")  # the start of a zip, torch.save's format
+        raise Killed
+
+    def rename_then(target_name):
+        def rename(self, target):
+            if pathlib.Path(target).name == target_name:
+                raise Killed
+            return real_rename(self, target)
+
+        return rename
+
+    with monkeypatch.context() as patch:
+        if killed_in == "adapter":
+            patch.setattr(policy, "save_pretrained", die)
+        elif killed_in == "trainer_state":
+            patch.setattr(checkpoint.torch, "save", half_written)
+        else:
+            patch.setattr(
+                pathlib.Path, "rename", rename_then("step-000004" if killed_in == "rename" else "latest")
+            )
+        with pytest.raises(Killed):
+            save_checkpoint(tmp_path, TrainState(step=4), policy, optimizer, scheduler, game=tracker)
+    restored = CurriculumTracker(Curriculum(window=4))
+    assert load_checkpoint(latest_checkpoint(tmp_path), _tiny_run()[0], game=restored) == TrainState(step=2)
+    assert restored.state_dict() == {"phase": 0, "recent": [1.0]}
+    save_checkpoint(tmp_path, TrainState(step=4), policy, optimizer, scheduler, game=tracker)
+    assert latest_checkpoint(tmp_path).name == "step-000004"

@@ -3,6 +3,7 @@ unconstrained format compliance, and the adapter is one that PeftModel and vLLM 
 
 import json
 import math
+from pathlib import Path
 
 import pytest
 from safetensors import safe_open
@@ -99,6 +100,37 @@ def test_resume_with_more_steps_follows_the_new_schedule(tmp_path):
     # Linear decay over 4 steps from 1e-3, as a fresh 4-step run: step 3 trains at 1e-3 x 2/4, not at
     # the 2-step schedule's end (0), which the restored optimizer held.
     assert rates == pytest.approx({1: 1e-3, 2: 5e-4, 3: 5e-4, 4: 2.5e-4})
+
+
+@pytest.mark.parametrize("killed_in", ["_save_optimizer_and_scheduler", "_save_rng_state", "save_to_json"])
+def test_a_save_cut_short_is_set_aside_and_the_run_goes_on_from_the_checkpoint_before(
+    tmp_path, monkeypatch, killed_in
+):
+    """The process dies at each point of the Trainer's second save (the adapter written, then the
+    optimizer, the RNG state, the trainer state half-written): a resume goes on from checkpoint-2."""
+    from transformers import Trainer, TrainerState
+
+    owner = TrainerState if killed_in == "save_to_json" else Trainer
+    real = getattr(owner, killed_in)
+
+    def die_at_step_4(self, path, *args):
+        state = self if owner is TrainerState else self.state
+        if state.global_step == 4:
+            if owner is TrainerState:
+                Path(path).write_text('{"global_step": 4, "log_hist')
+            raise Interrupted
+        return real(self, path, *args)
+
+    common = dict(_tiny_run(tmp_path), output_dir=str(tmp_path / "run"), max_steps=4)
+    with monkeypatch.context() as patch, pytest.raises(Interrupted):
+        patch.setattr(owner, killed_in, die_at_step_4)
+        train.main(train.Config(**common))
+    run = tmp_path / "run"
+    assert (run / "checkpoint-4").is_dir() and not (run / "adapter").exists()
+    train.main(train.Config(resume=True, **common))
+    assert json.loads((run / "checkpoint-4" / "trainer_state.json").read_text())["global_step"] == 4
+    assert (run / "incomplete-save-4").is_dir() and (run / "adapter" / "adapter_config.json").is_file()
+    assert [r["step"] for r in _lines(run) if "train/loss" in r] == [1, 2, 3, 4]
 
 
 def test_resume_after_a_crash_logs_each_step_once(tmp_path, monkeypatch):

@@ -1,6 +1,7 @@
 """The sft stage's config: TRL settings, bad keys, batch arithmetic, resume rules, metric lines. No model."""
 
 import json
+import logging
 import subprocess
 from pathlib import Path
 
@@ -130,11 +131,39 @@ def test_resume_without_a_checkpoint_starts_over_and_a_fresh_run_refuses_one(tmp
     assert checkpoint_to_resume(tmp_path / "new", resume=True) is None
     (tmp_path / "metrics.jsonl").write_text("")  # what a run that died before its first checkpoint left
     assert checkpoint_to_resume(tmp_path, resume=True) is None
-    (tmp_path / "checkpoint-4").mkdir()
-    (tmp_path / "checkpoint-12").mkdir()
+    for step in (4, 12):
+        (tmp_path / f"checkpoint-{step}").mkdir()
+        (tmp_path / f"checkpoint-{step}" / "trainer_state.json").write_text(json.dumps({"global_step": step}))
     assert checkpoint_to_resume(tmp_path, resume=True) == str(tmp_path / "checkpoint-12")
     with pytest.raises(UserError, match="already holds checkpoint-12: pass --resume true"):
         checkpoint_to_resume(tmp_path, resume=False)
+
+
+def test_a_checkpoint_whose_save_was_cut_short_is_set_aside_and_the_one_before_used(tmp_path, caplog):
+    whole = tmp_path / "checkpoint-4"
+    whole.mkdir()
+    (whole / "trainer_state.json").write_text(json.dumps({"global_step": 4}))
+    cut = tmp_path / "checkpoint-12"  # what a kill -9 during the save left: no trainer state
+    cut.mkdir()
+    (cut / "README.md").write_text("adapter card")
+    (cut / ".tmp_adapter_model.safetensors").write_bytes(b"\0" * 10)
+    torn = tmp_path / "checkpoint-8"  # killed while writing the trainer state itself
+    torn.mkdir()
+    (torn / "trainer_state.json").write_text('{"global_st')
+    assert checkpoint_to_resume(tmp_path, resume=True, is_main=False) == str(whole)
+    assert cut.is_dir() and torn.is_dir()  # only the main process moves them
+    with caplog.at_level(logging.WARNING):
+        assert checkpoint_to_resume(tmp_path, resume=True) == str(whole)
+    assert (
+        "checkpoint-12 was not saved whole" in caplog.text
+        and "set aside as incomplete-save-12" in caplog.text
+    )
+    assert sorted(p.name for p in tmp_path.iterdir()) == [
+        "checkpoint-4",
+        "incomplete-save-12",
+        "incomplete-save-8",
+    ]
+    assert (tmp_path / "incomplete-save-12" / "README.md").is_file()  # kept, for a look
 
 
 def test_metric_keys_match_tensorboard_namespaces():

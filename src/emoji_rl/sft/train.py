@@ -24,6 +24,7 @@ import difflib
 import json
 import logging
 import os
+import shutil
 import time
 from collections.abc import Collection, Sequence
 from dataclasses import dataclass, field
@@ -403,21 +404,60 @@ def scheduled_lr_callback() -> TrainerCallback:
 # --- stage ------------------------------------------------------------------------------------------
 
 
-def checkpoint_to_resume(output_dir: Path, resume: bool) -> str | None:
+def _saved_whole(checkpoint: Path) -> bool:
+    """Whether the Trainer finished saving `checkpoint`: it writes trainer_state.json last."""
+    try:
+        return "global_step" in json.loads((checkpoint / "trainer_state.json").read_text())
+    except (OSError, ValueError):
+        return False
+
+
+def _checkpoints(output_dir: Path) -> list[Path]:
+    """The Trainer's checkpoint-N directories, newest first."""
+    numbered = [
+        p for p in output_dir.glob("checkpoint-*") if p.name.split("-", 1)[1].isdigit() and p.is_dir()
+    ]
+    return sorted(numbered, key=lambda p: int(p.name.split("-", 1)[1]), reverse=True)
+
+
+def last_whole_checkpoint(output_dir: Path, set_aside: bool) -> Path | None:
+    """The newest checkpoint-N the Trainer finished saving. Newer ones it did not finish (the process
+    killed, or the disk full, during the save) are skipped with a warning, and with `set_aside`
+    renamed to `incomplete-save-N`, out of the way of the Trainer's own checkpoint names."""
+    for checkpoint in _checkpoints(output_dir):
+        if _saved_whole(checkpoint):
+            return checkpoint
+        aside = checkpoint.with_name("incomplete-save-" + checkpoint.name.split("-", 1)[1])
+        logger.warning(
+            "%s was not saved whole (no readable trainer_state.json: the save was cut short); %s",
+            checkpoint,
+            f"set aside as {aside.name}" if set_aside else "skipped",
+        )
+        if set_aside:
+            shutil.rmtree(aside, ignore_errors=True)
+            checkpoint.rename(aside)
+    return None
+
+
+def checkpoint_to_resume(output_dir: Path, resume: bool, is_main: bool = True) -> str | None:
     """The checkpoint to go on from; a fresh run must not silently mix with an earlier one's checkpoints.
     `--resume true` with none starts at step 0, as `grpo --resume true` does: a pipeline passes it on
-    every run, the first and one that died before its first checkpoint alike (docs/DESIGN.md §12)."""
-    from transformers.trainer_utils import get_last_checkpoint
-
-    last = get_last_checkpoint(str(output_dir)) if output_dir.is_dir() else None
+    every run, the first and one that died before its first checkpoint alike (docs/DESIGN.md §12).
+    A checkpoint whose save was cut short is set aside (by the main process) and the one before used."""
+    if not output_dir.is_dir():
+        last = None
+    elif resume:
+        last = last_whole_checkpoint(output_dir, set_aside=is_main)
+    else:
+        last = next(iter(_checkpoints(output_dir)), None)
     if resume and last is None:
         logger.warning("--resume: no checkpoint-N in %s, starting from step 0", output_dir)
     if not resume and last is not None:
         raise UserError(
-            f"{output_dir} already holds {Path(last).name}: pass --resume true to go on from it, "
+            f"{output_dir} already holds {last.name}: pass --resume true to go on from it, "
             "or choose another --output_dir"
         )
-    return last
+    return str(last) if last is not None else None
 
 
 def _trainer_state(checkpoint: str) -> dict:
@@ -447,7 +487,7 @@ def main(cfg: Config) -> None:
     output_dir = Path(cfg.output_dir)
     world_size = int(os.environ.get("WORLD_SIZE", "1"))
     is_main = int(os.environ.get("RANK", "0")) == 0
-    checkpoint = checkpoint_to_resume(output_dir, cfg.resume)
+    checkpoint = checkpoint_to_resume(output_dir, cfg.resume, is_main)
     runtime = models.pick_runtime(dtype=cfg.dtype)
     args = build_sft_config(cfg, runtime, world_size)
     if runtime.device.startswith("cuda") and runtime.attn_implementation != "flash_attention_2":
