@@ -1,4 +1,5 @@
 import logging
+import os
 import subprocess
 import sys
 
@@ -76,3 +77,41 @@ def test_info_lines_come_from_the_main_process_only():
     assert line({"RANK": "0", "WORLD_SIZE": "2"}, logging.INFO).endswith(" emoji_rl.sft: step 3")
     assert line({"RANK": "1", "WORLD_SIZE": "2"}, logging.INFO) is None
     assert line({"RANK": "1", "WORLD_SIZE": "2"}, logging.WARNING).endswith(" [rank 1] emoji_rl.sft: step 3")
+
+
+@pytest.mark.parametrize(
+    ("stage", "key"), [("eval-retrieval", "output_dir"), ("teacher", "out_dir"), ("sft", "output_dir")]
+)
+def test_an_output_path_blocked_by_a_file_fails_before_any_work(tmp_path, capsys, stage, key):
+    blocker = tmp_path / "results"
+    blocker.write_text("not a directory")
+    for value in (blocker, blocker / "run"):  # the path itself, or a parent of it, is a file
+        assert cli.main([stage, f"--{key}", str(value)]) == 2
+        err = capsys.readouterr().err
+        assert f"{key}={value}: {blocker} is a file, where a directory is needed" in err, err
+        assert "Traceback" not in err
+    assert blocker.read_text() == "not a directory"
+
+
+def test_an_output_path_that_cannot_be_written_names_the_directory(tmp_path, capsys, monkeypatch):
+    real_access = os.access
+    monkeypatch.setattr(os, "access", lambda path, mode: path != tmp_path and real_access(path, mode))
+    assert cli.main(["eval-retrieval", "--output_dir", str(tmp_path / "a" / "b")]) == 2
+    err = capsys.readouterr().err
+    assert f"{tmp_path} cannot be written to (read-only?); choose another --output_dir" in err
+    assert not (tmp_path / "a").exists()  # nothing made
+
+
+def test_a_full_disk_is_one_line_naming_the_file(capsys, monkeypatch):
+    import errno
+
+    from emoji_rl.data import teacher
+
+    def full(cfg):
+        raise OSError(errno.ENOSPC, "No space left on device", "data/teacher_answers.jsonl")
+
+    monkeypatch.setattr(teacher, "main", full)
+    assert cli.main(["teacher", "--teacher", "offline"]) == 1
+    err = capsys.readouterr().err
+    assert "emoji-rl teacher: error: No space left on device (data/teacher_answers.jsonl)" in err
+    assert "Traceback" not in err

@@ -6,11 +6,13 @@ their stage runs, so `emoji-rl --help` answers without loading torch.
 
 from __future__ import annotations
 
+import errno
 import importlib
 import logging
 import os
 import sys
 from collections.abc import Mapping
+from pathlib import Path
 
 from emoji_rl.config import parse_config
 from emoji_rl.errors import UserError, stop_signal
@@ -80,6 +82,33 @@ def logging_options(environ: Mapping[str, str]) -> dict[str, object]:
     }
 
 
+# Writing output failed for a reason of the machine's, not a bug: one line, no traceback.
+_OUTPUT_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EACCES})
+OUTPUT_KEYS = ("output_dir", "out_dir", "run_dir")
+"""The config fields that name where a stage writes: checked before the stage starts."""
+
+
+def check_writable(cfg: object) -> None:
+    """Each output directory of `cfg` is, or can be made, one this process writes into, so that a
+    stage does not work for minutes and then lose it all to a path that is a file or read-only.
+    Nothing is created: a stage that fails its own checks leaves no directory behind."""
+    if getattr(cfg, "dry_run", False):
+        return
+    for key in OUTPUT_KEYS:
+        value = getattr(cfg, key, None)
+        if not isinstance(value, str) or not value:
+            continue
+        existing = Path(value)
+        while not existing.exists() and existing != existing.parent:
+            existing = existing.parent
+        if not existing.is_dir():
+            raise UserError(f"{key}={value}: {existing} is a file, where a directory is needed")
+        if not os.access(existing, os.W_OK | os.X_OK):
+            raise UserError(
+                f"{key}={value}: {existing} cannot be written to (read-only?); choose another --{key}"
+            )
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if not argv or argv[0] in {"-h", "--help"}:
@@ -93,10 +122,21 @@ def main(argv: list[str] | None = None) -> int:
     try:
         module = importlib.import_module(STAGES[stage][0])
         cfg = parse_config(module.Config, rest, prog=f"emoji-rl {stage}")
+        check_writable(cfg)
         module.main(cfg)
     except UserError as err:
         print(f"emoji-rl {stage}: error: {err}", file=sys.stderr)
         return 2
+    except OSError as err:
+        if err.errno not in _OUTPUT_ERRNOS:
+            raise
+        where = f" ({err.filename})" if err.filename else ""
+        print(
+            f"emoji-rl {stage}: error: {err.strerror}{where}; what was written before stays, and the stages "
+            "that resume (teacher, sft, grpo, pipeline) go on from it when rerun",
+            file=sys.stderr,
+        )
+        return 1
     except KeyboardInterrupt as stop:  # Ctrl-C, or SIGTERM where a stage turns it into one (pipeline)
         signum = stop_signal(stop)
         print(f"emoji-rl {stage}: interrupted ({signum.name})", file=sys.stderr)
