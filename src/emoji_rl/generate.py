@@ -166,11 +166,15 @@ def decode(
             next_ids = torch.full((batch,), pad_id, dtype=ids.dtype, device=ids.device)
             next_ids[live] = chosen
             seen = torch.cat([seen, next_ids[:, None]], dim=1)
+            sampled = [pad_id] * batch
             for row, token, logprob in zip(
                 live.tolist(), chosen.tolist(), chosen_logprobs.tolist(), strict=True
             ):
                 tokens[row].append(token)
                 logprobs[row].append(logprob)
+                sampled[row] = token
+            if hasattr(processor, "advance"):  # the grammar's matchers, from these host ids
+                processor.advance(sampled)
             going = ~torch.isin(chosen, stops)
             if keep_caches:
                 keep((~going).nonzero().squeeze(1).tolist())

@@ -116,6 +116,28 @@ def test_random_model_under_the_grammar_writes_only_valid_messages(tiny_model) -
     print(f"\nrandom model: tokens per message {sorted(map(len, rows))}")
 
 
+class NoDeviceReads(EmojiLogitsProcessor):
+    """The processor fed only the shape of `input_ids` (a meta tensor holds no values): any read of
+    the sampled ids from it, which on a GPU waits for the forward pass, raises."""
+
+    def __call__(self, input_ids, scores):
+        return super().__call__(input_ids if not self._matchers else input_ids.to("meta"), scores)
+
+
+def test_decode_hands_the_grammar_the_sampled_ids_from_the_host(tiny_model) -> None:
+    model, tokenizer = tiny_model
+    constraint = compile_emoji_grammar(tokenizer)
+    prompts = [tokenizer(t, add_special_tokens=False)["input_ids"] for t in TARGETS[:2]]
+    eos = tokenizer.eos_token_id
+    processor = NoDeviceReads(constraint, record_masks=True)
+    rows = sample(model, prompts, 2, processor, constraint.max_new_tokens, eos, eos)
+    assert len(check_rows(rows, tokenizer, processor)) == 4
+    unfed = NoDeviceReads(constraint)  # not advanced: it must read the ids, and cannot
+    unfed(torch.zeros(1, 3, dtype=torch.long), torch.zeros(1, 257))
+    with pytest.raises(NotImplementedError, match="meta tensor"):
+        unfed(torch.zeros(1, 4, dtype=torch.long), torch.zeros(1, 257))
+
+
 def test_static_mask_only_lets_emoji_pieces_through(byte_level_tokenizer) -> None:
     tokenizer = byte_level_tokenizer
     allowed = static_allowed_ids(tokenizer)

@@ -93,6 +93,7 @@ class EmojiLogitsProcessor(LogitsProcessor):
         self.record_masks = record_masks
         self._matchers: list[xgr.GrammarMatcher] = []
         self._length = 0
+        self._advanced = False
         self._bitmask = xgr.allocate_token_bitmask(1, constraint.vocab_size)
         stops = torch.tensor(constraint.stop_token_ids)
         self._ended_row = pack_bitmask(stops, constraint.vocab_size)
@@ -110,8 +111,9 @@ class EmojiLogitsProcessor(LogitsProcessor):
                 f"EmojiLogitsProcessor saw {len(self._matchers)} rows of length {self._length}, now "
                 f"{batch} rows of length {length}: create a new processor for each batch decoded"
             )
-        else:
+        elif not self._advanced:
             self._accept(input_ids[:, -1].tolist())
+        self._advanced = False
         self._length = length
         active = [not m.is_terminated() for m in self._matchers]
         # A Python loop: fill and accept took ~1 ms a step at batch 16, ~1% of a decode step, and
@@ -124,6 +126,13 @@ class EmojiLogitsProcessor(LogitsProcessor):
         if self.record_masks:
             self._recorded.append((self._bitmask.clone(), active))
         return mask_logits_to_support_(scores, self._bitmask, self.constraint.support)
+
+    def advance(self, sampled: Sequence[int]) -> None:
+        """Accept the ids just sampled, one per row, as the host already holds them, so that the next
+        call need not read them back from `input_ids`: on a GPU that read waits for the forward pass
+        queued before the call, and the matchers' fill would follow it instead of running beside it."""
+        self._accept(list(sampled))
+        self._advanced = True
 
     def _accept(self, sampled: list[int]) -> None:
         for row, (matcher, token_id) in enumerate(zip(self._matchers, sampled, strict=True)):
