@@ -115,3 +115,18 @@ def test_a_full_disk_is_one_line_naming_the_file(capsys, monkeypatch):
     err = capsys.readouterr().err
     assert "emoji-rl teacher: error: No space left on device (data/teacher_answers.jsonl)" in err
     assert "Traceback" not in err
+
+
+@pytest.mark.parametrize("stage", ["eval-retrieval", "judge-check", "play-game"])
+def test_an_unreachable_judge_server_is_named_before_any_model_loads(capsys, monkeypatch, stage):
+    from emoji_rl import models
+
+    def must_not_load(*args, **kwargs):
+        raise AssertionError("a model loaded before the judge server was checked")
+
+    for loader in ("load_causal_lm", "load_tokenizer", "load_embedder"):
+        monkeypatch.setattr(models, loader, must_not_load)
+    args = [stage, "--judge", "openai", "--judge_url", "http://127.0.0.1:9", "--server_wait_s", "0.5"]
+    assert cli.main(args) == 2
+    err = capsys.readouterr().err
+    assert "http://127.0.0.1:9" in err and "judge server" in err and "Traceback" not in err

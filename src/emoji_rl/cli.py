@@ -123,6 +123,8 @@ def main(argv: list[str] | None = None) -> int:
         module = importlib.import_module(STAGES[stage][0])
         cfg = parse_config(module.Config, rest, prog=f"emoji-rl {stage}")
         check_writable(cfg)
+        if hasattr(cfg, "wait_for_judge"):  # the stages that ask a judge (`JudgeConfig`)
+            cfg.wait_for_judge()
         module.main(cfg)
     except UserError as err:
         print(f"emoji-rl {stage}: error: {err}", file=sys.stderr)

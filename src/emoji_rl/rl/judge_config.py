@@ -113,6 +113,12 @@ class JudgeConfig:
     def __post_init__(self) -> None:
         check_view(self.judge, self.judge_view)
 
+    def wait_for_judge(self) -> None:
+        """For `openai`, wait for the judge server (up to `server_wait_s`) before the stage loads any
+        model: a wrong --judge_url must be named in seconds, not after minutes of loading."""
+        if self.judge == "openai":
+            wait_for_server(self.judge_url, "the judge server", self.server_wait_s, JUDGE_START_HINT)
+
     def build_judge(self, runtime: models.Runtime | None, batch_size: int = BATCH_SIZE) -> Judge:
         """The judge these fields describe; `runtime` places an hf judge, `batch_size` is its chunk."""
         return make_judge(
