@@ -491,7 +491,9 @@ def main(cfg: Config) -> None:
     runtime = models.pick_runtime(dtype=cfg.dtype)
     args = build_sft_config(cfg, runtime, world_size)
     if runtime.device.startswith("cuda") and runtime.attn_implementation != "flash_attention_2":
-        logger.info("flash-attn 2 is not installed or dtype is fp32: attention falls back to sdpa")
+        logger.info(
+            "flash-attn 2 does not import (see the warning above) or dtype is fp32: attention runs on sdpa"
+        )
     logger.info(
         "runtime: %s; %d process(es) x %d per device x %d accumulation = %d sequences per step",
         runtime.describe(),
