@@ -21,6 +21,7 @@ import sys
 import tempfile
 import time
 from collections.abc import Callable
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 import torch
@@ -33,7 +34,6 @@ from emoji_rl.models import stop_token_id
 from emoji_rl.prompts import sender_messages
 from emoji_rl.rl import grpo
 from emoji_rl.rl.batch import collate, collate_groups
-from emoji_rl.rl.bench_scale import proc_status_mb
 from emoji_rl.rl.checkpoint import TrainState
 from emoji_rl.rl.policy import build_policy
 from emoji_rl.rl.rollout.collect import PromptStream, collect
@@ -354,7 +354,11 @@ def emoji_episodes(tokenizer: PreTrainedTokenizerBase, count: int, group_size: i
 def _peak_rss_mb() -> float:
     """This process's peak resident set (MB), from Linux's VmHWM. Not `ru_maxrss`: that one survives
     exec, so a child started from a large process reports the parent's size at fork."""
-    return proc_status_mb("VmHWM")
+    status = Path("/proc/self/status")
+    for line in status.read_text().splitlines():
+        if line.startswith("VmHWM:"):
+            return int(line.split()[1]) / 1024  # kB
+    raise RuntimeError(f"no VmHWM line in {status}: the memory row needs Linux")
 
 
 def update_peak_rss(

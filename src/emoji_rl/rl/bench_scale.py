@@ -112,8 +112,7 @@ def qwen_grammar() -> EmojiConstraint:
 # --- memory in a fresh process ------------------------------------------------------------------------
 
 
-def proc_status_mb(field: str) -> float:
-    """A memory figure of this process from /proc/self/status (VmRSS, VmHWM), in MB."""
+def _rss_mb(field: str) -> float:
     for line in Path("/proc/self/status").read_text().splitlines():
         if line.startswith(field + ":"):
             return int(line.split()[1]) / 1024  # kB
@@ -123,10 +122,10 @@ def proc_status_mb(field: str) -> float:
 def _peak_above_now(work: Callable[[], object]) -> tuple[float, float]:
     """(peak RSS above the RSS before `work`, MB; seconds): the peak is reset first (clear_refs 5)."""
     Path("/proc/self/clear_refs").write_text("5")
-    before = proc_status_mb("VmRSS")
+    before = _rss_mb("VmRSS")
     start = time.perf_counter()
     work()
-    return proc_status_mb("VmHWM") - before, time.perf_counter() - start
+    return _rss_mb("VmHWM") - before, time.perf_counter() - start
 
 
 def collate_memory(path: str) -> dict[str, float]:
