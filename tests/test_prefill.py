@@ -4,6 +4,7 @@ from types import SimpleNamespace
 
 import pytest
 import torch
+from tests.tiny import tiny_qwen3_5
 
 from emoji_rl.prefill import (
     PrefixPlan,
@@ -137,21 +138,24 @@ def test_no_resuming_unless_every_prompt_goes_on_from_its_cache():
 
 
 @pytest.mark.slow
-def test_a_turn_resumed_from_the_kept_caches_equals_one_read_from_scratch(smollm2_model, smollm2_tokenizer):
+@pytest.mark.parametrize("architecture", ["smollm2", "qwen3_5"])
+def test_a_turn_resumed_from_the_kept_caches_equals_one_read_from_scratch(
+    smollm2_model, smollm2_tokenizer, architecture, monkeypatch
+):
+    """SmolLM2's keys and values, and a random Qwen3.5's Gated DeltaNet states beside its keys and
+    values: the rows' new tokens differ in length, so the hybrid reads them in several passes."""
     from emoji_rl.generate import generate_from_ids
     from emoji_rl.models import chat_ids
 
+    tokenizer = smollm2_tokenizer
+    model = smollm2_model if architecture == "smollm2" else tiny_qwen3_5(vocab_size=len(tokenizer)).eval()
+
     def prompt(text: str) -> tuple[int, ...]:
-        return tuple(chat_ids(smollm2_tokenizer, [{"role": "user", "content": text}]))
+        return tuple(chat_ids(tokenizer, [{"role": "user", "content": text}]))
 
     def sample(prompts, max_new_tokens=12, **options):
         return generate_from_ids(
-            smollm2_model,
-            smollm2_tokenizer,
-            prompts,
-            temperature=0.0,
-            max_new_tokens=max_new_tokens,
-            **options,
+            model, tokenizer, prompts, temperature=0.0, max_new_tokens=max_new_tokens, **options
         )
 
     first = [prompt("I missed the train again"), prompt("I missed the train again"), prompt("Pizza tonight?")]
@@ -159,11 +163,20 @@ def test_a_turn_resumed_from_the_kept_caches_equals_one_read_from_scratch(smollm
     replies = sample(first, keep_caches=True) + sample(first[:1], keep_caches=True, max_new_tokens=3)
     assert not replies[-1].stopped and all(r.cache is not None for r in replies)
     feedback = [
-        tuple(smollm2_tokenizer(f"\nguess {i}: not quite", add_special_tokens=False)["input_ids"])
+        tuple(tokenizer(f"\nguess {i}:{' not' * (i % 3)} quite", add_special_tokens=False)["input_ids"])
         for i in range(4)
     ]
+    assert len({len(f) for f in feedback}) == 3
     second = [(*p, *r.token_ids, *f) for p, r, f in zip([*first, first[0]], replies, feedback, strict=True)]
+    resumes = []
+
+    def spy(*args):
+        resumes.append(resume_inputs(*args))
+        return resumes[-1]
+
+    monkeypatch.setattr("emoji_rl.prefill.resume_inputs", spy)
     resumed = sample(second, caches=[r.cache for r in replies])
+    assert len(resumes) == 1 and resumes[0] is not None  # it went on from the caches
     fresh = sample(second)
     for a, b in zip(resumed, fresh, strict=True):
         assert a.token_ids == b.token_ids

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any, Literal
 from tqdm.auto import tqdm
 
 from emoji_rl.models import chat_ids, end_of_turn_ids, stop_token_id
-from emoji_rl.prefill import RowCache, cut_rows, full_attention, prefill_inputs
+from emoji_rl.prefill import RowCache, continuable, cut_rows, prefill_inputs
 
 if TYPE_CHECKING:
     import torch
@@ -38,7 +38,8 @@ class Reply:
     logprobs: tuple[float, ...]
     """Log-probs of `token_ids` under the distribution sampled from (temperature and mask applied)."""
     cache: RowCache | None = field(default=None, repr=False, compare=False)
-    """The row's KV cache, to go on from in a next turn: with `keep_caches`, for full-attention models."""
+    """The row's cache, to go on from in a next turn: with `keep_caches`, for models of full and linear
+    attention layers (not sliding windows)."""
 
 
 def make_processor(
@@ -127,7 +128,7 @@ def decode(
 ) -> list[tuple[list[int], list[float], RowCache | None]]:
     """Per row, the sampled ids (up to and including one of `stop_ids`, or `max_new_tokens` of them), their
     log-probs under the distribution each was drawn from (mask and temperature applied) and, with
-    `keep_caches` and a full-attention model, the row's KV cache as it stopped.
+    `keep_caches` and a `continuable` cache, the row's cache as it stopped.
 
     `ids` and `mask` are left-padded prompts, of which `cache` already holds the first columns. A row
     leaves the batch and the KV cache as soon as it stops: HF `generate` would decode every row
@@ -142,7 +143,7 @@ def decode(
     tokens: list[list[int]] = [[] for _ in range(batch)]
     logprobs: list[list[float]] = [[] for _ in range(batch)]
     row_caches: list[RowCache | None] = [None] * batch
-    keep_caches = keep_caches and full_attention(cache)
+    keep_caches = keep_caches and continuable(cache)
     stops = torch.tensor(sorted(stop_ids), device=ids.device)
     live = torch.arange(batch, device=ids.device)  # rows still writing, in the order of the cache's rows
     seen = ids  # every row's ids so far, stopped rows padded: what the processor reads

@@ -12,7 +12,12 @@ attention mask, so each row attends to exactly its own prompt at its own positio
 
 A later turn of an episode goes further: the rows of the last turn's batch are cut out of its KV
 cache as they stop (`cut_rows`) and the next turn reads only what the game wrote since
-(`resume_inputs`), laid out the same way with the row's own cache as its prefix.
+(`resume_inputs`), laid out the same way with the row's own cache as its prefix. A model with
+linear-attention layers (Qwen3.5's Gated DeltaNet) keeps a running state there instead of keys and
+values, and a masked gap before the new tokens would not leave it alone (a pad still decays the
+state and shifts the convolution's window), so its rows first read all that is new but the last
+token, with no gap: rows with as many new tokens together, one forward pass per length. Every row
+then has one token left, and decoding reads those together.
 """
 
 from __future__ import annotations
@@ -25,7 +30,7 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:
     import torch
     from transformers import PreTrainedModel
-    from transformers.cache_utils import Cache, DynamicCache
+    from transformers.cache_utils import Cache, CacheLayerMixin, DynamicCache, LinearAttentionLayer
 
 # Sharing costs an extra forward pass and a copy of the cache: below this share of prefill tokens
 # saved it is not worth it.
@@ -116,6 +121,17 @@ def full_attention(cache: Cache) -> bool:
     return all(type(layer) is DynamicLayer for layer in cache.layers)
 
 
+def continuable(cache: Cache) -> bool:
+    """True when a row can be cut out of every layer of `cache` and carried into a next turn: full
+    attention (keys and values) or linear attention (one running state)."""
+    from transformers.cache_utils import DynamicLayer, LinearAttentionLayer
+
+    return all(
+        type(layer) is DynamicLayer or (type(layer) is LinearAttentionLayer and layer.number_of_states == 1)
+        for layer in cache.layers
+    )
+
+
 def can_share_prefixes(model: PreTrainedModel) -> bool:
     from transformers.cache_utils import DynamicCache
 
@@ -132,30 +148,105 @@ class RowCache:
     mask: torch.Tensor
     """[W] 1 on the row's own tokens, 0 on pads."""
     layers: tuple[tuple[torch.Tensor, torch.Tensor], ...]
-    """Per layer, keys and values [kv heads, W, head dim]."""
+    """Per layer, keys and values [kv heads, W, head dim], or for a linear-attention layer its
+    convolution window and recurrent state after the row's last cached column."""
 
     def tokens(self) -> tuple[int, ...]:
         return tuple(self.ids[self.mask.bool()].tolist())
 
 
+def _row_states(
+    layer: CacheLayerMixin | LinearAttentionLayer, p: int, first: int
+) -> tuple[torch.Tensor, torch.Tensor]:
+    from transformers.cache_utils import LinearAttentionLayer
+
+    if isinstance(layer, LinearAttentionLayer):
+        return layer.conv_states[0][p].clone(), layer.recurrent_states[0][p].clone()
+    return layer.keys[p, :, first:].clone(), layer.values[p, :, first:].clone()
+
+
 def cut_rows(cache: Cache, ids: torch.Tensor, mask: torch.Tensor, positions: Sequence[int]) -> list[RowCache]:
-    """Copies of the rows at `positions` of a full-attention `cache` whose columns `ids` and `mask`
+    """Copies of the rows at `positions` of a `continuable` cache whose columns `ids` and `mask`
     describe, without their leading pads."""
     rows = []
     for p in positions:
         first = int(mask[p].argmax())  # the first 1
-        layers = tuple(
-            (layer.keys[p, :, first:].clone(), layer.values[p, :, first:].clone()) for layer in cache.layers
-        )
+        layers = tuple(_row_states(layer, p, first) for layer in cache.layers)
         rows.append(RowCache(ids[p, first:].clone(), mask[p, first:].clone(), layers))
     return rows
+
+
+def join_rows(
+    model: PreTrainedModel, rows: Sequence[RowCache], pad_id: int
+) -> tuple[torch.Tensor, torch.Tensor, DynamicCache]:
+    """(ids, attention mask, cache) of `rows` in one batch, each right-aligned: keys and values
+    left-padded to the widest row, linear-attention states stacked."""
+    import torch
+    from transformers.cache_utils import DynamicCache, LinearAttentionLayer
+
+    width = max(len(row.ids) for row in rows)
+    ids = torch.full((len(rows), width), pad_id, dtype=torch.long)
+    mask = torch.zeros((len(rows), width), dtype=torch.long)
+    for i, row in enumerate(rows):
+        ids[i, width - len(row.ids) :], mask[i, width - len(row.ids) :] = row.ids.cpu(), row.mask.cpu()
+    joined = DynamicCache(config=model.config)
+    for index, layer in enumerate(joined.layers):
+        first, second = zip(*(row.layers[index] for row in rows), strict=True)
+        if isinstance(layer, LinearAttentionLayer):
+            layer.update_conv_state(torch.stack(first))
+            layer.update_recurrent_state(torch.stack(second))
+            continue
+        shape = (len(rows), first[0].shape[0], width, first[0].shape[2])
+        keys, values = first[0].new_zeros(shape), second[0].new_zeros(shape)
+        for i, (row_keys, row_values) in enumerate(zip(first, second, strict=True)):
+            keys[i, :, width - row_keys.shape[1] :], values[i, :, width - row_keys.shape[1] :] = (
+                row_keys,
+                row_values,
+            )
+        joined.update(keys, values, index)
+    return ids, mask, joined
+
+
+def read_on(
+    model: PreTrainedModel, rows: Sequence[RowCache], new: Sequence[Sequence[int]], pad_id: int
+) -> list[RowCache]:
+    """Each row's cache after it also reads its `new` tokens, with no gap between them and the cache:
+    rows with as many new tokens in one forward pass."""
+    import torch
+
+    by_length: dict[int, list[int]] = {}
+    for i, tokens in enumerate(new):
+        if tokens:
+            by_length.setdefault(len(tokens), []).append(i)
+    out = list(rows)
+    device = next(model.parameters()).device
+    for length, members in by_length.items():
+        ids, mask, cache = join_rows(model, [rows[i] for i in members], pad_id)
+        tokens = torch.tensor([list(new[i]) for i in members], dtype=torch.long)
+        positions = mask.sum(-1, keepdim=True) + torch.arange(length)
+        mask = torch.cat([mask, mask.new_ones(len(members), length)], 1)
+        with torch.no_grad():
+            model(
+                input_ids=tokens.to(device),
+                attention_mask=mask.to(device),
+                position_ids=positions.to(device),
+                cache=cache,
+                use_cache=True,
+                logits_to_keep=1,
+            )
+        cut = cut_rows(cache, torch.cat([ids, tokens], 1), mask, range(len(members)))
+        for i, row in zip(members, cut, strict=True):
+            out[i] = row
+    return out
 
 
 def resume_inputs(
     model: PreTrainedModel, prompts: Sequence[Sequence[int]], caches: Sequence[RowCache | None], pad_id: int
 ) -> tuple[torch.Tensor, torch.Tensor, DynamicCache] | None:
     """(input ids, attention mask, KV cache) that go on from each row's cache, laid out [pad | cache |
-    pad | rest]; None unless every prompt is its row's cached tokens and more."""
+    pad | rest]; None unless every prompt is its row's cached tokens and more. With linear-attention
+    layers the rows first read all their rest but its last token (`read_on`), so no pad comes between
+    a state and what follows it."""
     import torch
     from transformers.cache_utils import DynamicCache
 
@@ -166,21 +257,12 @@ def resume_inputs(
         for prompt, head in zip(prompts, heads, strict=True)
     ):
         return None
-    width = max(len(row.ids) for row in rows)
-    head_ids = torch.full((len(rows), width), pad_id, dtype=torch.long)
-    head_mask = torch.zeros((len(rows), width), dtype=torch.long)
-    joined = DynamicCache(config=model.config)
-    for layer, (keys, values) in enumerate(rows[0].layers):
-        shape = (len(rows), keys.shape[0], width, keys.shape[2])
-        all_keys, all_values = keys.new_zeros(shape), values.new_zeros(shape)
-        for i, row in enumerate(rows):
-            start = width - len(row.ids)
-            all_keys[i, :, start:], all_values[i, :, start:] = row.layers[layer]
-            head_ids[i, start:], head_mask[i, start:] = row.ids.cpu(), row.mask.cpu()
-        joined.update(all_keys, all_values, layer)
-    rest_ids, rest_mask = left_pad(
-        [prompt[len(head) :] for prompt, head in zip(prompts, heads, strict=True)], pad_id
-    )
+    rests = [prompt[len(head) :] for prompt, head in zip(prompts, heads, strict=True)]
+    if not full_attention(DynamicCache(config=model.config)):
+        rows = read_on(model, rows, [rest[:-1] for rest in rests], pad_id)
+        rests = [rest[-1:] for rest in rests]
+    head_ids, head_mask, joined = join_rows(model, rows, pad_id)
+    rest_ids, rest_mask = left_pad(rests, pad_id)
     return torch.cat([head_ids, rest_ids], 1), torch.cat([head_mask, rest_mask], 1), joined
 
 

@@ -41,5 +41,5 @@ def test_the_step_episodes_are_emoji_turns_the_grammar_replays() -> None:
 def test_the_quick_rows_print(capsys) -> None:
     bench_scale.main(["--only", "turn_prefill", "grammar_step"])
     out = capsys.readouterr().out
-    assert "prefill tokens, one 5-turn episode: re-read / only the new" in out
+    assert "prefill tokens, one 5-turn episode: continued / re-read" in out
     assert "grammar's host work per decode step, 128 rows: support / whole bitmask" in out
