@@ -51,7 +51,8 @@ class Config(JudgeConfig):
         metadata={"help": "senders, assigned blind and balanced: `base`, or NAME=ADAPTER_DIR"},
     )
     data: str = field(
-        default="data/rl_eval.jsonl", metadata={"help": "held-out targets, JSONL with `target`"}
+        default="data/rl_eval.jsonl",
+        metadata={"help": "held-out targets, JSONL with `target` (a quarter go to send mode)"},
     )
     db: str = field(default="runs/play-web/answers.db", metadata={"help": "SQLite file of every answer"})
     host: str = field(
