@@ -5,6 +5,8 @@ Each answer is asserted, never how fast it came: a client waits up to WAIT_S for
 from __future__ import annotations
 
 import contextlib
+import json
+import socket
 
 import pytest
 
@@ -13,6 +15,8 @@ from emoji_rl.web.game import Game, for_send
 from emoji_rl.web.store import Store
 
 from .conftest import TARGETS, Client, StandInModels, serving
+
+WAIT_S = 30  # how long a client waits for an answer: only a server that never answers reaches it
 
 
 @pytest.fixture
@@ -27,6 +31,91 @@ def serve(tmp_path, senders):
             yield Client(base), game, (host, int(port))
 
     return start
+
+
+def exchange(address, request: bytes, *, end_input: bool = False) -> bytes:
+    """Send `request` on a new connection and read until the server closes it."""
+    with socket.create_connection(address, timeout=WAIT_S) as sock:
+        sock.sendall(request)
+        if end_input:
+            sock.shutdown(socket.SHUT_WR)
+        return read_all(sock)
+
+
+def read_all(sock: socket.socket) -> bytes:
+    chunks = []
+    while chunk := sock.recv(65536):
+        chunks.append(chunk)
+    return b"".join(chunks)
+
+
+def answer(response: bytes) -> tuple[int, dict]:
+    """(status, JSON body) of a raw response, which must be JSON."""
+    head, _, body = response.partition(b"\r\n\r\n")
+    status_line, *headers = head.decode().split("\r\n")
+    assert "content-type: application/json; charset=utf-8" in [h.lower() for h in headers], head
+    return int(status_line.split()[1]), json.loads(body)
+
+
+def post(path: str, body: bytes, *headers: str) -> bytes:
+    lines = [f"POST {path} HTTP/1.1", "Host: 127.0.0.1", "Content-Type: application/json", *headers]
+    return ("\r\n".join(lines) + "\r\n\r\n").encode() + body
+
+
+def test_malformed_requests_are_4xx_json_and_log_no_traceback(serve, capfd):
+    with serve() as (_, game, address):
+        for lengths in (["abc"], ["-1"], ["+5"], ["1_0"], [""], ["2", "3"]):
+            request = post("/api/guess/start", b"{}", *(f"Content-Length: {n}" for n in lengths))
+            status, body = answer(exchange(address, request))
+            assert status == 400 and "Content-Length" in body["error"], (lengths, body)
+        huge = post("/api/guess/start", b"", "Content-Length: 99999999999999999999999")
+        assert answer(exchange(address, huge))[0] == 413
+        for line in (b"NOT HTTP AT ALL", b"POST /api/guess/start HTTP/x.y", b"POST /api/guess/start"):
+            status, body = answer(exchange(address, line + b"\r\n\r\n"))
+            assert status == 400 and body["error"], line
+        assert game.store.rounds_per_sender("guess") == {}
+    assert "Traceback" not in capfd.readouterr().err
+
+
+def test_a_short_or_slow_request_is_ended_at_the_deadline(serve):
+    with serve(request_timeout=0.5) as (_, game, address):
+        # The body never comes: 408, once the request's time is up.
+        status, body = answer(exchange(address, post("/api/send/start", b'{"pla', "Content-Length: 100")))
+        assert status == 408 and "did not arrive" in body["error"]
+        # The client stops sending before the body's end: 400 saying so, not a wait.
+        ended = exchange(address, post("/api/send/start", b"{}", "Content-Length: 100"), end_input=True)
+        status, body = answer(ended)
+        assert status == 400 and "ended after 2 of its 100 bytes" in body["error"]
+        # Headers that never end: the connection closes, with nothing to answer.
+        assert exchange(address, b"POST /api/send/start HTTP/1.1\r\nHost: 127.0.0.1\r\n") == b""
+        assert game.store.rounds_per_target("send") == {}
+
+
+def test_out_of_range_numbers_and_wrong_types_are_400s_naming_the_field(serve, capfd):
+    with serve() as (client, game, _):
+        played = client.guess_round()["round_id"]  # a round the store knows: the numbers reach SQLite
+        for path, body, field in [
+            ("/api/guess/answer", {"round_id": played, "turn": 10**30, "text": "pizza"}, "turn"),
+            ("/api/guess/answer", {"round_id": played, "turn": 2**63, "text": "pizza"}, "turn"),
+            ("/api/guess/next", {"round_id": played, "turn": 10**30}, "turn"),
+            ("/api/guess/next", {"round_id": played, "turn": 1.0}, "turn"),
+            ("/api/guess/next", {"round_id": 7, "turn": 1}, "round id"),
+            ("/api/guess/answer", {"round_id": played, "turn": 1, "text": ["pizza"]}, "guess"),
+            ("/api/guess/start", {"player": {"name": "ann"}}, "name"),
+            ("/api/send/answer", {"round_id": played, "emoji": 7}, "emoji"),
+        ]:
+            r = client.post(path, body)
+            assert r.status_code == 400 and field in r.json()["error"], (path, body, r.text)
+        json_type = {"Content-Type": "application/json"}
+        for raw in (
+            b'{"turn": ' + b"9" * 5000 + b"}",  # past Python's 4,300 digits of int parsing
+            b'{"player": ' + b"[" * 5000 + b"]" * 5000 + b"}",  # past the recursion limit
+            b'{"player": "\\ud800"}',  # a lone surrogate, which SQLite cannot store
+        ):
+            r = client.http.post("/api/guess/start", content=raw, headers=json_type)
+            assert r.status_code == 400 and "not JSON text" in r.json()["error"], r.text
+        assert game.store.answers() == [] and sum(game.store.rounds_per_sender("guess").values()) == 1
+    assert "Traceback" not in capfd.readouterr().err
 
 
 def test_send_mode_never_shows_a_target_guess_mode_plays(serve):

@@ -10,10 +10,13 @@ says why); the models load once and run on one worker thread, so pages answer wh
 
 from __future__ import annotations
 
+import io
 import ipaddress
 import json
 import logging
 import signal
+import socket
+import sys
 import time
 from dataclasses import dataclass, field
 from http import HTTPStatus
@@ -28,13 +31,16 @@ from emoji_rl.emoji.alphabet import ALPHABET, MAX_EMOJI, MIN_EMOJI, emoji_name
 from emoji_rl.errors import UserError
 from emoji_rl.generate import MAX_NEW_TOKENS
 from emoji_rl.rl.judge_config import JudgeConfig
-from emoji_rl.web.game import MAX_TEXT_CHARS, BadInput, Game, LoadedModels, target_ids
+from emoji_rl.web.game import MAX_TEXT_CHARS, TURN_LIMIT, BadInput, Game, LoadedModels, target_ids
 from emoji_rl.web.store import AnswerRejected, Store
 
 log = logging.getLogger(__name__)
 
 STATIC = Path(__file__).parent / "static"
 MAX_BODY = 16_384  # bytes of a request body: a guess is at most MAX_TEXT_CHARS characters
+# Every request is small and quick (model work runs as jobs the page polls), so a client still
+# sending after this many seconds is slow or hostile: its connection ends, freeing its thread.
+REQUEST_TIMEOUT_S = 10.0
 _FILES = {"/": "index.html", "/app.js": "app.js", "/style.css": "style.css"}
 _TYPES = {".html": "text/html", ".js": "text/javascript", ".css": "text/css"}
 # Scripts from our own files only: even if a typed text reached the DOM as markup, it could not run.
@@ -81,8 +87,8 @@ class Config(JudgeConfig):
 
         super().__post_init__()
         parse_systems(self.systems)
-        if self.max_turns < 1:
-            raise ValueError(f"max_turns={self.max_turns} must be >= 1")
+        if not 1 <= self.max_turns <= TURN_LIMIT:
+            raise ValueError(f"max_turns={self.max_turns} must be 1 to {TURN_LIMIT}")
         if self.threads < 1:
             raise ValueError(f"threads={self.threads} must be >= 1")
 
@@ -96,14 +102,48 @@ def is_loopback(host: str) -> bool:
         return False
 
 
+class _DeadlineReader(io.RawIOBase):
+    """A connection's input that ends at a deadline: a socket timeout alone bounds each read, and a
+    client trickling a byte at a time would reset it forever."""
+
+    def __init__(self, sock: socket.socket, seconds: float) -> None:
+        self._sock, self._deadline = sock, time.monotonic() + seconds
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, buffer: Any) -> int:
+        left = self._deadline - time.monotonic()
+        if left <= 0:
+            raise TimeoutError("the request took too long")
+        self._sock.settimeout(left)
+        return self._sock.recv_into(buffer)
+
+
 class Handler(BaseHTTPRequestHandler):
     game: Game  # set on the subclass make_server builds
+    request_timeout: float = REQUEST_TIMEOUT_S
     server_version = "emoji-rl"
+
+    def setup(self) -> None:
+        super().setup()
+        self.rfile.close()  # the same socket, read by the request's deadline instead
+        self.rfile = io.BufferedReader(_DeadlineReader(self.connection, self.request_timeout))
 
     def log_message(self, format: str, *args: Any) -> None:
         log.debug("%s " + format, self.address_string(), *args)
 
+    def send_error(self, code: int, message: str | None = None, explain: str | None = None) -> None:
+        """What http.server answers a request it cannot parse: JSON, as every other error."""
+        self.log_error("code %d, message %s", code, message)
+        # A line too garbled to name its version would be answered as HTTP/0.9: a bare body, which
+        # no client reads as an error.
+        if self.request_version == "HTTP/0.9":
+            self.request_version = self.protocol_version
+        self._json(code, {"error": message or HTTPStatus(code).phrase})
+
     def _send(self, status: int, body: bytes, content_type: str) -> None:
+        self.connection.settimeout(self.request_timeout)  # the read's deadline may be spent: a 408
         self.send_response(status)
         self.send_header("Content-Type", f"{content_type}; charset=utf-8")
         self.send_header("Content-Length", str(len(body)))
@@ -116,17 +156,29 @@ class Handler(BaseHTTPRequestHandler):
     def _json(self, status: int, obj: object) -> None:
         self._send(status, json.dumps(obj, ensure_ascii=False).encode(), "application/json")
 
-    def _body(self) -> dict[str, Any]:
-        length = int(self.headers.get("Content-Length") or 0)
-        if length > MAX_BODY:
-            raise _HTTPError(HTTPStatus.REQUEST_ENTITY_TOO_LARGE, f"request too large: {length} bytes")
+    def _content_length(self) -> int:
+        values = set(self.headers.get_all("Content-Length") or ["0"])
+        raw = values.pop().strip() if len(values) == 1 else ""
+        if not (raw.isascii() and raw.isdigit()):
+            raise BadInput("the request needs one Content-Length, a byte count")
+        if len(raw) > len(str(MAX_BODY)) or int(raw) > MAX_BODY:
+            raise _HTTPError(HTTPStatus.REQUEST_ENTITY_TOO_LARGE, f"request too large: {raw} bytes")
+        return int(raw)
+
+    def _read_body(self) -> bytes:
+        length = self._content_length()
         try:
-            body = json.loads(self.rfile.read(length) or b"{}")
-        except (json.JSONDecodeError, UnicodeDecodeError) as err:
-            raise BadInput(f"the request is not JSON: {err}") from err
-        if not isinstance(body, dict):
-            raise BadInput("the request must be a JSON object")
+            body = self.rfile.read(length)
+        except TimeoutError as err:
+            raise _HTTPError(
+                HTTPStatus.REQUEST_TIMEOUT, f"the request did not arrive in {self.request_timeout:g} s"
+            ) from err
+        if len(body) < length:
+            raise BadInput(f"the request ended after {len(body)} of its {length} bytes")
         return body
+
+    def _body(self) -> dict[str, Any]:
+        return _json_object(self._read_body())
 
     def do_GET(self) -> None:
         url = urlsplit(self.path)
@@ -183,6 +235,18 @@ class Handler(BaseHTTPRequestHandler):
         raise _HTTPError(HTTPStatus.NOT_FOUND, f"no such action: {path}")
 
 
+def _json_object(body: bytes) -> dict[str, Any]:
+    try:
+        obj = json.loads(body or b"{}")
+        # An escaped lone surrogate ("\ud800") decodes, but SQLite and the answer cannot encode it.
+        json.dumps(obj, ensure_ascii=False).encode()
+    except (ValueError, RecursionError) as err:  # also: an int of 4,300+ digits, deep nesting
+        raise BadInput(f"the request is not JSON text: {str(err)[:200]}") from err
+    if not isinstance(obj, dict):
+        raise BadInput("the request must be a JSON object")
+    return obj
+
+
 class _HTTPError(Exception):
     def __init__(self, status: int, message: str) -> None:
         super().__init__(message)
@@ -196,10 +260,23 @@ class Server(ThreadingHTTPServer):
     # connections, or reset them (ListenOverflows, SyncookiesFailed; the load test saw resets).
     request_queue_size = 128
 
+    def handle_error(self, request: Any, client_address: Any) -> None:
+        if isinstance(sys.exc_info()[1], ConnectionError):  # the client left before its answer
+            log.debug("play-web: %s went away: %s", client_address, sys.exc_info()[1])
+            return
+        super().handle_error(request, client_address)
 
-def make_server(game: Game, host: str, port: int) -> Server:
+
+def make_server(
+    game: Game,
+    host: str,
+    port: int,
+    *,
+    request_timeout: float = REQUEST_TIMEOUT_S,
+) -> Server:
     """The server, bound and ready for `serve_forever` (port 0: a free port, in `server_address`)."""
-    return Server((host, port), type("GameHandler", (Handler,), {"game": game}))
+    handler = type("GameHandler", (Handler,), {"game": game, "request_timeout": request_timeout})
+    return Server((host, port), handler)
 
 
 def load_game(cfg: Config) -> Game:

@@ -43,6 +43,7 @@ from emoji_rl.web.store import (
 
 MAX_TEXT_CHARS = 300
 MAX_PLAYER_CHARS = 40
+TURN_LIMIT = 100  # turns a round may have: keeps what a page sends as a turn within SQLite's integers
 ANONYMOUS = "anonymous"
 # Of 256 hash buckets, those whose targets are for send mode: a quarter. Guess mode, the human
 # evaluation, keeps the rest, and needs more rounds per target than send mode.
@@ -461,6 +462,6 @@ def _shown(round_: Round, turn: int, emoji: str) -> Record:
 def _round_ref(round_id: object, turn: object) -> tuple[str, int]:
     if not isinstance(round_id, str) or not round_id:
         raise BadInput("the page sent no round id: reload it")
-    if not isinstance(turn, int) or isinstance(turn, bool) or turn < 1:
-        raise BadInput(f"the page sent a bad turn {turn!r}: reload it")
+    if not isinstance(turn, int) or isinstance(turn, bool) or not 1 <= turn <= TURN_LIMIT:
+        raise BadInput(f"the page sent a bad turn {str(turn)[:40]!r} (1 to {TURN_LIMIT}): reload it")
     return round_id, turn
