@@ -7,6 +7,8 @@ from __future__ import annotations
 import contextlib
 import json
 import socket
+import threading
+import time
 
 import pytest
 
@@ -60,6 +62,10 @@ def answer(response: bytes) -> tuple[int, dict]:
 def post(path: str, body: bytes, *headers: str) -> bytes:
     lines = [f"POST {path} HTTP/1.1", "Host: 127.0.0.1", "Content-Type: application/json", *headers]
     return ("\r\n".join(lines) + "\r\n\r\n").encode() + body
+
+
+def handler_threads() -> int:
+    return sum("process_request_thread" in t.name for t in threading.enumerate())
 
 
 def test_malformed_requests_are_4xx_json_and_log_no_traceback(serve, capfd):
@@ -116,6 +122,27 @@ def test_out_of_range_numbers_and_wrong_types_are_400s_naming_the_field(serve, c
             assert r.status_code == 400 and "not JSON text" in r.json()["error"], r.text
         assert game.store.answers() == [] and sum(game.store.rounds_per_sender("guess").values()) == 1
     assert "Traceback" not in capfd.readouterr().err
+
+
+def test_connections_past_the_cap_are_answered_503_without_a_thread_each(serve):
+    with serve(max_connections=4, request_timeout=WAIT_S * 2) as (client, _, address):
+        # Four clients that never finish their request hold the four handler threads.
+        slow = [socket.create_connection(address, timeout=WAIT_S) for _ in range(4)]
+        for sock in slow:
+            sock.sendall(b"POST /api/guess/start HTTP/1.1\r\n")
+        # Connections are accepted in order, so every later one finds the cap reached.
+        for _ in range(30):
+            with socket.create_connection(address, timeout=WAIT_S) as sock:
+                status, body = answer(read_all(sock))
+                assert status == 503 and "busy" in body["error"]
+        assert handler_threads() == 4
+        for sock in slow:
+            sock.close()
+        for _ in range(WAIT_S * 100):  # the four threads see their clients go
+            if handler_threads() == 0:
+                break
+            time.sleep(0.01)
+        assert client.get("/api/config").status_code == 200
 
 
 def test_send_mode_never_shows_a_target_guess_mode_plays(serve):

@@ -10,6 +10,7 @@ says why); the models load once and run on one worker thread, so pages answer wh
 
 from __future__ import annotations
 
+import contextlib
 import io
 import ipaddress
 import json
@@ -17,6 +18,7 @@ import logging
 import signal
 import socket
 import sys
+import threading
 import time
 from dataclasses import dataclass, field
 from http import HTTPStatus
@@ -41,6 +43,9 @@ MAX_BODY = 16_384  # bytes of a request body: a guess is at most MAX_TEXT_CHARS 
 # Every request is small and quick (model work runs as jobs the page polls), so a client still
 # sending after this many seconds is slow or hostile: its connection ends, freeing its thread.
 REQUEST_TIMEOUT_S = 10.0
+# Connections served at once, one thread each; more are answered 503 at once, so a crowd of slow
+# clients cannot make a thread each. 20 players with two tabs and their polls needed about 40.
+MAX_CONNECTIONS = 64
 _FILES = {"/": "index.html", "/app.js": "app.js", "/style.css": "style.css"}
 _TYPES = {".html": "text/html", ".js": "text/javascript", ".css": "text/css"}
 # Scripts from our own files only: even if a typed text reached the DOM as markup, it could not run.
@@ -260,6 +265,37 @@ class Server(ThreadingHTTPServer):
     # connections, or reset them (ListenOverflows, SyncookiesFailed; the load test saw resets).
     request_queue_size = 128
 
+    def __init__(self, address: tuple[str, int], handler: type[Handler], max_connections: int) -> None:
+        super().__init__(address, handler)
+        self._slots = threading.BoundedSemaphore(max_connections)
+
+    def process_request(self, request: Any, client_address: Any) -> None:
+        if not self._slots.acquire(blocking=False):
+            return self._refuse(request)
+        try:
+            super().process_request(request, client_address)
+        except BaseException:  # no thread started, so none will give the slot back
+            self._slots.release()
+            raise
+
+    def process_request_thread(self, request: Any, client_address: Any) -> None:
+        try:
+            super().process_request_thread(request, client_address)
+        finally:
+            self._slots.release()
+
+    def _refuse(self, request: socket.socket) -> None:
+        """503 on the listening thread, never waiting: a client that does not read loses it."""
+        body = json.dumps({"error": "the server is busy: try again in a moment"}).encode()
+        head = (
+            "HTTP/1.0 503 Service Unavailable\r\nContent-Type: application/json; charset=utf-8\r\n"
+            f"Content-Length: {len(body)}\r\nRetry-After: 1\r\nConnection: close\r\n\r\n"
+        )
+        request.setblocking(False)
+        with contextlib.suppress(OSError):
+            request.send(head.encode() + body)
+        self.shutdown_request(request)
+
     def handle_error(self, request: Any, client_address: Any) -> None:
         if isinstance(sys.exc_info()[1], ConnectionError):  # the client left before its answer
             log.debug("play-web: %s went away: %s", client_address, sys.exc_info()[1])
@@ -272,11 +308,12 @@ def make_server(
     host: str,
     port: int,
     *,
+    max_connections: int = MAX_CONNECTIONS,
     request_timeout: float = REQUEST_TIMEOUT_S,
 ) -> Server:
     """The server, bound and ready for `serve_forever` (port 0: a free port, in `server_address`)."""
     handler = type("GameHandler", (Handler,), {"game": game, "request_timeout": request_timeout})
-    return Server((host, port), handler)
+    return Server((host, port), handler, max_connections)
 
 
 def load_game(cfg: Config) -> Game:
