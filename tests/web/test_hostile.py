@@ -145,6 +145,26 @@ def test_connections_past_the_cap_are_answered_503_without_a_thread_each(serve):
         assert client.get("/api/config").status_code == 200
 
 
+def test_writes_from_another_site_or_not_json_are_refused(serve):
+    with serve() as (client, game, _):
+        own = str(client.http.base_url).rstrip("/")
+        for headers, status in [
+            ({"Origin": "http://evil.example"}, 403),
+            ({"Origin": "null"}, 403),  # a sandboxed frame, a file
+            ({"Origin": "http://[::1"}, 403),
+            ({"Referer": "http://evil.example/play.html"}, 403),
+            ({"Origin": own, "Content-Type": "text/plain"}, 415),  # what a form or a no-CORS fetch sends
+            ({"Content-Type": "application/x-www-form-urlencoded"}, 415),
+        ]:
+            r = client.http.post("/api/send/start", content=b'{"player": "eve"}', headers=headers)
+            assert r.status_code == status and r.json()["error"], (headers, r.text)
+        assert game.store.rounds_per_target("send") == {}
+        # The page's own requests (app.js: same origin, JSON) and those of no browser still write.
+        for headers in ({"Origin": own}, {"Referer": own + "/"}, {}):
+            assert client.post("/api/send/start", {"player": "ann"}, headers=headers).status_code == 200
+        assert sum(game.store.rounds_per_target("send").values()) == 3
+
+
 def test_send_mode_never_shows_a_target_guess_mode_plays(serve):
     with serve() as (client, game, _):
         shown = {client.post("/api/send/start", {}).json()["target"] for _ in range(len(TARGETS) * 4)}

@@ -182,8 +182,20 @@ class Handler(BaseHTTPRequestHandler):
             raise BadInput(f"the request ended after {len(body)} of its {length} bytes")
         return body
 
+    def _check_write(self) -> None:
+        """Refuse what a page of another site could make a browser send: a write naming another
+        origin, or one in a type a plain HTML form can send (a form cannot send JSON)."""
+        source = self.headers.get("Origin") or self.headers.get("Referer")
+        host = (self.headers.get("Host") or "").lower()
+        if source is not None and (not host or _netloc(source) != host):
+            raise _HTTPError(HTTPStatus.FORBIDDEN, f"a write from another site is refused: {source[:200]!r}")
+        if self.headers.get_content_type() != "application/json":
+            raise _HTTPError(HTTPStatus.UNSUPPORTED_MEDIA_TYPE, "a write must be application/json")
+
     def _body(self) -> dict[str, Any]:
-        return _json_object(self._read_body())
+        body = self._read_body()  # first, so a refusal is not answered to a half-read request
+        self._check_write()
+        return _json_object(body)
 
     def do_GET(self) -> None:
         url = urlsplit(self.path)
@@ -238,6 +250,13 @@ class Handler(BaseHTTPRequestHandler):
         if path == "/api/send/answer":
             return HTTPStatus.ACCEPTED, {"job": game.answer_send(body.get("round_id"), body.get("emoji"))}
         raise _HTTPError(HTTPStatus.NOT_FOUND, f"no such action: {path}")
+
+
+def _netloc(url: str) -> str | None:
+    try:
+        return urlsplit(url).netloc.lower()
+    except ValueError:  # an unclosed IPv6 bracket
+        return None
 
 
 def _json_object(body: bytes) -> dict[str, Any]:
