@@ -20,7 +20,14 @@ from emoji_rl.web.app import make_server
 from emoji_rl.web.game import Game
 from emoji_rl.web.store import Store
 
-TARGETS = [("t1", "let's grab pizza tonight"), ("t2", "the movie starts at nine"), ("t3", "I missed the bus")]
+# Guess mode plays t1, t3 and t4; send mode t2 and t5 (`web.game.for_send`).
+TARGETS = [
+    ("t1", "let's grab pizza tonight"),
+    ("t2", "the movie starts at nine"),
+    ("t3", "I missed the bus"),
+    ("t4", "my cat ate the cake"),
+    ("t5", "we won the match"),
+]
 
 
 class StandInModels:
@@ -85,9 +92,10 @@ def senders(tmp_path):
 
 
 @contextlib.contextmanager
-def serving(game: Game) -> Iterator[str]:
-    """The game served on 127.0.0.1 (a free port) from a thread: yields its base URL."""
-    server = make_server(game, "127.0.0.1", 0)
+def serving(game: Game, **options) -> Iterator[str]:
+    """The game served on 127.0.0.1 (a free port) from a thread: yields its base URL. `options`:
+    make_server's limits."""
+    server = make_server(game, "127.0.0.1", 0, **options)
     threading.Thread(target=server.serve_forever, daemon=True).start()
     host, port = server.server_address[:2]
     try:

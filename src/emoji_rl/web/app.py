@@ -10,10 +10,15 @@ says why); the models load once and run on one worker thread, so pages answer wh
 
 from __future__ import annotations
 
+import contextlib
+import io
 import ipaddress
 import json
 import logging
 import signal
+import socket
+import sys
+import threading
 import time
 from dataclasses import dataclass, field
 from http import HTTPStatus
@@ -28,13 +33,19 @@ from emoji_rl.emoji.alphabet import ALPHABET, MAX_EMOJI, MIN_EMOJI, emoji_name
 from emoji_rl.errors import UserError
 from emoji_rl.generate import MAX_NEW_TOKENS
 from emoji_rl.rl.judge_config import JudgeConfig
-from emoji_rl.web.game import MAX_TEXT_CHARS, BadInput, Game, LoadedModels, target_ids
+from emoji_rl.web.game import MAX_TEXT_CHARS, TURN_LIMIT, BadInput, Game, LoadedModels, target_ids
 from emoji_rl.web.store import AnswerRejected, Store
 
 log = logging.getLogger(__name__)
 
 STATIC = Path(__file__).parent / "static"
 MAX_BODY = 16_384  # bytes of a request body: a guess is at most MAX_TEXT_CHARS characters
+# Every request is small and quick (model work runs as jobs the page polls), so a client still
+# sending after this many seconds is slow or hostile: its connection ends, freeing its thread.
+REQUEST_TIMEOUT_S = 10.0
+# Connections served at once, one thread each; more are answered 503 at once, so a crowd of slow
+# clients cannot make a thread each. 20 players with two tabs and their polls needed about 40.
+MAX_CONNECTIONS = 64
 _FILES = {"/": "index.html", "/app.js": "app.js", "/style.css": "style.css"}
 _TYPES = {".html": "text/html", ".js": "text/javascript", ".css": "text/css"}
 # Scripts from our own files only: even if a typed text reached the DOM as markup, it could not run.
@@ -51,7 +62,8 @@ class Config(JudgeConfig):
         metadata={"help": "senders, assigned blind and balanced: `base`, or NAME=ADAPTER_DIR"},
     )
     data: str = field(
-        default="data/rl_eval.jsonl", metadata={"help": "held-out targets, JSONL with `target`"}
+        default="data/rl_eval.jsonl",
+        metadata={"help": "held-out targets, JSONL with `target` (a quarter go to send mode)"},
     )
     db: str = field(default="runs/play-web/answers.db", metadata={"help": "SQLite file of every answer"})
     host: str = field(
@@ -80,8 +92,8 @@ class Config(JudgeConfig):
 
         super().__post_init__()
         parse_systems(self.systems)
-        if self.max_turns < 1:
-            raise ValueError(f"max_turns={self.max_turns} must be >= 1")
+        if not 1 <= self.max_turns <= TURN_LIMIT:
+            raise ValueError(f"max_turns={self.max_turns} must be 1 to {TURN_LIMIT}")
         if self.threads < 1:
             raise ValueError(f"threads={self.threads} must be >= 1")
 
@@ -95,14 +107,48 @@ def is_loopback(host: str) -> bool:
         return False
 
 
+class _DeadlineReader(io.RawIOBase):
+    """A connection's input that ends at a deadline: a socket timeout alone bounds each read, and a
+    client trickling a byte at a time would reset it forever."""
+
+    def __init__(self, sock: socket.socket, seconds: float) -> None:
+        self._sock, self._deadline = sock, time.monotonic() + seconds
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, buffer: Any) -> int:
+        left = self._deadline - time.monotonic()
+        if left <= 0:
+            raise TimeoutError("the request took too long")
+        self._sock.settimeout(left)
+        return self._sock.recv_into(buffer)
+
+
 class Handler(BaseHTTPRequestHandler):
     game: Game  # set on the subclass make_server builds
+    request_timeout: float = REQUEST_TIMEOUT_S
     server_version = "emoji-rl"
+
+    def setup(self) -> None:
+        super().setup()
+        self.rfile.close()  # the same socket, read by the request's deadline instead
+        self.rfile = io.BufferedReader(_DeadlineReader(self.connection, self.request_timeout))
 
     def log_message(self, format: str, *args: Any) -> None:
         log.debug("%s " + format, self.address_string(), *args)
 
+    def send_error(self, code: int, message: str | None = None, explain: str | None = None) -> None:
+        """What http.server answers a request it cannot parse: JSON, as every other error."""
+        self.log_error("code %d, message %s", code, message)
+        # A line too garbled to name its version would be answered as HTTP/0.9: a bare body, which
+        # no client reads as an error.
+        if self.request_version == "HTTP/0.9":
+            self.request_version = self.protocol_version
+        self._json(code, {"error": message or HTTPStatus(code).phrase})
+
     def _send(self, status: int, body: bytes, content_type: str) -> None:
+        self.connection.settimeout(self.request_timeout)  # the read's deadline may be spent: a 408
         self.send_response(status)
         self.send_header("Content-Type", f"{content_type}; charset=utf-8")
         self.send_header("Content-Length", str(len(body)))
@@ -115,17 +161,41 @@ class Handler(BaseHTTPRequestHandler):
     def _json(self, status: int, obj: object) -> None:
         self._send(status, json.dumps(obj, ensure_ascii=False).encode(), "application/json")
 
-    def _body(self) -> dict[str, Any]:
-        length = int(self.headers.get("Content-Length") or 0)
-        if length > MAX_BODY:
-            raise _HTTPError(HTTPStatus.REQUEST_ENTITY_TOO_LARGE, f"request too large: {length} bytes")
+    def _content_length(self) -> int:
+        values = set(self.headers.get_all("Content-Length") or ["0"])
+        raw = values.pop().strip() if len(values) == 1 else ""
+        if not (raw.isascii() and raw.isdigit()):
+            raise BadInput("the request needs one Content-Length, a byte count")
+        if len(raw) > len(str(MAX_BODY)) or int(raw) > MAX_BODY:
+            raise _HTTPError(HTTPStatus.REQUEST_ENTITY_TOO_LARGE, f"request too large: {raw} bytes")
+        return int(raw)
+
+    def _read_body(self) -> bytes:
+        length = self._content_length()
         try:
-            body = json.loads(self.rfile.read(length) or b"{}")
-        except (json.JSONDecodeError, UnicodeDecodeError) as err:
-            raise BadInput(f"the request is not JSON: {err}") from err
-        if not isinstance(body, dict):
-            raise BadInput("the request must be a JSON object")
+            body = self.rfile.read(length)
+        except TimeoutError as err:
+            raise _HTTPError(
+                HTTPStatus.REQUEST_TIMEOUT, f"the request did not arrive in {self.request_timeout:g} s"
+            ) from err
+        if len(body) < length:
+            raise BadInput(f"the request ended after {len(body)} of its {length} bytes")
         return body
+
+    def _check_write(self) -> None:
+        """Refuse what a page of another site could make a browser send: a write naming another
+        origin, or one in a type a plain HTML form can send (a form cannot send JSON)."""
+        source = self.headers.get("Origin") or self.headers.get("Referer")
+        host = (self.headers.get("Host") or "").lower()
+        if source is not None and (not host or _netloc(source) != host):
+            raise _HTTPError(HTTPStatus.FORBIDDEN, f"a write from another site is refused: {source[:200]!r}")
+        if self.headers.get_content_type() != "application/json":
+            raise _HTTPError(HTTPStatus.UNSUPPORTED_MEDIA_TYPE, "a write must be application/json")
+
+    def _body(self) -> dict[str, Any]:
+        body = self._read_body()  # first, so a refusal is not answered to a half-read request
+        self._check_write()
+        return _json_object(body)
 
     def do_GET(self) -> None:
         url = urlsplit(self.path)
@@ -182,6 +252,25 @@ class Handler(BaseHTTPRequestHandler):
         raise _HTTPError(HTTPStatus.NOT_FOUND, f"no such action: {path}")
 
 
+def _netloc(url: str) -> str | None:
+    try:
+        return urlsplit(url).netloc.lower()
+    except ValueError:  # an unclosed IPv6 bracket
+        return None
+
+
+def _json_object(body: bytes) -> dict[str, Any]:
+    try:
+        obj = json.loads(body or b"{}")
+        # An escaped lone surrogate ("\ud800") decodes, but SQLite and the answer cannot encode it.
+        json.dumps(obj, ensure_ascii=False).encode()
+    except (ValueError, RecursionError) as err:  # also: an int of 4,300+ digits, deep nesting
+        raise BadInput(f"the request is not JSON text: {str(err)[:200]}") from err
+    if not isinstance(obj, dict):
+        raise BadInput("the request must be a JSON object")
+    return obj
+
+
 class _HTTPError(Exception):
     def __init__(self, status: int, message: str) -> None:
         super().__init__(message)
@@ -195,10 +284,55 @@ class Server(ThreadingHTTPServer):
     # connections, or reset them (ListenOverflows, SyncookiesFailed; the load test saw resets).
     request_queue_size = 128
 
+    def __init__(self, address: tuple[str, int], handler: type[Handler], max_connections: int) -> None:
+        super().__init__(address, handler)
+        self._slots = threading.BoundedSemaphore(max_connections)
 
-def make_server(game: Game, host: str, port: int) -> Server:
+    def process_request(self, request: Any, client_address: Any) -> None:
+        if not self._slots.acquire(blocking=False):
+            return self._refuse(request)
+        try:
+            super().process_request(request, client_address)
+        except BaseException:  # no thread started, so none will give the slot back
+            self._slots.release()
+            raise
+
+    def process_request_thread(self, request: Any, client_address: Any) -> None:
+        try:
+            super().process_request_thread(request, client_address)
+        finally:
+            self._slots.release()
+
+    def _refuse(self, request: socket.socket) -> None:
+        """503 on the listening thread, never waiting: a client that does not read loses it."""
+        body = json.dumps({"error": "the server is busy: try again in a moment"}).encode()
+        head = (
+            "HTTP/1.0 503 Service Unavailable\r\nContent-Type: application/json; charset=utf-8\r\n"
+            f"Content-Length: {len(body)}\r\nRetry-After: 1\r\nConnection: close\r\n\r\n"
+        )
+        request.setblocking(False)
+        with contextlib.suppress(OSError):
+            request.send(head.encode() + body)
+        self.shutdown_request(request)
+
+    def handle_error(self, request: Any, client_address: Any) -> None:
+        if isinstance(sys.exc_info()[1], ConnectionError):  # the client left before its answer
+            log.debug("play-web: %s went away: %s", client_address, sys.exc_info()[1])
+            return
+        super().handle_error(request, client_address)
+
+
+def make_server(
+    game: Game,
+    host: str,
+    port: int,
+    *,
+    max_connections: int = MAX_CONNECTIONS,
+    request_timeout: float = REQUEST_TIMEOUT_S,
+) -> Server:
     """The server, bound and ready for `serve_forever` (port 0: a free port, in `server_address`)."""
-    return Server((host, port), type("GameHandler", (Handler,), {"game": game}))
+    handler = type("GameHandler", (Handler,), {"game": game, "request_timeout": request_timeout})
+    return Server((host, port), handler, max_connections)
 
 
 def load_game(cfg: Config) -> Game:

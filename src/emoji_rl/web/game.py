@@ -6,12 +6,14 @@ then its least-played target) writes emoji for a hidden target; the person guess
 scored with the training scorer (`rl.reward.Similarity`), and the model judge's guess of the same
 emoji is shown beside it. A guess below tau may ask the sender for another turn: the sender sees the
 person's guess as the correction prompt, as it sees the judge's in the game. Send mode swaps the
-roles: the person writes emoji (checked by the models' parser), the model judge guesses.
+roles: the person writes emoji (checked by the models' parser), the model judge guesses. It shows
+its target, so it plays targets of its own (`for_send`), never one that guess mode hides.
 """
 
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import itertools
 import random
 import threading
@@ -23,6 +25,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any, Protocol
 
+from emoji_rl.data.dedup import normalize
 from emoji_rl.data.jsonl import Record
 from emoji_rl.emoji.alphabet import MAX_EMOJI, MIN_EMOJI, parse_message
 from emoji_rl.errors import UserError
@@ -40,7 +43,11 @@ from emoji_rl.web.store import (
 
 MAX_TEXT_CHARS = 300
 MAX_PLAYER_CHARS = 40
+TURN_LIMIT = 100  # turns a round may have: keeps what a page sends as a turn within SQLite's integers
 ANONYMOUS = "anonymous"
+# Of 256 hash buckets, those whose targets are for send mode: a quarter. Guess mode, the human
+# evaluation, keeps the rest, and needs more rounds per target than send mode.
+SEND_BUCKETS = 64
 KEPT_JOBS = 2000  # finished jobs a page may still poll for; older ones are forgotten
 WARM_UP_TARGET = "See you at the beach tomorrow"
 
@@ -227,6 +234,26 @@ def target_ids(records: Sequence[Record], source: str) -> list[tuple[str, str]]:
     return [(str(r.get("id") or f"{source}:{i}"), r["target"]) for i, r in enumerate(records, start=1)]
 
 
+def for_send(target: str) -> bool:
+    """Whether people write emoji for `target` (send mode) rather than guess it: send mode shows its
+    target, so a target shown there must never be one a person guesses. By a hash of the normalized
+    text: no seed nor order, a target keeps its mode when the file grows, and two copies of one
+    message cannot fall one in each mode."""
+    return hashlib.sha256(normalize(target).encode()).digest()[0] < SEND_BUCKETS
+
+
+def split_targets(targets: Sequence[tuple[str, str]]) -> tuple[dict[str, str], dict[str, str]]:
+    """(guess mode's, send mode's) targets, by id, disjoint (`for_send`)."""
+    guess = {i: t for i, t in targets if not for_send(t)}
+    send = {i: t for i, t in targets if for_send(t)}
+    if not guess or not send:
+        raise UserError(
+            f"play-web needs targets for both modes: of {len(targets)} target messages (data), "
+            f"{len(send)} fall to send mode (about a quarter do, by a hash of the text); give it more"
+        )
+    return guess, send
+
+
 class Game:
     def __init__(
         self,
@@ -241,11 +268,9 @@ class Game:
     ) -> None:
         if not senders:
             raise UserError("play-web needs at least one sender (systems: base or NAME=ADAPTER_DIR)")
-        if not targets:
-            raise UserError("play-web needs at least one target message (data)")
         self.store, self.models, self.senders = store, models, senders
         self.hashes = {name: adapter_hash(path) for name, path in senders.items()}
-        self.targets = dict(targets)
+        self.targets, self.send_targets = split_targets(targets)
         self.max_turns, self.tau = max_turns, tau
         self.jobs = Jobs()
         self._rng = random.Random(seed)
@@ -266,8 +291,9 @@ class Game:
                 adapter, digest = self.senders[sender], self.hashes[sender]
             else:
                 sender, adapter, digest = "person", None, None
+            targets = self.targets if mode == "guess" else self.send_targets
             target_id = self._least(
-                self.store.rounds_per_target(mode, sender if mode == "guess" else None), list(self.targets)
+                self.store.rounds_per_target(mode, sender if mode == "guess" else None), list(targets)
             )
             return self.store.new_round(
                 mode=mode,
@@ -276,7 +302,7 @@ class Game:
                 adapter=adapter,
                 adapter_hash=digest,
                 target_id=target_id,
-                target=self.targets[target_id],
+                target=targets[target_id],
                 max_turns=self.max_turns if mode == "guess" else 1,
             )
 
@@ -436,6 +462,6 @@ def _shown(round_: Round, turn: int, emoji: str) -> Record:
 def _round_ref(round_id: object, turn: object) -> tuple[str, int]:
     if not isinstance(round_id, str) or not round_id:
         raise BadInput("the page sent no round id: reload it")
-    if not isinstance(turn, int) or isinstance(turn, bool) or turn < 1:
-        raise BadInput(f"the page sent a bad turn {turn!r}: reload it")
+    if not isinstance(turn, int) or isinstance(turn, bool) or not 1 <= turn <= TURN_LIMIT:
+        raise BadInput(f"the page sent a bad turn {str(turn)[:40]!r} (1 to {TURN_LIMIT}): reload it")
     return round_id, turn
