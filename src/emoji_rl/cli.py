@@ -135,7 +135,7 @@ def main(argv: list[str] | None = None) -> int:
         where = f" ({err.filename})" if err.filename else ""
         print(
             f"emoji-rl {stage}: error: {err.strerror}{where}; what was written before stays, and the stages "
-            "that resume (teacher, sft, grpo, pipeline) go on from it when rerun",
+            "that resume (teacher, sft, grpo, eval-retrieval, pipeline) go on from it when rerun",
             file=sys.stderr,
         )
         return 1

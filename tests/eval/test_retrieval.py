@@ -128,7 +128,8 @@ def shared_embedder(monkeypatch, embedder):
     monkeypatch.setattr(models, "load_embedder", lambda *args, **kwargs: embedder)
 
 
-def test_teacher_and_random_through_the_same_judge_with_paired_differences(tmp_path, capsys, shared_embedder):
+def write_inputs(tmp_path):
+    """The held-out messages and the teacher's SFT split of them."""
     data = tmp_path / "rl_eval.jsonl"
     data.write_text("".join(json.dumps({"id": f"m{i}", "target": t}) + "\n" for i, t in enumerate(TARGETS)))
     teacher = tmp_path / "sft_train.jsonl"
@@ -139,6 +140,11 @@ def test_teacher_and_random_through_the_same_judge_with_paired_differences(tmp_p
             if a is not None
         )
     )
+    return data, teacher
+
+
+def test_teacher_and_random_through_the_same_judge_with_paired_differences(tmp_path, capsys, shared_embedder):
+    data, teacher = write_inputs(tmp_path)
     out = tmp_path / "report"
     args = ["eval-retrieval", "--systems", f"teacher={teacher}", "random", "--data", str(data)]
     args += ["--judge", "lexicon", "--distractors", "4", "--output_dir", str(out)]
@@ -234,6 +240,120 @@ def test_teacher_and_random_through_the_same_judge_with_paired_differences(tmp_p
     assert [r["similarity"] for r in batches] == pytest.approx(
         [r["similarity"] for r in again["records"]], abs=1e-6
     )
+
+
+@pytest.fixture
+def batches(monkeypatch):
+    """Each sender batch `play`ed: its size and one torch draw, as a sampled sender or judge would make
+    first; `batches.fail_at = n` makes the n-th batch raise, as running out of memory would."""
+    real = retrieval.play
+
+    class Batches(list):
+        fail_at = 0
+
+    played = Batches()
+
+    def play(games, sender):
+        played.append((len(games), torch.rand(1).item()))
+        if len(played) == played.fail_at:
+            raise RuntimeError("CUDA out of memory")
+        return real(games, sender)
+
+    monkeypatch.setattr(retrieval, "play", play)
+    return played
+
+
+def fixed_systems_args(tmp_path):
+    """teacher (5 of the 6 messages: sender batches [0, 1], [2, 3], [4]) and random (6: [0, 1], [2, 3],
+    [4, 5]), single-turn, 2 games a batch."""
+    data, teacher = write_inputs(tmp_path)
+    args = ["eval-retrieval", "--systems", f"teacher={teacher}", "random", "--data", str(data)]
+    return [*args, "--judge", "lexicon", "--distractors", "4", "--modes", "single", "--batch_size", "2"]
+
+
+def log_lines(out):
+    return [json.loads(line) for line in (out / retrieval.RECORDS_LOG).read_text().splitlines()]
+
+
+def test_records_are_logged_as_played_and_a_rerun_plays_only_the_missing_games(
+    tmp_path, capsys, shared_embedder, batches
+):
+    args = fixed_systems_args(tmp_path)
+    whole = tmp_path / "whole"
+    assert cli.main([*args, "--output_dir", str(whole)]) == 0
+    uninterrupted = list(batches)
+    assert [size for size, _ in uninterrupted] == [2, 2, 1, 2, 2, 2]
+
+    # random's second batch fails: the teacher's 5 records and random's first 2 are on disk already.
+    out = tmp_path / "report"
+    batches.clear()
+    batches.fail_at = 5
+    with pytest.raises(RuntimeError, match="out of memory"):
+        cli.main([*args, "--output_dir", str(out)])
+    config, *records = log_lines(out)
+    assert set(config) == {"config"} and config["config"]["distractors"] == 4
+    assert [(r["system"], r["id"]) for r in records] == [
+        *[("teacher", f"m{i}") for i in range(5)],
+        ("random", "m0"),
+        ("random", "m1"),
+    ]
+    assert all("retrieved" in r for r in records) and not (out / "retrieval.json").exists()
+
+    # The rerun plays random's last two batches only, drawing what the whole run drew for them (each
+    # batch is seeded by its first message, not by the batches played before it), and reports the same.
+    batches.clear()
+    batches.fail_at = 0
+    capsys.readouterr()
+    assert cli.main([*args, "--output_dir", str(out)]) == 0
+    assert batches == uninterrupted[4:]
+    assert f"reusing 7 records from {out / retrieval.RECORDS_LOG}" in capsys.readouterr().out
+    assert json.loads((out / "retrieval.json").read_text()) == json.loads(
+        (whole / "retrieval.json").read_text()
+    )
+    assert log_lines(out) == log_lines(whole)
+
+    # Once complete, a rerun plays nothing.
+    batches.clear()
+    assert cli.main([*args, "--output_dir", str(out)]) == 0
+    assert batches == []
+
+
+def test_a_rerun_of_another_config_is_refused_and_a_cut_off_last_line_is_redone(
+    tmp_path, capsys, caplog, shared_embedder, batches
+):
+    args = fixed_systems_args(tmp_path)
+    out = tmp_path / "report"
+    assert cli.main([*args, "--output_dir", str(out)]) == 0
+    report = json.loads((out / "retrieval.json").read_text())
+    log = out / retrieval.RECORDS_LOG
+    complete = log.read_bytes()
+
+    # Killed while writing random's last record: half a line, no newline. The rerun drops it with a
+    # warning and replays that record's batch whole (its draws follow from its first message), logging
+    # only the record it lacked.
+    lines = complete.splitlines(keepends=True)
+    log.write_bytes(b"".join(lines[:-1]) + lines[-1][:25])
+    batches.clear()
+    assert cli.main([*args, "--output_dir", str(out)]) == 0
+    assert "cutting off 25 bytes of an interrupted append" in caplog.text
+    assert [size for size, _ in batches] == [2]
+    assert log.read_bytes() == complete
+    assert json.loads((out / "retrieval.json").read_text()) == report
+
+    # Another config's records are not mixed in: the run stops before playing, naming the file, the key
+    # and the way out, and the log stays as it was.
+    capsys.readouterr()
+    batches.clear()
+    assert cli.main([*args, "--distractors", "3", "--output_dir", str(out)]) == 2
+    error = capsys.readouterr().err
+    assert f"{log} holds the records of another config: distractors is 4 there and 3 here" in error
+    assert f"Delete {log} to start over, or choose another --output_dir" in error
+    other = tmp_path / "other.jsonl"
+    changed = [*TARGETS[:-1], "my dog is sleeping on the sofa"]  # one the teacher has no answer for
+    other.write_text("".join(json.dumps({"id": f"m{i}", "target": t}) + "\n" for i, t in enumerate(changed)))
+    assert cli.main([*args, "--data", str(other), "--output_dir", str(out)]) == 2
+    assert "another config: data is 'sha256:" in capsys.readouterr().err
+    assert batches == [] and log.read_bytes() == complete
 
 
 @pytest.mark.slow

@@ -29,7 +29,10 @@ Protocols (`--protocol`):
   held-out targets (it evaluated on its training prompts).
 
 Writes a table, `retrieval.json` (rows, comparisons and one record per message: what each turn sent
-and what the judge guessed) and `retrieval.png` to `output_dir`.
+and what the judge guessed) and `retrieval.png` to `output_dir`. Each record is appended to
+`retrieval_records.jsonl` there as soon as its sender batch is played, under a first line holding the
+config it depends on: a rerun with the same config plays only the games missing from it, and one with
+another config is refused (delete the log, or choose another `--output_dir`).
 
     emoji-rl eval-retrieval --systems base sft=runs/sft/adapter rl=runs/grpo/adapter \
         teacher=data/sft_train.jsonl random --compare rl:sft sft:base rl:teacher
@@ -40,6 +43,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import hashlib
+import json
 import random
 import time
 from collections.abc import Iterator, Sequence
@@ -51,7 +56,7 @@ import torch
 from tqdm.auto import tqdm
 
 from emoji_rl import models
-from emoji_rl.data.jsonl import Record, read_jsonl, write_json
+from emoji_rl.data.jsonl import AppendLog, Record, read_jsonl, write_json
 from emoji_rl.emoji.alphabet import MAX_EMOJI, MIN_EMOJI, parse_message, random_answers
 from emoji_rl.errors import DataError, UserError
 from emoji_rl.eval.report import bar_figure, format_table
@@ -59,11 +64,12 @@ from emoji_rl.eval.stats import bootstrap_mean, paired_bootstrap, reply_stats, v
 from emoji_rl.generate import MAX_NEW_TOKENS
 from emoji_rl.models import chat_ids
 from emoji_rl.prompts import sender_messages
-from emoji_rl.rl.games.retrieval import SUCCESS_THRESHOLDS, RetrievalBuilder, RetrievalGame, RetrievalRules
+from emoji_rl.rl.games.retrieval import SUCCESS_THRESHOLDS, RetrievalBuilder, RetrievalRules
 from emoji_rl.rl.judge_config import JudgeConfig
 from emoji_rl.rl.rollout.hf import HFSampler
 from emoji_rl.rl.rollout.play import Sample, Sampler, play
 from emoji_rl.rl.types import Episode
+from emoji_rl.web.store import adapter_hash
 
 if TYPE_CHECKING:
     from peft import PeftModel
@@ -78,6 +84,29 @@ COMPARED = ("similarity", "success@0.5", "success@0.7", "retrieval@1")
 SEED_TEMPERATURE = 0.7
 RANDOM_LENGTH = 3
 LEVEL = 0.95
+RECORDS_LOG = "retrieval_records.jsonl"
+# The config fields a game's record depends on, besides the data and the systems (`fingerprint`). Not
+# batch_size: a rerun with a smaller batch after running out of memory may go on from the log (a
+# greedy game's record is the same at any batch size, to float rounding).
+RESULT_FIELDS = (
+    "model",
+    "protocol",
+    "sender_temperature",
+    "num_beams",
+    "guidance_scale",
+    "max_new_tokens",
+    "min_emoji",
+    "max_emoji",
+    "max_turns",
+    "tau",
+    "distractors",
+    "similarity_model",
+    "seed",
+    "judge",
+    "judge_view",
+    "judge_model",
+    "judge_temperature",
+)
 
 
 @dataclass(frozen=True)
@@ -269,10 +298,7 @@ def load_systems(base: torch.nn.Module, systems: dict[str, str | None]) -> PeftM
 
     adapters = {name: path for name, path in systems.items() if path}
     for name, path in adapters.items():
-        if not (Path(path) / "adapter_config.json").is_file():
-            raise UserError(
-                f"system {name}: {path} has no adapter_config.json (is it a PEFT adapter directory?)"
-            )
+        require_adapter(name, path)
     model: torch.nn.Module = base
     for name, path in adapters.items():
         if isinstance(model, PeftModel):
@@ -281,6 +307,11 @@ def load_systems(base: torch.nn.Module, systems: dict[str, str | None]) -> PeftM
             model = PeftModel.from_pretrained(base, path, adapter_name=name)
     model.eval()
     return model
+
+
+def require_adapter(name: str, path: str) -> None:
+    if not (Path(path) / "adapter_config.json").is_file():
+        raise UserError(f"system {name}: {path} has no adapter_config.json (is it a PEFT adapter directory?)")
 
 
 @contextlib.contextmanager
@@ -454,60 +485,87 @@ def main(cfg: Config) -> None:
     for number, record in enumerate(records, 1):
         if not isinstance(record.get("target"), str):
             raise DataError(cfg.data, number, "record has no string `target`")
+    ids = message_ids(records, cfg.data)
     targets = [r["target"] for r in records]
     systems = eval_systems(cfg.systems)
     pairs = compare_pairs(cfg.compare, systems)
     candidates = distractor_sets(targets, cfg.distractors, cfg.seed)
     fixed = fixed_answers(systems, targets, cfg)
-    runtime = models.pick_runtime()
-    tokenizer = models.load_tokenizer(cfg.model)
-    senders = {s.name: s.path for s in systems.values() if not s.fixed}
-    model = load_systems(models.load_causal_lm(cfg.model, runtime), senders) if senders else None
-    judge = cfg.build_judge(runtime)
-    similarity = Similarity(models.load_embedder(cfg.similarity_model, device=runtime.device))
-    rows: list[Record] = []
-    played: list[Record] = []
-    for system in systems.values():
-        for mode in cfg.modes:
-            if system.fixed and mode == "multi":
-                rows.append(not_applicable(system, mode))
-                continue
-            start = time.perf_counter()
-            rules = RetrievalRules(
-                max_turns=1 if mode == "single" else cfg.max_turns,
-                tau=cfg.tau,
-                min_emoji=cfg.min_emoji,
-                max_emoji=cfg.max_emoji,
-            )
-            builder = RetrievalBuilder(tokenizer, judge, similarity, rules)
-            indices = played_indices(system, fixed.get(system.name), len(records), cfg.reference_examples)
-            games = [builder(records[i]) for i in indices]
-            # The same draws for every system: a sampled judge or sender differs by its inputs only.
-            torch.manual_seed(cfg.seed)
-            desc = f"{system.name} {mode}-turn"
-            if system.fixed:
-                sender = FixedSender(tokenizer, [fixed[system.name][i] for i in indices])
-                episodes = play_in_batches(games, sender, cfg.batch_size, desc)
-            else:
-                assert model is not None
-                with active_system(model, system.name, system.path):
-                    episodes = play_in_batches(
-                        games, model_sender(model, tokenizer, cfg), cfg.batch_size, desc
+    plan = {
+        (system.name, mode): played_indices(
+            system, fixed.get(system.name), len(records), cfg.reference_examples
+        )
+        for system in systems.values()
+        for mode in cfg.modes
+        if not (system.fixed and mode == "multi")
+    }
+    with AppendLog(Path(cfg.output_dir) / RECORDS_LOG) as log:
+        logged = logged_records(log, fingerprint(cfg, ids, targets, systems, fixed))
+        reused = sum(
+            (name, mode, ids[i]) in logged for (name, mode), indices in plan.items() for i in indices
+        )
+        if reused:
+            print(f"eval-retrieval: reusing {reused} records from {log.path}, playing the rest", flush=True)
+        runtime = models.pick_runtime()
+        tokenizer = models.load_tokenizer(cfg.model)
+        senders = {s.name: s.path for s in systems.values() if not s.fixed}
+        model = load_systems(models.load_causal_lm(cfg.model, runtime), senders) if senders else None
+        judge = cfg.build_judge(runtime)
+        similarity = Similarity(models.load_embedder(cfg.similarity_model, device=runtime.device))
+        rows: list[Record] = []
+        played: list[Record] = []
+        for system in systems.values():
+            for mode in cfg.modes:
+                if (system.name, mode) not in plan:
+                    rows.append(not_applicable(system, mode))
+                    continue
+                start = time.perf_counter()
+                rules = RetrievalRules(
+                    max_turns=1 if mode == "single" else cfg.max_turns,
+                    tau=cfg.tau,
+                    min_emoji=cfg.min_emoji,
+                    max_emoji=cfg.max_emoji,
+                )
+                builder = RetrievalBuilder(tokenizer, judge, similarity, rules)
+                indices = plan[system.name, mode]
+                done = {i for i in indices if (system.name, mode, ids[i]) in logged}
+                todo = unplayed_batches(indices, cfg.batch_size, done)
+                sender: Sampler
+                using: contextlib.AbstractContextManager[None]
+                if system.fixed:
+                    sender = FixedSender(tokenizer, [fixed[system.name][i] for batch in todo for i in batch])
+                    using = contextlib.nullcontext()
+                else:
+                    assert model is not None
+                    sender = model_sender(model, tokenizer, cfg)
+                    using = active_system(model, system.name, system.path)
+                with using:
+                    batches = play_batches(
+                        builder, records, todo, sender, cfg.seed, f"{system.name} {mode}-turn"
                     )
-            mine = [
-                episode_record(e, system.name, mode, records[i], i)
-                for e, i in zip(episodes, indices, strict=True)
-            ]
-            hits = retrieved(similarity, [candidates[i] for i in indices], [final_guess(r) for r in mine])
-            for record, hit in zip(mine, hits, strict=True):
-                record["retrieved"] = hit
-            played.extend(mine)
-            rows.append({"system": system.name, "mode": mode, **summarize(mine, cfg)})
-            print(
-                f"eval-retrieval: {system.name} {mode}-turn: similarity {rows[-1]['similarity']:.3f} "
-                f"({len(mine)} messages, {time.perf_counter() - start:.0f} s)",
-                flush=True,
-            )
+                    for batch, episodes in batches:
+                        mine = [
+                            episode_record(e, system.name, mode, records[i], i)
+                            for e, i in zip(episodes, batch, strict=True)
+                        ]
+                        hits = retrieved(
+                            similarity, [candidates[i] for i in batch], [final_guess(r) for r in mine]
+                        )
+                        for record, hit in zip(mine, hits, strict=True):
+                            record["retrieved"] = hit
+                            # A batch cut short by a crash is replayed whole; what it logged stands.
+                            if (system.name, mode, record["id"]) not in logged:
+                                log.append(record)
+                                logged[system.name, mode, record["id"]] = record
+                mine = [logged[system.name, mode, ids[i]] for i in indices]
+                played.extend(mine)
+                rows.append({"system": system.name, "mode": mode, **summarize(mine, cfg)})
+                print(
+                    f"eval-retrieval: {system.name} {mode}-turn: similarity {rows[-1]['similarity']:.3f} "
+                    f"({len(mine)} messages, {len(mine) - len(done)} played in "
+                    f"{time.perf_counter() - start:.0f} s)",
+                    flush=True,
+                )
     compared = comparisons(played, pairs, cfg.resamples, cfg.seed)
     write_outputs(
         cfg,
@@ -521,6 +579,79 @@ def main(cfg: Config) -> None:
     )
 
 
+def message_ids(records: Sequence[Record], path: str) -> list[str]:
+    """Each message's id (its index where it has none): records, the log and comparisons are keyed by
+    it, so two messages may not share one."""
+    ids = [str(r.get("id", i)) for i, r in enumerate(records)]
+    first: dict[str, int] = {}
+    for number, message in enumerate(ids, 1):
+        if first.setdefault(message, number) != number:
+            raise DataError(path, number, f"id {message!r} again (first on line {first[message]})")
+    return ids
+
+
+def sha256(value: object) -> str:
+    return "sha256:" + hashlib.sha256(json.dumps(value, ensure_ascii=False).encode()).hexdigest()[:16]
+
+
+def fingerprint(
+    cfg: Config,
+    ids: Sequence[str],
+    targets: Sequence[str],
+    systems: dict[str, System],
+    fixed: dict[str, list[str | None]],
+) -> Record:
+    """What a game's record depends on besides its system, mode and message: the messages (every
+    target is another's distractor), what each system is (its adapter's files, not its path: a stage
+    rerun retrains into the same directory; or its fixed answers, which the teacher's file, `seed` and
+    `random_length` decide) and `RESULT_FIELDS`."""
+    return {
+        "data": sha256([ids, targets]),
+        "systems": {s.name: system_fingerprint(s, fixed.get(s.name)) for s in systems.values()},
+        **{key: getattr(cfg, key) for key in RESULT_FIELDS},
+    }
+
+
+def system_fingerprint(system: System, answers: Sequence[str | None] | None) -> str:
+    if system.kind == "adapter":
+        assert system.path is not None
+        # Checked here, before the log keeps this hash, and not only when the adapters load.
+        require_adapter(system.name, system.path)
+        return f"adapter sha256:{str(adapter_hash(system.path))[:16]}"
+    return "base" if answers is None else f"answers {sha256(answers)}"
+
+
+def _flat(config: Record) -> Record:
+    systems = {f"system {name}": spec for name, spec in config["systems"].items()}
+    return {**{k: v for k, v in config.items() if k != "systems"}, **systems}
+
+
+def logged_records(log: AppendLog, fingerprint: Record) -> dict[tuple[str, str, str], Record]:
+    """The records in `log` by (system, mode, id), if the config lines that head its runs agree with
+    `fingerprint`: each key equal, and each system in both the same (a system only one side has is
+    fine). A run that brings a system of its own logs its config, so later runs check that one too."""
+    config = json.loads(json.dumps(fingerprint))  # as the log holds it
+    heads = [r["config"] for r in log.records if "config" in r]
+    records = [r for r in log.records if "config" not in r]
+    if records and not heads:
+        raise UserError(
+            f"{log.path} holds records but not the config that made them: delete it to start over, "
+            "or choose another --output_dir"
+        )
+    stored = {k: v for head in heads for k, v in _flat(head).items()}
+    current = _flat(config)
+    for key in dict.fromkeys([*current, *stored]) if stored else ():
+        one_sided = key.startswith("system ") and (key not in current or key not in stored)
+        if current.get(key) != stored.get(key) and not one_sided:
+            raise UserError(
+                f"{log.path} holds the records of another config: {key} is {stored.get(key)!r} there and "
+                f"{current.get(key)!r} here. Delete {log.path} to start over, or choose another --output_dir"
+            )
+    if current.keys() - stored.keys():
+        log.append({"config": config})
+    return {(r["system"], r["mode"], r["id"]): r for r in records}
+
+
 def played_indices(system: System, answers: Sequence[str | None] | None, n: int, reference: int) -> list[int]:
     """The targets a system plays: all `n`, or the first `reference` for a system without an adapter
     of its own (base, teacher, random) when `reference` > 0, and of those only the ones a fixed
@@ -529,18 +660,36 @@ def played_indices(system: System, answers: Sequence[str | None] | None, n: int,
     return [i for i in range(limit) if answers is None or answers[i] is not None]
 
 
-def play_in_batches(
-    games: Sequence[RetrievalGame], sender: Sampler, batch_size: int, desc: str
-) -> list[Episode]:
-    """Every game played to its end, a sender batch of games at a time, under a progress bar: a system
-    takes minutes on a CPU."""
-    episodes: list[Episode] = []
-    with tqdm(total=len(games), desc=desc, unit="msg") as bar:
-        for start in range(0, len(games), batch_size):
-            batch = games[start : start + batch_size]
-            episodes += asyncio.run(play(batch, sender))
+def unplayed_batches(indices: Sequence[int], batch_size: int, done: set[int]) -> list[list[int]]:
+    """The sender batches of `indices` with a game not logged yet, cut as a whole run cuts them: a
+    batch's draws follow from its first message (`batch_seed`), so one that a crash cut short is
+    replayed whole and draws as it did."""
+    batches = [list(indices[k : k + batch_size]) for k in range(0, len(indices), batch_size)]
+    return [batch for batch in batches if not done.issuperset(batch)]
+
+
+def batch_seed(seed: int, first: int) -> int:
+    """Torch's seed for the sender batch that starts at message `first`. The same for every system and
+    mode, so a sampled judge or sender differs by its inputs only; and not carried over from the batch
+    before, so a rerun that plays only the missing batches draws as a whole run does."""
+    return int.from_bytes(hashlib.sha256(f"{seed}/{first}".encode()).digest()[:8], "little")
+
+
+def play_batches(
+    builder: RetrievalBuilder,
+    records: Sequence[Record],
+    batches: Sequence[Sequence[int]],
+    sender: Sampler,
+    seed: int,
+    desc: str,
+) -> Iterator[tuple[Sequence[int], list[Episode]]]:
+    """Each batch's games played to their end, a batch at a time under a progress bar (a system takes
+    minutes on a CPU), with the episodes of each as it ends."""
+    with tqdm(total=sum(map(len, batches)), desc=desc, unit="msg") as bar:
+        for batch in batches:
+            torch.manual_seed(batch_seed(seed, batch[0]))
+            yield batch, asyncio.run(play([builder(records[i]) for i in batch], sender))
             bar.update(len(batch))
-    return episodes
 
 
 def teacher_system(systems: dict[str, System]) -> System | None:
