@@ -79,6 +79,9 @@ def test_malformed_requests_are_4xx_json_and_log_no_traceback(serve, capfd):
         for line in (b"NOT HTTP AT ALL", b"POST /api/guess/start HTTP/x.y", b"POST /api/guess/start"):
             status, body = answer(exchange(address, line + b"\r\n\r\n"))
             assert status == 400 and body["error"], line
+        for method in ("PUT", "DELETE", "FOO"):
+            status, body = answer(exchange(address, f"{method} /api/guess/start HTTP/1.1\r\n\r\n".encode()))
+            assert status == 405 and "GET or POST" in body["error"], method
         assert game.store.rounds_per_sender("guess") == {}
     assert "Traceback" not in capfd.readouterr().err
 

@@ -140,6 +140,8 @@ class Handler(BaseHTTPRequestHandler):
 
     def send_error(self, code: int, message: str | None = None, explain: str | None = None) -> None:
         """What http.server answers a request it cannot parse: JSON, as every other error."""
+        if code == HTTPStatus.NOT_IMPLEMENTED:  # http.server's answer to a method it has no do_ for
+            code, message = HTTPStatus.METHOD_NOT_ALLOWED, f"{self.command} is not served: GET or POST"
         self.log_error("code %d, message %s", code, message)
         # A line too garbled to name its version would be answered as HTTP/0.9: a bare body, which
         # no client reads as an error.
