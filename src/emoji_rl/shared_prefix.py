@@ -17,7 +17,7 @@ single process without checkpointing. Models with other than full-attention laye
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING
 
 import torch
@@ -62,19 +62,27 @@ def _hf_model(model: torch.nn.Module) -> torch.nn.Module:
 
 
 @contextlib.contextmanager
-def _head_onto(model: torch.nn.Module, vocabulary: torch.Tensor) -> Iterator[bool]:
-    """While open, the model's logits are those of `vocabulary`'s ids only, when its LM head is a
-    plain linear layer (yields True); otherwise (an adapted head) it is left alone (yields False)."""
+def _head_swapped(
+    model: torch.nn.Module, make: Callable[[torch.nn.Module], torch.nn.Module | None]
+) -> Iterator[torch.nn.Module | None]:
+    """While open, the model's LM head is `make(head)`, and the original head is yielded; when
+    `make` gives None the head is left alone and None is yielded."""
     inner = _hf_model(model)
     head = inner.get_output_embeddings()
-    if type(head) is not torch.nn.Linear:
-        yield False
+    swapped = make(head)
+    if swapped is None:
+        yield None
         return
-    inner.set_output_embeddings(_HeadColumns(head, vocabulary))
+    inner.set_output_embeddings(swapped)
     try:
-        yield True
+        yield head
     finally:
         inner.set_output_embeddings(head)
+
+
+def _columns(vocabulary: torch.Tensor) -> Callable[[torch.nn.Module], torch.nn.Module | None]:
+    """A plain linear head onto `vocabulary`'s ids; an adapted head is not narrowed (None)."""
+    return lambda head: _HeadColumns(head, vocabulary) if type(head) is torch.nn.Linear else None
 
 
 def kept_logits(
@@ -93,9 +101,24 @@ def kept_logits(
     rows of its weight instead of V (for Qwen3.5 under the emoji grammar, 240 of 248,320)."""
     if vocabulary is None:
         return _kept_logits(model, input_ids, attention_mask, keep, share_prefix)
-    with _head_onto(model, vocabulary) as narrowed:
+    with _head_swapped(model, _columns(vocabulary)) as narrowed:
         logits = _kept_logits(model, input_ids, attention_mask, keep, share_prefix)
-    return logits if narrowed else logits[:, vocabulary.to(logits.device)]
+    return logits if narrowed is not None else logits[:, vocabulary.to(logits.device)]
+
+
+def kept_hidden(
+    model: PreTrainedModel,
+    input_ids: torch.Tensor,
+    attention_mask: torch.Tensor,
+    keep: torch.Tensor,
+    share_prefix: bool,
+) -> tuple[torch.Tensor, torch.nn.Module]:
+    """([N, H] final hidden states at the kept positions, the LM head): for a caller that applies
+    the head itself, a few positions at a time."""
+    with _head_swapped(model, lambda _: torch.nn.Identity()) as head:
+        hidden = _kept_logits(model, input_ids, attention_mask, keep, share_prefix)
+    assert head is not None
+    return hidden, head
 
 
 def _kept_logits(

@@ -15,7 +15,7 @@ import torch
 from emoji_rl.emoji.constraint import EmojiConstraint, support_masks
 from emoji_rl.rl import grpo
 from emoji_rl.rl.types import Episode, EpisodeGroup
-from emoji_rl.shared_prefix import kept_logits
+from emoji_rl.shared_prefix import kept_hidden, kept_logits
 
 if TYPE_CHECKING:
     from transformers import PreTrainedModel
@@ -114,29 +114,27 @@ def token_logprobs(
     The logits are computed at the sender's positions only, then masked and normalized: the same
     distribution the sampler drew from (docs/DESIGN.md §6). Under the grammar, only at the ids of its
     support: a softmax over the allowed tokens is the same whether the rest of the vocabulary is
-    there at -inf or not, and the [N, V] logits and their fp32 copies are never built.
+    there at -inf or not, and the [N, V] logits and their fp32 copies are never built. Without a
+    grammar (Wordle), over the whole vocabulary a few hundred positions at a time
+    (`grpo.head_token_logprobs`).
     `share_prefix`: the rows' common opening (a group's whole prompt) runs once (`shared_prefix`; one
     process, no activation checkpointing).
     """
     # Projecting only the kept positions through the LM head, as TRL's fused head does, never builds
     # the [D, T, V] logits: SmolLM2 (49K vocabulary), 8 one-turn episodes of 74 tokens: forward +
     # backward 6.6-6.9 s instead of 7.4-7.7 s on 2 cores.
-    picked_N_S = kept_logits(
-        model,
-        batch.input_ids_D_T[:, :-1],
-        batch.attention_D_T[:, :-1],
-        batch.mask_D_T,
-        share_prefix,
-        batch.support,
-    )
+    inputs = (batch.input_ids_D_T[:, :-1], batch.attention_D_T[:, :-1], batch.mask_D_T, share_prefix)
     targets_N = batch.input_ids_D_T[:, 1:][batch.mask_D_T]
-    allowed = None
-    if batch.support is not None:
-        targets_N = support_columns(batch.support.to(targets_N.device), targets_N)
+    if batch.support is None:
+        hidden_N_H, head = kept_hidden(model, *inputs)
+        logp_N = grpo.head_token_logprobs(hidden_N_H, head, targets_N.to(hidden_N_H.device), temperature)
+    else:
+        picked_N_S = kept_logits(model, *inputs, batch.support)
+        columns_N = support_columns(batch.support.to(targets_N.device), targets_N)
         allowed = torch.cat(batch.allowed_N_S).to(picked_N_S.device).unsqueeze(0)
-    logp_N = grpo.masked_token_logprobs(
-        picked_N_S.unsqueeze(0), allowed, targets_N.unsqueeze(0), temperature
-    ).squeeze(0)
+        logp_N = grpo.masked_token_logprobs(
+            picked_N_S.unsqueeze(0), allowed, columns_N.unsqueeze(0), temperature
+        ).squeeze(0)
     out = torch.zeros(batch.mask_D_T.shape, dtype=logp_N.dtype, device=logp_N.device)
     out[batch.mask_D_T] = logp_N
     return out

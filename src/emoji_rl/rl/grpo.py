@@ -7,6 +7,7 @@ produced (the loss runs over these only) and 0 on prompts, observations and padd
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Literal
 
 import torch
@@ -61,6 +62,29 @@ def masked_token_logprobs(
         scaled = scaled.masked_fill(~allowed_D_T_V, float("-inf"))
     logp_D_T_V = scaled.log_softmax(dim=-1)
     return logp_D_T_V.gather(-1, targets_D_T.unsqueeze(-1)).squeeze(-1)
+
+
+def head_token_logprobs(
+    hidden_N_H: torch.Tensor,
+    head: Callable[[torch.Tensor], torch.Tensor],
+    targets_N: torch.Tensor,
+    temperature: float = 1.0,
+    rows: int = 256,
+) -> torch.Tensor:
+    """`masked_token_logprobs` with no mask, of `head(hidden_N_H)`'s logits, `rows` positions at a
+    time. With a gradient, each chunk's logits are recomputed in the backward pass instead of kept
+    (activation checkpointing): at most one chunk's [rows, V] logits and their fp32 copies exist at
+    once, not the whole [N, V] (Wordle: N up to 6,144 tokens x Qwen3.5's 248,320 is 6 GB per fp32 copy;
+    a chunk of 256 rows, 254 MB)."""
+    from torch.utils.checkpoint import checkpoint
+
+    def chunk(hidden: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+        return masked_token_logprobs(head(hidden)[None], None, targets[None], temperature)[0]
+
+    pieces = zip(hidden_N_H.split(rows), targets_N.split(rows), strict=True)
+    if not torch.is_grad_enabled():
+        return torch.cat([chunk(h, t) for h, t in pieces])
+    return torch.cat([checkpoint(chunk, h, t, use_reentrant=False) for h, t in pieces])
 
 
 def k3_kl(logp_D_T: torch.Tensor, ref_logp_D_T: torch.Tensor) -> torch.Tensor:
