@@ -160,10 +160,13 @@ def environment(cfg: Config, runtime: models.Runtime) -> Result:
     details["attention"] = runtime.attn_implementation
     paths = linear_attention_paths()
     details |= {f"Qwen3.5 {name}": path for name, path in paths.items()}
-    on_reference = paths["torch_chunk_gated_delta_rule"].startswith("transformers.")
+    prefill = paths["torch_chunk_gated_delta_rule"]
+    deltanet = {"fla": "fla's kernels", "transformers": "transformers' torch reference"}.get(
+        prefill.split(".")[0], prefill
+    )
     figure = (
-        f"torch {torch.__version__}, {details.get('device 0', 'no CUDA')}; attention {runtime.attn_implementation}; "
-        f"Gated DeltaNet on {'transformers torch reference' if on_reference else 'fla kernels'}"
+        f"torch {torch.__version__}, {details.get('device 0', 'no CUDA')}; "
+        f"attention {runtime.attn_implementation}; Gated DeltaNet on {deltanet}"
     )
     return Result("PASS", figure, details)
 
@@ -406,10 +409,11 @@ def lora_step(cfg: Config, runtime: models.Runtime) -> Result:
     mask = torch.ones_like(ids)
     mask[1, :16] = 0
     losses = []
+    # bf16 base weights, peft's fp32 LoRA weights, under autocast: as accelerate's bf16 mixed precision.
+    bf16 = runtime.dtype == torch.bfloat16
 
     def step() -> None:
-        # bf16 base weights and fp32 LoRA weights under autocast, as accelerate's bf16 mixed precision runs them.
-        with torch.autocast(runtime.device.split(":")[0], dtype=torch.bfloat16, enabled=cuda):
+        with torch.autocast(runtime.device.split(":")[0], dtype=torch.bfloat16, enabled=bf16):
             loss = model(input_ids=ids, attention_mask=mask, labels=ids.masked_fill(mask == 0, -100)).loss
         loss.backward()
         optimizer.step()
@@ -426,8 +430,8 @@ def lora_step(cfg: Config, runtime: models.Runtime) -> Result:
     moved = sum(int(p.grad.count_nonzero()) > 0 for p in trained if p.grad is not None)
     shape = f"{LORA_LAYERS} layers, hidden {model.config.hidden_size}, vocab {model.config.vocab_size:,}"
     figure = (
-        f"{shape}, {str(runtime.dtype)[6:]} + fp32 LoRA ({len(trained)} tensors, {moved} with gradient), "
-        f"attention {model.config._attn_implementation}: loss {losses[0]:.2f}, {memory}"
+        f"{shape}, {str(runtime.dtype)[6:]} + {str(trained[0].dtype)[6:]} LoRA ({len(trained)} tensors, "
+        f"{moved} with gradient), attention {model.config._attn_implementation}: loss {losses[0]:.2f}, {memory}"
     )
     ok = math.isfinite(losses[0]) and finite and moved > 0
     return Result("PASS" if ok else "FAIL", figure if ok else f"non-finite loss or gradients: {figure}")
@@ -481,7 +485,8 @@ class Config:
         default=1_000_000, metadata={"help": "draws of the grammar-sampling check, counting masked ids"}
     )
     sampling_seconds: float = field(
-        default=20.0, metadata={"help": "stop drawing after this long and report the draws made (CPU)"}
+        default=20.0,
+        metadata={"help": "stop drawing after this long, saying how many were made (a CPU: ~100 a second)"},
     )
 
     def __post_init__(self) -> None:
