@@ -175,11 +175,13 @@ def environment(cfg: Config, runtime: models.Runtime) -> Result:
 _HK, _HV = QWEN3_5_4B["linear_num_key_heads"], QWEN3_5_4B["linear_num_value_heads"]
 _DK, _DV = QWEN3_5_4B["linear_key_head_dim"], QWEN3_5_4B["linear_value_head_dim"]
 # bf16 tolerances on ||kernel - reference|| / ||reference||, the reference run in fp32 on the same
-# bf16-rounded inputs. bf16 keeps 8 bits (a step of 2^-8 = 0.004 relative), and fla's chunked kernels
-# hold some intermediates in bf16: its own tests allow 0.005-0.008 on outputs and up to 0.02 on the
-# decay's gradient. A wrong head grouping, mask or state layout errs by 0.3 or more.
+# bf16-rounded inputs, so only the kernel's own bf16 intermediates count. fla's tests of these kernels
+# (tests/ops/test_gated_delta.py) allow, in fp16, 0.005 on the output and state, 0.008 on dq, dk and
+# dv, 0.02 on dbeta and dg; bf16 keeps 3 bits fewer than fp16, and these bounds are twice those. Value
+# heads grouped the wrong way err by 1.4 (tests/test_selftest.py).
 FORWARD_TOLERANCE = 0.01
 BACKWARD_TOLERANCE = 0.02
+GATE_GRADIENT_TOLERANCE = 0.04
 PREFILL_LENGTH = 300  # five chunks of 64 with a partial last one
 LEFT_PAD = 45
 DECODE_STEPS = 16
@@ -264,6 +266,7 @@ def linear_attention_prefill(cfg: Config, runtime: models.Runtime) -> Result:
     grads = ("dq", "dk", "dv", "dg", "dbeta")
     errors |= {n: relative_error(a.grad, b.grad) for n, a, b in zip(grads, ours, theirs, strict=True)}
     tolerances = {k: BACKWARD_TOLERANCE if k.startswith("d") else FORWARD_TOLERANCE for k in errors}
+    tolerances |= {"dg": GATE_GRADIENT_TOLERANCE, "dbeta": GATE_GRADIENT_TOLERANCE}
     shape = f"2 x {PREFILL_LENGTH} tokens ({LEFT_PAD} left padding), {_HK}/{_HV} heads of {_DK}"
     return _verdict(errors, tolerances, shape)
 
