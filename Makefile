@@ -16,7 +16,7 @@ RUN_DIR ?= runs/demo
 TEST_WORKERS ?= 2
 
 .DEFAULT_GOAL := help
-.PHONY: help setup setup-vllm-cpu setup-vllm-engine demo play-web eval-human test test-fast bench bench-scale lint format clean
+.PHONY: help setup setup-vllm-cpu setup-vllm-engine demo play-web eval-human test test-fast bench bench-scale selftest lint format clean
 
 help: ## List the targets
 	@grep -hE '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-12s %s\n", $$1, $$2}'
@@ -108,6 +108,10 @@ bench: $(STAMP) ## Print side-by-side speed ratios on the embedded models
 
 bench-scale: $(STAMP) ## The gpu profile's GRPO step at Qwen3.5-4B's real shapes, measured on the CPU (~15 min, 10 GB)
 	$(OFFLINE) $(BIN)/python -m emoji_rl.rl.bench_scale
+
+# Run it first on a GPU box, before any download (docs/gpu/SELFTEST.md). ARGS: e.g. "--only environment".
+selftest: $(STAMP) ## Check this machine's stack on random models at Qwen3.5-4B's shapes: PASS/FAIL/SKIP (~1 min on a CPU)
+	$(ER) selftest --out_dir reports/selftest $(ARGS)
 
 lint: $(STAMP) ## ruff check and format check
 	$(BIN)/ruff check src tests

@@ -58,6 +58,10 @@ STAGES: dict[str, tuple[str, str]] = {
     "eval-wordle": ("emoji_rl.eval.wordle", "Wordle base vs SFT vs RL on held-out answers: table, JSON, PNG"),
     "chat": ("emoji_rl.chat", "talk to a model; emoji-constrained by default"),
     "pipeline": ("emoji_rl.pipeline", "run a list of stages in order, resumable (configs/*/experiment.yaml)"),
+    "selftest": (
+        "emoji_rl.selftest",
+        "does this machine's stack run the device paths? random models at Qwen3.5-4B's shapes, PASS/FAIL table",
+    ),
 }
 
 
@@ -125,7 +129,7 @@ def main(argv: list[str] | None = None) -> int:
         check_writable(cfg)
         if hasattr(cfg, "wait_for_judge"):  # the stages that ask a judge (`JudgeConfig`)
             cfg.wait_for_judge()
-        module.main(cfg)
+        status = module.main(cfg)  # None, or an exit status (selftest: 1 when a check failed)
     except UserError as err:
         print(f"emoji-rl {stage}: error: {err}", file=sys.stderr)
         return 2
@@ -143,7 +147,7 @@ def main(argv: list[str] | None = None) -> int:
         signum = stop_signal(stop)
         print(f"emoji-rl {stage}: interrupted ({signum.name})", file=sys.stderr)
         return 128 + signum
-    return 0
+    return status or 0
 
 
 if __name__ == "__main__":

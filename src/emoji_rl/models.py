@@ -248,14 +248,11 @@ def pick_runtime(device: str = "auto", dtype: str = "auto") -> Runtime:
 
 @functools.cache
 def flash_attn_imports() -> bool:
-    """Whether flash-attn 2 imports in this process; if not, a warning says why, once.
-
-    Imported, not looked up with find_spec: a flash-attn built against another torch is installed
-    but fails to load its CUDA extension (an undefined symbol), and transformers would select it and
-    die at the first forward."""
-    try:
-        importlib.import_module("flash_attn")
-    except (ImportError, OSError, RuntimeError) as err:
+    """Whether flash-attn 2 imports in this process; if not, a warning says why, once. A flash-attn
+    built against another torch is installed but fails to load its CUDA extension (an undefined
+    symbol): transformers would select it and die at the first forward."""
+    err = import_error("flash_attn")
+    if err is not None:
         logger.warning(
             "flash-attn 2 does not import (%s: %s), so attention runs on sdpa, slower; %s, or rebuild a "
             "flash-attn that was built against another torch",
@@ -265,6 +262,17 @@ def flash_attn_imports() -> bool:
         )
         return False
     return True
+
+
+def import_error(module: str) -> Exception | None:
+    """Why `module` does not import in this process, or None when it does. Imported, not looked up
+    with find_spec: a kernel package built against another torch is installed but fails to load its
+    extension, and transformers, which tries the same import, falls back on any error."""
+    try:
+        importlib.import_module(module)
+    except Exception as err:
+        return err
+    return None
 
 
 def load_base_model(spec: str | ModelSpec, runtime: Runtime) -> PreTrainedModel:
@@ -318,13 +326,7 @@ _GPU_EXTRA_HINT = "install the gpu extra: pip install --no-build-isolation -e '.
 def missing_linear_attention_kernels() -> list[str]:
     """The distributions of LINEAR_ATTENTION_KERNELS whose package does not import (transformers tries the
     same import and falls back on any error)."""
-    missing = []
-    for module, distribution in LINEAR_ATTENTION_KERNELS.items():
-        try:
-            importlib.import_module(module)
-        except Exception:
-            missing.append(distribution)
-    return missing
+    return [dist for module, dist in LINEAR_ATTENTION_KERNELS.items() if import_error(module) is not None]
 
 
 def has_linear_attention(model: PreTrainedModel) -> bool:

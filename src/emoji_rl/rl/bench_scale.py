@@ -68,13 +68,16 @@ TARGET = "Let's grab pizza and watch a movie tonight"
 GUESS = "A party with food and a film at home"
 
 
-def cut_qwen3_5_4b(layers: int) -> Qwen3_5ForCausalLM:
-    """Qwen3.5-4B's shapes with `layers` decoder layers in its own pattern, random weights, fp32."""
+def cut_qwen3_5_4b(layers: int, **overrides: object) -> Qwen3_5ForCausalLM:
+    """Qwen3.5-4B's shapes with `layers` decoder layers in its own pattern, random weights, fp32;
+    `overrides` replace fields of its config (a narrower hidden size where a CPU must be quick)."""
     from transformers import Qwen3_5ForCausalLM, Qwen3_5TextConfig
 
     pattern = ["linear_attention", "linear_attention", "linear_attention", "full_attention"]
     config = Qwen3_5TextConfig(
-        **QWEN3_5_4B, num_hidden_layers=layers, layer_types=[pattern[i % 4] for i in range(layers)]
+        **(QWEN3_5_4B | overrides),
+        num_hidden_layers=layers,
+        layer_types=[pattern[i % 4] for i in range(layers)],
     )
     torch.manual_seed(0)
     return Qwen3_5ForCausalLM(config).eval()
@@ -122,7 +125,7 @@ def _rss_mb(field: str) -> float:
     raise RuntimeError(f"no {field} line in /proc/self/status: the memory rows need Linux")
 
 
-def _peak_above_now(work: Callable[[], object]) -> tuple[float, float]:
+def peak_rss_above_now(work: Callable[[], object]) -> tuple[float, float]:
     """(peak RSS above the RSS before `work`, MB; seconds): the peak is reset first (clear_refs 5)."""
     Path("/proc/self/clear_refs").write_text("5")
     before = _rss_mb("VmRSS")
@@ -146,7 +149,7 @@ def collate_memory(path: str) -> dict[str, float]:
         work = lambda: [  # noqa: E731
             torch.cat([replay_masks(constraint, t.action_ids) for t in e.turns]) for e in episodes
         ]
-    peak, seconds = _peak_above_now(work)
+    peak, seconds = peak_rss_above_now(work)
     tokens = sum(len(t.action_ids) for e in episodes for t in e.turns)
     return {"peak_mb": peak, "seconds": seconds, "tokens": tokens}
 
@@ -185,7 +188,7 @@ def head_memory(path: str) -> dict[str, float]:
             reference = logprobs()
         grpo.k3_kl(policy, reference).sum().backward()
 
-    peak, seconds = _peak_above_now(work)
+    peak, seconds = peak_rss_above_now(work)
     return {"peak_mb": peak, "seconds": seconds, "tokens": len(targets)}
 
 
@@ -213,7 +216,7 @@ def unconstrained_head_memory(path: str) -> dict[str, float]:
             reference = logprobs()
         grpo.k3_kl(policy, reference).sum().backward()
 
-    peak, seconds = _peak_above_now(work)
+    peak, seconds = peak_rss_above_now(work)
     return {"peak_mb": peak, "seconds": seconds, "tokens": UNCONSTRAINED_TOKENS}
 
 
@@ -236,7 +239,7 @@ def layers_memory(layers: int) -> dict[str, float]:
             reference = token_logprobs(model, batch, 1.0)
         grpo.k3_kl(policy, reference)[batch.mask_D_T].sum().backward()
 
-    peak, seconds = _peak_above_now(work)
+    peak, seconds = peak_rss_above_now(work)
     return {"peak_mb": peak, "seconds": seconds, "tokens": int(batch.attention_D_T.sum())}
 
 
