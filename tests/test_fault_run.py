@@ -25,6 +25,8 @@ def run_dir(path: Path, seconds: float, when: str, loss: float = 1.5) -> Path:
         "grpo/metrics.jsonl": json.dumps({"step": 1, "reward/mean": 0.5, "time/rollout_s": seconds}) + "\n",
         "sft/metrics.jsonl": json.dumps(sft) + "\n",
         "report.md": REPORT.format(dir=path, when=when),
+        "reports/retrieval/retrieval_records.jsonl": f'{{"systems": {{"sft": "adapter sha256:{when.encode().hex()}"}}}}\n',
+        "reports/retrieval/retrieval.json": '{"sft": {"similarity": 0.5}}\n',
         "pipeline.log": f"== pipeline [1/1] sft: done in {seconds} s\n",
         "stages/sft.done": json.dumps({"seconds": seconds, "finished": when}),
         "grpo/tensorboard/events.out.tfevents.1": when,

@@ -5,17 +5,19 @@ uninterrupted into OUT/whole, then `--runs` times into OUT/run-NN: starts the ru
 group, SIGKILLs the whole group (the runner and its stage) at a moment drawn uniformly over the
 uninterrupted run's duration (seeded), then reruns the same command until it exits 0; with `--rekill P`
 each rerun is itself killed with probability P. A run passes when every file of OUT/whole is in OUT/run-NN
-with the same content and no other file is: the stages are seeded and run on the CPU in one process of
-one thread, so their data, adapters, metrics, evaluation and report are the same byte for byte.
+with the same content and no other file is: the stages are seeded and run on the CPU in one thread under
+one PYTHONHASHSEED, so their data, adapters, metrics, evaluation and report are the same byte for byte.
 
-Left out of the comparison, each because it records when or how long, not what:
+Left out of the comparison, each because it records when, how long or where, not what:
 - `pipeline.log` and `stages/*.done`: the runner's banners, durations and finish times;
 - `**/tensorboard/**`, `sft/runs/**`: event files named by and holding wall-clock times;
-- `**/training_args.bin`: TRL's pickled arguments, whose logging_dir is named by the start time;
+- `**/training_args.bin`: TRL's arguments, pickled: they hold the run's own output_dir, in binary;
 - `sft/checkpoint-*`, `grpo/checkpoints`: how a stage resumes, not what it made (a killed run can hold
   a checkpoint an uninterrupted one has deleted);
 - in `*metrics.jsonl`, keys of timings (`time/`, `throughput/`, `*runtime`, `*_per_second`);
-- in `report.md`, the section "## Stage timings".
+- in `report.md`, the section "## Stage timings";
+- in every text file, an adapter's hash (`adapter sha256:...`, eval-retrieval's records' first line): it
+  covers training_args.bin too (its run's path); the adapters' other files are compared themselves.
 And in every text file the run directory's path is read as `{run_dir}`: each run has its own.
 
     python -m emoji_rl.fault_run [--runs 20] [--seed 0] [--rekill 0] [--out runs/fault]
@@ -48,6 +50,7 @@ EXCLUDED = (
 )
 TIMING_KEY = re.compile(r"^(time/|throughput/)|runtime$|_per_second$")
 TIMINGS_SECTION = re.compile(r"^## Stage timings\n.*?(?=^## |\Z)", re.M | re.S)
+ADAPTER_HASH = re.compile(r"adapter sha256:[0-9a-f]+")
 BANNER = re.compile(rb"^== pipeline \[\d+/\d+\] (\S+): (?!skipped|done)", re.M)
 
 
@@ -65,6 +68,7 @@ def normalized(path: Path, run_dir: Path) -> bytes:
     except UnicodeDecodeError:
         return data
     text = text.replace(str(run_dir.resolve()), "{run_dir}").replace(str(run_dir), "{run_dir}")
+    text = ADAPTER_HASH.sub("adapter sha256:*", text)
     if path.name.endswith("metrics.jsonl"):
         records = [json.loads(line) for line in text.splitlines() if line.strip()]
         kept = [{k: v for k, v in r.items() if not TIMING_KEY.search(k)} for r in records]
@@ -147,8 +151,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", type=Path, default=Path("runs/fault"))
     args = parser.parse_args(argv)
     # One thread: the 2-core machines run faster so, and every run sums its floats in the same order.
-    for key, value in {"OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1",
-                       "TOKENIZERS_PARALLELISM": "false"}.items():  # fmt: skip
+    # One hash seed: PEFT writes adapter_config.json's target_modules from a set, in hash order, and
+    # eval-retrieval's records name each adapter by a hash of its files; two whole runs differ there.
+    for key, value in {"OMP_NUM_THREADS": "1", "PYTHONHASHSEED": "0", "HF_HUB_OFFLINE": "1",
+                       "TRANSFORMERS_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}.items():  # fmt: skip
         os.environ.setdefault(key, value)
     args.out.mkdir(parents=True, exist_ok=True)
     whole = args.out / "whole"
