@@ -16,7 +16,7 @@ RUN_DIR ?= runs/demo
 TEST_WORKERS ?= 2
 
 .DEFAULT_GOAL := help
-.PHONY: help setup setup-vllm-cpu setup-vllm-engine demo play-web eval-human test test-fast bench bench-scale selftest lint format clean
+.PHONY: help setup setup-vllm-cpu setup-vllm-engine demo play-web eval-human test test-fast bench bench-scale selftest fault-run lint format clean
 
 help: ## List the targets
 	@grep -hE '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-12s %s\n", $$1, $$2}'
@@ -112,6 +112,13 @@ bench-scale: $(STAMP) ## The gpu profile's GRPO step at Qwen3.5-4B's real shapes
 # Run it first on a GPU box, before any download (docs/gpu/SELFTEST.md). ARGS: e.g. "--only environment".
 selftest: $(STAMP) ## Check this machine's stack on random models at Qwen3.5-4B's shapes: PASS/FAIL/SKIP (~1 min on a CPU)
 	$(ER) selftest --out_dir reports/selftest $(ARGS)
+
+# The pipeline's resume checked end to end: configs/cpu/fault.yaml run once whole, then RUNS times killed
+# (SIGKILL of the runner's process group) at random moments and rerun; each must end with the whole run's
+# outputs and report (emoji_rl/fault_run.py says what is compared). About 2 minutes a run on 2 cores.
+RUNS ?= 20
+fault-run: $(STAMP) ## Kill a short pipeline at random moments RUNS times; each rerun must end as an uninterrupted run
+	$(OFFLINE) $(BIN)/python -m emoji_rl.fault_run --runs $(RUNS) --seed 0 --out runs/fault
 
 lint: $(STAMP) ## ruff check and format check
 	$(BIN)/ruff check src tests
