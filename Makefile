@@ -16,7 +16,7 @@ RUN_DIR ?= runs/demo
 TEST_WORKERS ?= 2
 
 .DEFAULT_GOAL := help
-.PHONY: help setup setup-vllm-cpu setup-vllm-engine demo play-web eval-human test test-fast bench bench-scale selftest fault-run lint format clean
+.PHONY: help setup setup-vllm-cpu setup-vllm-engine demo play-web eval-human test test-fast bench bench-scale selftest selftest-wheels fault-run lint format clean
 
 help: ## List the targets
 	@grep -hE '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-12s %s\n", $$1, $$2}'
@@ -112,6 +112,24 @@ bench-scale: $(STAMP) ## The gpu profile's GRPO step at Qwen3.5-4B's real shapes
 # Run it first on a GPU box, before any download (docs/gpu/SELFTEST.md). ARGS: e.g. "--only environment".
 selftest: $(STAMP) ## Check this machine's stack on random models at Qwen3.5-4B's shapes: PASS/FAIL/SKIP (~1 min on a CPU)
 	$(ER) selftest --out_dir reports/selftest $(ARGS)
+
+# For a GPU box with torch, Triton and CUDA but no registry (docs/gpu/SELFTEST.md): the files of
+# requirements/selftest.txt, each alone (--no-deps: nothing it does not list, no torch, no nvidia-*), for
+# CPython $(SELFTEST_PY) on manylinux x86_64 (glibc 2.28, as torch's own wheels need), and this project's
+# wheel. The box installs the folder with `pip install --no-index --no-deps $(SELFTEST_WHEELS)/*.whl`.
+SELFTEST_PY     ?= 3.11
+SELFTEST_WHEELS := dist/selftest-wheels
+SELFTEST_MAX_MB := 60
+
+selftest-wheels: $(STAMP) ## Gather the wheels selftest needs beyond torch into dist/selftest-wheels (under 60 MB)
+	rm -rf $(SELFTEST_WHEELS)
+	$(BIN)/python -m pip download --quiet --no-deps --only-binary=:all: --implementation cp \
+		--python-version $(SELFTEST_PY) --platform manylinux_2_28_x86_64 --platform manylinux2014_x86_64 \
+		-r requirements/selftest.txt -d $(SELFTEST_WHEELS)
+	$(BIN)/python -m pip wheel --quiet --no-deps . -w $(SELFTEST_WHEELS)
+	@ls -l $(SELFTEST_WHEELS) | awk 'NR > 1 {printf "%6.2f MB  %s\n", $$5 / 1e6, $$9}' | sort -n
+	@du -cb $(SELFTEST_WHEELS)/*.whl | awk 'END {mb = $$1 / 1e6; printf "selftest-wheels: %.1f MB (10^6 bytes) in $(SELFTEST_WHEELS)\n", mb; \
+		if (mb > $(SELFTEST_MAX_MB)) {print "selftest-wheels: over $(SELFTEST_MAX_MB) MB"; exit 1}}'
 
 # The pipeline's resume checked end to end: configs/cpu/fault.yaml run once whole, then RUNS times killed
 # (SIGKILL of the runner's process group) at random moments and rerun; each must end with the whole run's

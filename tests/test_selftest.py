@@ -6,9 +6,13 @@ from __future__ import annotations
 import inspect
 import json
 import time
+from importlib import metadata
+from pathlib import Path
 
 import pytest
 import torch
+from packaging.requirements import Requirement
+from packaging.utils import canonicalize_name
 
 from emoji_rl import cli, models, selftest
 
@@ -120,3 +124,32 @@ def test_the_kernel_checks_fail_a_kernel_that_groups_the_value_heads_the_wrong_w
     row = selftest.run_check(name, selftest.Config(), models.pick_runtime("cpu"))
     assert row.status == "FAIL"
     assert "over tolerance: output" in row.figure
+
+
+SELFTEST_REQUIREMENTS = Path(__file__).resolve().parents[1] / "requirements" / "selftest.txt"
+# Declared by a package in requirements/selftest.txt, and never imported by a selftest: the GPU box installs
+# the wheels with --no-deps (docs/gpu/SELFTEST.md), so these stay out of `make selftest-wheels`.
+LEFT_OUT = {
+    "typer": "transformers' CLI",
+    "click": "huggingface_hub's CLI",
+    "hf-xet": "huggingface_hub's downloads",
+    "requests": "tiktoken fetching a URL",
+    "triton": "on the GPU box with torch",
+}
+
+
+def test_the_selftest_wheels_pin_what_the_suite_runs_and_leave_out_only_what_is_listed():
+    pins = {}
+    for line in SELFTEST_REQUIREMENTS.read_text().splitlines():
+        if line.split("#")[0].strip():
+            requirement = Requirement(line.split("#")[0])
+            pins[canonicalize_name(requirement.name)] = str(requirement.specifier).removeprefix("==")
+    assert pins == {name: metadata.version(name) for name in pins}
+    with_torch = {canonicalize_name(Requirement(r).name) for r in metadata.requires("torch")} | {"torch"}
+    declared = {
+        canonicalize_name(requirement.name)
+        for name in pins
+        for requirement in map(Requirement, metadata.requires(name) or [])
+        if requirement.marker is None or requirement.marker.evaluate({"extra": ""})
+    }
+    assert declared - set(pins) - with_torch == set(LEFT_OUT)
