@@ -154,6 +154,20 @@ def collate_memory(path: str) -> dict[str, float]:
     return {"peak_mb": peak, "seconds": seconds, "tokens": tokens}
 
 
+def _kl_step_peak(logprobs: Callable[[], torch.Tensor]) -> tuple[float, float]:
+    """(peak RSS above now, MB; seconds) of `logprobs` for the policy (its graph kept) and the
+    reference, then the backward of their KL, as `update` runs them."""
+    from emoji_rl.rl import grpo
+
+    def work() -> None:
+        policy = logprobs()
+        with torch.no_grad():
+            reference = logprobs()
+        grpo.k3_kl(policy, reference).sum().backward()
+
+    return peak_rss_above_now(work)
+
+
 def head_memory(path: str) -> dict[str, float]:
     """The part of a micro-batch's log-probs that the vocabulary's width decides: from the final
     hidden states of its sender tokens, the LM head and the log-probs under the grammar, for the
@@ -182,13 +196,7 @@ def head_memory(path: str) -> dict[str, float]:
         logits = torch.nn.functional.linear(hidden, rows)
         return grpo.masked_token_logprobs(logits[None], masks[None], columns[None])[0]
 
-    def work() -> None:
-        policy = logprobs()
-        with torch.no_grad():
-            reference = logprobs()
-        grpo.k3_kl(policy, reference).sum().backward()
-
-    peak, seconds = peak_rss_above_now(work)
+    peak, seconds = _kl_step_peak(logprobs)
     return {"peak_mb": peak, "seconds": seconds, "tokens": len(targets)}
 
 
@@ -210,13 +218,7 @@ def unconstrained_head_memory(path: str) -> dict[str, float]:
             return grpo.head_token_logprobs(hidden, head, targets)
         return grpo.masked_token_logprobs(head(hidden)[None], None, targets[None])[0]
 
-    def work() -> None:
-        policy = logprobs()
-        with torch.no_grad():
-            reference = logprobs()
-        grpo.k3_kl(policy, reference).sum().backward()
-
-    peak, seconds = peak_rss_above_now(work)
+    peak, seconds = _kl_step_peak(logprobs)
     return {"peak_mb": peak, "seconds": seconds, "tokens": UNCONSTRAINED_TOKENS}
 
 
