@@ -224,6 +224,10 @@ def _publish_under_fsdp(url: str, out: Path) -> int:
     sampler = VLLMSampler(Endpoint(url + "/v1", api_key_env="EMOJI_RL_TEST_POLICY_KEY"), "policy", 0)
     _sync_weights(AdapterSync(sampler, out, "policy"), processes, model, 1)
     (out / f"sampler{processes.process_index}").write_text(sampler.model)
+    # Leave the group before exiting: a gloo thread still running when the interpreter exits aborts
+    # the rank ("terminate called without an active exception", once in CI on a loaded machine).
+    processes.wait_for_everyone()
+    torch.distributed.destroy_process_group()
     return 0
 
 
