@@ -14,7 +14,8 @@ Left out of the comparison, each because it records when, how long or where, not
 - `**/training_args.bin`: TRL's arguments, pickled: they hold the run's own output_dir, in binary;
 - `sft/checkpoint-*`, `grpo/checkpoints`: how a stage resumes, not what it made (a killed run can hold
   a checkpoint an uninterrupted one has deleted);
-- in `*metrics.jsonl`, keys of timings (`time/`, `throughput/`, `*runtime`, `*_per_second`);
+- in `*metrics.jsonl`, keys of timings (`time/`, `throughput/`, `*runtime`, `*_per_second`, `*_time`:
+  an evaluation before any training step also times the model's preparation);
 - in `report.md`, the section "## Stage timings";
 - in every text file, an adapter's hash (`adapter sha256:...`, eval-retrieval's records' first line): it
   covers training_args.bin too (its run's path); the adapters' other files are compared themselves.
@@ -48,7 +49,7 @@ EXCLUDED = (
     "sft/checkpoint-*",
     "grpo/checkpoints/*",
 )
-TIMING_KEY = re.compile(r"^(time/|throughput/)|runtime$|_per_second$")
+TIMING_KEY = re.compile(r"^(time/|throughput/)|runtime$|_per_second$|_time$")
 TIMINGS_SECTION = re.compile(r"^## Stage timings\n.*?(?=^## |\Z)", re.M | re.S)
 ADAPTER_HASH = re.compile(r"adapter sha256:[0-9a-f]+")
 BANNER = re.compile(rb"^== pipeline \[\d+/\d+\] (\S+): (?!skipped|done)", re.M)

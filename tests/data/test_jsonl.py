@@ -3,7 +3,14 @@ import os
 
 import pytest
 
-from emoji_rl.data.jsonl import AppendLog, drop_steps_after, read_jsonl, write_json, write_jsonl
+from emoji_rl.data.jsonl import (
+    AppendLog,
+    drop_steps_after,
+    keep_first_lines,
+    read_jsonl,
+    write_json,
+    write_jsonl,
+)
 from emoji_rl.errors import DataError, UserError
 
 
@@ -141,3 +148,14 @@ def test_drop_steps_after_names_a_line_without_a_step(tmp_path):
     path.write_text('{"step": 1}\n{"loss": 0.5}\n')
     with pytest.raises(DataError, match=r"metrics.jsonl:2: a training log line needs an integer `step`"):
         drop_steps_after(path, 1)
+
+
+def test_keep_first_lines_drops_what_came_after_the_checkpoint_at_its_own_step(tmp_path):
+    path = tmp_path / "metrics.jsonl"
+    # The checkpoint at step 2 knows three lines; the summary and the last eval, also at step 2, came
+    # after it and go, which drop_steps_after(path, 2) would keep.
+    kept = '{"step": 0, "eval": 1.0}\n{"step": 1, "loss": 0.5}\n{"step": 2, "loss": 0.4}\n'
+    path.write_text(kept + '{"step": 2, "train_loss": 0.45}\n{"step": 2, "eval": 0.3}\n{"step": 3, "lo')
+    assert keep_first_lines(path, 3) == 3
+    assert path.read_text() == kept
+    assert keep_first_lines(path, 3) == 0 and keep_first_lines(path, 0) == 3 and path.read_text() == ""

@@ -6,6 +6,7 @@ import math
 from pathlib import Path
 
 import pytest
+import torch
 from safetensors import safe_open
 from tests.launching import read_weights
 
@@ -64,11 +65,11 @@ class Interrupted(Exception):
 
 
 def _lines(run):
-    """metrics.jsonl without what depends on the clock or on one `train()` call: the summary line's
-    speeds and its `train_loss`, the mean over the steps that call trained."""
+    """metrics.jsonl without what depends on the clock: the summary line's speeds, and the time an
+    evaluation before any training step in its process takes to prepare the model."""
     rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
-    session = ("runtime", "per_second", "train/train_loss")
-    return [{k: v for k, v in r.items() if not any(s in k for s in session)} for r in rows]
+    clock = ("runtime", "per_second", "preparation_time")
+    return [{k: v for k, v in r.items() if not any(s in k for s in clock)} for r in rows]
 
 
 def _tiny_run(tmp_path) -> dict:
@@ -165,6 +166,32 @@ def test_resume_after_a_crash_logs_each_step_once(tmp_path, monkeypatch):
     # eval at the checkpoint: the lines are the uninterrupted run's.
     assert [r["step"] for r in _lines(run) if "train/loss" in r] == [1, 2, 3]
     assert _lines(run) == _lines(tmp_path / "full")
+
+
+@pytest.mark.parametrize("killed", ["before the summary", "before the pipeline's marker"])
+def test_a_run_killed_after_its_last_checkpoint_trains_no_step_more(tmp_path, monkeypatch, killed):
+    """The Trainer looks at max_steps only after a step, so a run resumed from the checkpoint of its
+    last step would train one more; it must end as the uninterrupted run did instead."""
+    from transformers import Trainer
+
+    # A constant rate, so that a step too many would change the adapter (a linear one ends at 0).
+    common = dict(_tiny_run(tmp_path), max_steps=2, lr_scheduler_type="constant")
+    train.main(train.Config(output_dir=str(tmp_path / "full"), **common))
+    run = tmp_path / "split"
+    if killed == "before the summary":
+        with monkeypatch.context() as patch, pytest.raises(Interrupted):
+            patch.setattr(Trainer, "_finalize_training", lambda *args: (_ for _ in ()).throw(Interrupted))
+            train.main(train.Config(output_dir=str(run), **common))
+        assert (run / "checkpoint-2").is_dir() and not (run / "adapter").exists()
+    else:
+        train.main(train.Config(output_dir=str(run), **common))
+
+    train.main(train.Config(output_dir=str(run), resume=True, **common))
+    assert not (run / "checkpoint-3").exists()
+    assert _lines(run) == _lines(tmp_path / "full")  # no step 3, one summary, train_loss over steps 1-2
+    got, _ = read_weights(run / "adapter" / "adapter_model.safetensors")
+    want, _ = read_weights(tmp_path / "full" / "adapter" / "adapter_model.safetensors")
+    assert got.keys() == want.keys() and all(torch.equal(got[k], want[k]) for k in want)
 
 
 def test_gradient_checkpointing_recomputes_every_layer_and_trains(tiny_qwen, tmp_path, monkeypatch):

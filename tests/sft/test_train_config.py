@@ -19,7 +19,9 @@ from emoji_rl.sft.train import (
     build_sft_config,
     checkpoint_to_resume,
     jsonl_metrics_callback,
+    logged_loss_sum,
     metric_key,
+    whole_run_loss,
 )
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -185,3 +187,15 @@ def test_metrics_callback_appends_one_json_line_per_log(tmp_path):
     callback.on_log(None, state, None, logs={"eval_loss": 1.25})
     lines = [json.loads(line) for line in path.read_text().splitlines()]
     assert lines == [{"step": 3, "train/loss": 1.5, "epoch": 0.5}, {"step": 3, "eval/loss": 1.25}]
+
+
+def test_a_resumed_runs_train_loss_is_the_mean_over_all_its_steps():
+    # Lines every 2 steps: mean 3.0 over steps 1-2, 2.0 over 3-4, then an eval line (no loss).
+    history = [{"loss": 3.0, "step": 2}, {"loss": 2.0, "step": 4}, {"eval_loss": 9.0, "step": 4}]
+    assert logged_loss_sum(history, 4) == 3.0 * 2 + 2.0 * 2
+    assert logged_loss_sum(history, 3) == 6.0  # step 4's line is after the checkpoint at 3
+    # Resumed at step 4 (sum 10), the Trainer's own train() took steps 5-6 at a mean of 1.0:
+    # the run's mean is (10 + 2) / 6, not the call's 1.0.
+    assert whole_run_loss(10.0, 4, 1.0, 6) == 2.0
+    assert whole_run_loss(10.0, 4, 0.0, 4) == 2.5  # resumed at its last step: nothing trained
+    assert whole_run_loss(0.0, 0, 1.5, 6) == 1.5  # a fresh run's is the Trainer's own

@@ -8,6 +8,7 @@
         done = log.records              # what earlier runs wrote
         log.append({"id": ..., ...})
     drop_steps_after(path, k)           # a training log resumed at step k: later lines go, atomically
+    keep_first_lines(path, n)           # the same, by count: a log that matches a checkpoint's history
 
 Errors: a missing or empty file is a `UserError` that says what makes the file (`hint`); a line that
 is not a JSON object is a `DataError` naming the file and the line. Only an append log may end in a
@@ -144,25 +145,37 @@ def drop_steps_after(path: str | Path, step: int) -> int:
     went. A run resumed from its checkpoint at step k redoes the steps after k, so the lines the
     interrupted run logged for them would otherwise appear twice. A last line without its newline was
     cut short by the interruption and goes too. Kept lines stay byte for byte; no file, no change."""
-    path = Path(path)
+
+    def keep(number: int, record: Record) -> bool:
+        if not isinstance(record.get("step"), int):
+            raise DataError(path, number, "a training log line needs an integer `step`")
+        return record["step"] <= step
+
+    return _keep_lines(Path(path), keep, f"after step {step}")
+
+
+def keep_first_lines(path: str | Path, count: int) -> int:
+    """Keep the first `count` lines of a training log, atomically; returns how many went. For a log
+    whose lines match a checkpoint's own record of them one for one (a Trainer's log history): lines
+    logged at the checkpoint's step but after it was saved (a closing summary, a last evaluation) go,
+    which `drop_steps_after` would keep. Otherwise as `drop_steps_after`."""
+    return _keep_lines(Path(path), lambda number, record: number <= count, f"after the first {count}")
+
+
+def _keep_lines(path: Path, keep: Callable[[int, Record], bool], which: str) -> int:
     if not path.is_file():
         return 0
     data = path.read_bytes()
     complete = data[: data.rfind(b"\n") + 1]
     numbered = _parse_lines(path, complete)
     lines = complete.decode("utf-8").split("\n")
-    kept = []
-    for number, record in numbered:
-        if not isinstance(record.get("step"), int):
-            raise DataError(path, number, "a training log line needs an integer `step`")
-        if record["step"] <= step:
-            kept.append(lines[number - 1] + "\n")
+    kept = [lines[number - 1] + "\n" for number, record in numbered if keep(number, record)]
     text = "".join(kept)
     if text.encode("utf-8") != data:
         write_text(path, text)
     dropped = len(numbered) - len(kept) + (len(complete) < len(data))
     if dropped:
-        log.info("%s: dropped %d line(s) after step %d, which the resumed run redoes", path, dropped, step)
+        log.info("%s: dropped %d line(s) %s, which the resumed run redoes", path, dropped, which)
     return dropped
 
 

@@ -35,7 +35,7 @@ import yaml
 
 from emoji_rl import lora, models
 from emoji_rl.config import save_config
-from emoji_rl.data.jsonl import drop_steps_after
+from emoji_rl.data.jsonl import keep_first_lines
 from emoji_rl.errors import UserError
 from emoji_rl.rl.distributed import warn_if_fsdp_ignored
 from emoji_rl.sft.data import Overlong, encode_file, to_dataset
@@ -43,6 +43,7 @@ from emoji_rl.sft.data import Overlong, encode_file, to_dataset
 if TYPE_CHECKING:
     from peft import LoraConfig
     from transformers import PreTrainedModel, TrainerCallback
+    from transformers.trainer_utils import TrainOutput
     from trl import SFTConfig, SFTTrainer
 
 logger = logging.getLogger(__name__)
@@ -305,7 +306,7 @@ def metric_key(key: str) -> str:
 
 def jsonl_metrics_callback(path: Path) -> TrainerCallback:
     """A callback that appends each Trainer log (train and eval) as one JSON line, on the main process.
-    On resume, `main` first drops the lines after the checkpoint (`drop_steps_after`)."""
+    On resume, `main` first drops the lines the checkpoint does not know (`keep_first_lines`)."""
     from transformers import TrainerCallback
 
     class JsonlMetrics(TrainerCallback):
@@ -347,7 +348,8 @@ def own_loss_blocker(
 def answer_loss_trainer() -> type[SFTTrainer]:
     """TRL's SFTTrainer whose training and eval loss, when `own_loss` is set, is the mean negative
     log-likelihood of the answer tokens from `shared_prefix.kept_logits`, logging what TRL logs
-    (entropy, mean_token_accuracy, num_tokens). tests/sft/test_answer_loss.py holds it to TRL's own."""
+    (entropy, mean_token_accuracy, num_tokens). tests/sft/test_answer_loss.py holds it to TRL's own.
+    When `resumed` is set, its closing `train_loss` is the whole run's (`whole_run_loss`)."""
     import torch
     from trl import SFTTrainer
 
@@ -355,6 +357,13 @@ def answer_loss_trainer() -> type[SFTTrainer]:
 
     class AnswerLossTrainer(SFTTrainer):
         own_loss = False
+        resumed: tuple[int, float] | None = None  # the checkpoint's step and `logged_loss_sum`
+
+        def log(self, logs, *args, **kwargs):
+            if "train_loss" in logs and self.resumed is not None:
+                step, before = self.resumed
+                logs["train_loss"] = whole_run_loss(before, step, logs["train_loss"], self.state.global_step)
+            super().log(logs, *args, **kwargs)
 
         def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
             if return_outputs or not self.own_loss:  # the logits for compute_metrics: TRL's path
@@ -384,6 +393,25 @@ def answer_loss_trainer() -> type[SFTTrainer]:
             return loss
 
     return AnswerLossTrainer
+
+
+def logged_loss_sum(log_history: list[dict], up_to: int) -> float:
+    """The training loss summed over the steps up to `up_to`, from a Trainer's log history: each `loss`
+    line is the mean over the steps since the line before. Exact when `up_to` is a logging step (the
+    steps after the last line before it are in no line)."""
+    total, last = 0.0, 0
+    for entry in log_history:
+        if "loss" in entry and entry["step"] <= up_to:
+            total += entry["loss"] * (entry["step"] - last)
+            last = entry["step"]
+    return total
+
+
+def whole_run_loss(before: float, resumed_at: int, call_loss: float, global_step: int) -> float:
+    """The mean training loss over a resumed run's `global_step` steps. The Trainer's closing
+    `train_loss` is the mean over the steps its own `train()` call took (`call_loss`, over
+    `global_step - resumed_at` steps); `before` is the loss summed over the steps before them."""
+    return (before + call_loss * (global_step - resumed_at)) / max(global_step, 1)
 
 
 def scheduled_lr_callback() -> TrainerCallback:
@@ -464,10 +492,47 @@ def _trainer_state(checkpoint: str) -> dict:
     return json.loads((Path(checkpoint) / "trainer_state.json").read_text())
 
 
-def resumed_step(checkpoint: str | None) -> int:
-    """The last step whose log lines a run keeps: its checkpoint's, or -1 for a fresh run, which keeps
-    none (not even the step-0 eval of an earlier attempt that died before its first checkpoint)."""
-    return -1 if checkpoint is None else _trainer_state(checkpoint)["global_step"]
+def logged_lines(checkpoint: str | None) -> int:
+    """How many metrics lines a run keeps: those its checkpoint's log history holds (the JSONL callback
+    writes one per entry), or none for a fresh run (not even the step-0 eval of an earlier attempt
+    that died before its first checkpoint)."""
+    return 0 if checkpoint is None else len(_trainer_state(checkpoint)["log_history"])
+
+
+def planned_steps(trainer: SFTTrainer) -> int:
+    """The optimizer steps the run takes in all, as the Trainer counts them (`max_steps`, or the epochs'
+    worth of steps)."""
+    return trainer.set_initial_training_values(trainer.args, trainer.get_train_dataloader())[-1]
+
+
+def finish_from(trainer: SFTTrainer, checkpoint: str) -> TrainOutput:
+    """Take a run whose last checkpoint is its last step to where `train()` would have left it: the
+    checkpoint's adapter weights loaded and the closing summary logged, no step trained. (Resumed
+    there, the Trainer would train one step more before it looks at `max_steps`.)"""
+    from peft import set_peft_model_state_dict
+    from safetensors.torch import load_file
+    from transformers import TrainerState
+    from transformers.trainer_utils import TrainOutput
+
+    loaded = set_peft_model_state_dict(
+        trainer.model, load_file(Path(checkpoint) / "adapter_model.safetensors")
+    )
+    if loaded.unexpected_keys:
+        raise UserError(
+            f"{checkpoint}: adapter weights this model has no place for: {loaded.unexpected_keys[:3]}"
+        )
+    trainer.state = TrainerState.load_from_json(str(Path(checkpoint) / "trainer_state.json"))
+    # The keys of the Trainer's own summary; no step trained in this call, and `log` makes the loss
+    # the whole run's.
+    metrics = {
+        "train_runtime": 0.0,
+        "train_samples_per_second": 0.0,
+        "train_steps_per_second": 0.0,
+        "total_flos": trainer.state.total_flos,
+        "train_loss": 0.0,
+    }
+    trainer.log(metrics)
+    return TrainOutput(trainer.state.global_step, metrics["train_loss"], metrics)
 
 
 def restore_token_count(trainer: SFTTrainer, checkpoint: str) -> None:
@@ -504,8 +569,8 @@ def main(cfg: Config) -> None:
     )
     if is_main:
         save_config(cfg, output_dir)
-        # The steps after the checkpoint are redone, so the lines a dead run logged for them go.
-        drop_steps_after(output_dir / METRICS_FILE, resumed_step(checkpoint))
+        # The steps after the checkpoint are redone, so the lines a dead run logged after it go.
+        keep_first_lines(output_dir / METRICS_FILE, logged_lines(checkpoint))
 
     # --- data: validated and tokenized up front, so a bad line fails before the model loads
     tokenizer = models.load_tokenizer(cfg.model)
@@ -555,8 +620,13 @@ def main(cfg: Config) -> None:
     # --- train, evaluate, save
     if checkpoint is not None:
         restore_token_count(trainer, checkpoint)
+        saved = _trainer_state(checkpoint)
+        trainer.resumed = (saved["global_step"], logged_loss_sum(saved["log_history"], saved["global_step"]))
     start = time.monotonic()
-    result = trainer.train(resume_from_checkpoint=checkpoint)
+    if checkpoint is not None and trainer.resumed[0] >= planned_steps(trainer):
+        result = finish_from(trainer, checkpoint)
+    else:
+        result = trainer.train(resume_from_checkpoint=checkpoint)
     seconds = time.monotonic() - start
     eval_loss = trainer.evaluate()["eval_loss"] if eval_set is not None else float("nan")
     adapter_dir = output_dir / ADAPTER_DIR
@@ -566,7 +636,7 @@ def main(cfg: Config) -> None:
             "sft: %d steps in %.0f s, train loss %.4f, eval loss %.4f; adapter at %s",
             result.global_step,
             seconds,
-            result.training_loss,
+            result.metrics["train_loss"],  # the whole run's (`log`), where training_loss is the call's
             eval_loss,
             adapter_dir,
         )
