@@ -31,7 +31,10 @@ from emoji_rl import models
 from emoji_rl.errors import UserError
 
 # Each module adds its checks to CHECKS as it is imported: this order is the table's.
-from emoji_rl.selftest import kernels, machine, sizing, stages  # noqa: F401
+# isort: off
+from emoji_rl.selftest import machine, kernels, stages, sizing  # noqa: F401
+
+# isort: on
 from emoji_rl.selftest.core import CHECKS, Config, Result, Skipped, Status, last_line
 
 __all__ = ["CHECKS", "NOT_YET_CHECKED", "Config", "Row", "main", "markdown", "run_check", "table"]
