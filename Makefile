@@ -110,7 +110,7 @@ bench-scale: $(STAMP) ## The gpu profile's GRPO step at Qwen3.5-4B's real shapes
 	$(OFFLINE) $(BIN)/python -m emoji_rl.rl.bench_scale
 
 # Run it first on a GPU box, before any download (docs/gpu/SELFTEST.md). ARGS: e.g. "--only environment".
-selftest: $(STAMP) ## Check this machine's stack on random models at Qwen3.5-4B's shapes: PASS/FAIL/SKIP (~1 min on a CPU)
+selftest: $(STAMP) ## Check this machine's stack on random models at Qwen3.5-4B's shapes: PASS/FAIL/SKIP (~2 min on a CPU)
 	$(ER) selftest --out_dir reports/selftest $(ARGS)
 
 # For a GPU box with torch, Triton and CUDA but no registry (docs/gpu/SELFTEST.md): the files of

@@ -15,8 +15,11 @@ from packaging.requirements import Requirement
 from packaging.utils import canonicalize_name
 
 from emoji_rl import cli, models, selftest
+from emoji_rl.selftest import kernels
 
 CUDA_CHECKS = ("linear-attention-prefill", "linear-attention-decode", "sizing")
+# Everything but the kernel checks, the stages and sampling: seconds on a CPU.
+QUICK = ("environment", "nccl", "chunked-head")
 no_cuda = pytest.mark.skipif(torch.cuda.is_available(), reason="asserts what a machine without CUDA reports")
 
 
@@ -28,8 +31,9 @@ def run(tmp_path, *args: str) -> tuple[int, dict]:
 @no_cuda
 @pytest.mark.slow
 def test_every_check_passes_or_skips_on_the_cpu_and_the_cuda_ones_say_why(tmp_path, capsys):
-    # ~60 s on 2 cores: sampling cut to 3 s, and no check may take a minute.
-    status, report = run(tmp_path, "--sampling_seconds", "3", "--check_seconds", "60")
+    # ~100 s on 2 cores, sampling cut to 3 s. The bound only catches a hang: with a second torch process
+    # on one of the cores, the grpo stage's 3 steps took 30 s each (idle: 24 s for all three).
+    status, report = run(tmp_path, "--sampling_seconds", "3", "--check_seconds", "240")
     statuses = {row["check"]: row["status"] for row in report["checks"]}
     assert list(statuses) == list(selftest.CHECKS)
     assert status == 0, report["checks"]
@@ -37,7 +41,8 @@ def test_every_check_passes_or_skips_on_the_cpu_and_the_cuda_ones_say_why(tmp_pa
     assert all(s == "PASS" for name, s in statuses.items() if name not in CUDA_CHECKS), report["checks"]
     figures = {row["check"]: row["figure"] for row in report["checks"]}
     assert figures["linear-attention-prefill"] == "no CUDA"
-    assert figures["sizing"].startswith("no CUDA; the gpu profile's trainer needs")
+    assert figures["sizing"].startswith("no CUDA; a layer keeps ")
+    assert figures["nccl"].startswith("gloo (no CUDA)") and figures["nccl"].endswith("values as sent")
     assert figures["grammar-sampling"].endswith(": 0 masked")
     assert report["not_yet_checked"] == list(selftest.NOT_YET_CHECKED)
     printed = capsys.readouterr().out
@@ -45,6 +50,7 @@ def test_every_check_passes_or_skips_on_the_cpu_and_the_cuda_ones_say_why(tmp_pa
     markdown = (tmp_path / "selftest.md").read_text()
     assert "| grammar-bitmask | PASS |" in markdown
     assert "## Not yet checked" in markdown
+    assert "| sft-steps | PASS |" in markdown and "| grpo-steps | PASS |" in markdown
 
 
 def test_a_check_that_raises_is_a_fail_with_its_last_line_and_exit_status_1(tmp_path, monkeypatch):
@@ -94,13 +100,13 @@ def reference_as_kernel(monkeypatch):
         "chunk": inspect.unwrap(qwen.torch_chunk_gated_delta_rule),
         "fused_recurrent": inspect.unwrap(qwen.torch_recurrent_gated_delta_rule),
     }
-    monkeypatch.setattr(selftest, "_need_cuda", lambda runtime: None)
+    monkeypatch.setattr(kernels, "need_cuda", lambda runtime: None)
     # The torch reference is slow on a CPU: three chunks of 64, the last partial, are enough here.
-    monkeypatch.setattr(selftest, "PREFILL_LENGTH", 150)
+    monkeypatch.setattr(kernels, "PREFILL_LENGTH", 150)
 
     def use(wrap=lambda kernel: kernel) -> None:
         monkeypatch.setattr(
-            selftest, "_gated_delta_rule", lambda name: (wrap(references[name]), references[name])
+            kernels, "_gated_delta_rule", lambda name: (wrap(references[name]), references[name])
         )
 
     return use
@@ -126,6 +132,68 @@ def test_the_kernel_checks_fail_a_kernel_that_groups_the_value_heads_the_wrong_w
     assert "over tolerance: output" in row.figure
 
 
+def test_the_chunked_head_fails_against_a_reference_of_the_wrong_tokens(monkeypatch):
+    right = kernels.fp32_head
+    monkeypatch.setattr(
+        kernels, "fp32_head", lambda hidden, weight, targets: right(hidden, weight, targets.roll(1))
+    )
+    row = selftest.run_check("chunked-head", selftest.Config(), models.pick_runtime("cpu"))
+    assert row.status == "FAIL", row
+    assert (
+        "over tolerance: log-probs" in row.figure and "entropy" not in row.figure.split("over tolerance")[1]
+    )
+
+
+@pytest.mark.parametrize(
+    ("name", "module", "finder"),
+    [
+        ("sft-steps", "emoji_rl.sft.train", "checkpoint_to_resume"),
+        ("grpo-steps", "emoji_rl.rl.train", "latest_checkpoint"),
+    ],
+)
+def test_the_stage_checks_resume_at_the_next_step_and_fail_a_resume_that_starts_over(
+    name, module, finder, monkeypatch
+):
+    runtime = models.pick_runtime("cpu")
+    row = selftest.run_check(name, selftest.Config(), runtime)
+    assert row.status == "PASS", row
+    assert row.figure.startswith("2 steps, then resumed: step 3; loss finite; adapter written")
+    # The stage finds no checkpoint to go on from: its second run trains from step 0.
+    monkeypatch.setattr(module + "." + finder, lambda *args, **kwargs: None)
+    row = selftest.run_check(name, selftest.Config(), runtime)
+    assert row.status == "FAIL", row
+    assert "it started over" in row.figure
+
+
+def test_the_grpo_check_fails_a_sampler_whose_log_probs_are_not_the_trainers(monkeypatch):
+    from emoji_rl.rl import update
+
+    real = update.update
+
+    def shifted(*args, **kwargs):
+        return real(*args, **kwargs) | {"sampler/kl_vs_trainer": 0.3}
+
+    monkeypatch.setattr("emoji_rl.rl.train.update", shifted)
+    row = selftest.run_check("grpo-steps", selftest.Config(), models.pick_runtime("cpu"))
+    assert row.status == "FAIL"
+    assert "sampler - trainer log-prob 3.0e-01" in row.figure
+
+
+def test_sizing_advises_checkpointing_then_fewer_rows_as_the_card_shrinks():
+    from emoji_rl.selftest.sizing import Plan
+
+    plan = Plan("grpo.yaml", rows=8, tokens_per_row=500, checkpointing=False)
+    per_token = 100e3  # 100 KB a layer a token: 32 layers x 4,000 tokens = 12.8 GB of activations
+    assert plan.advice(10.0, per_token, 40.0) == (True, "grpo.yaml fits as configured (23 GB)")
+    fits, text = plan.advice(10.0, per_token, 20.0)
+    assert fits and text.startswith("grpo.yaml: set gradient_checkpointing: true (")
+    assert plan.advice(10.0, per_token, 10.5) == (
+        True,
+        "grpo.yaml: set gradient_checkpointing: true, per_device_train_batch_size: 2 (10 GB)",
+    )
+    assert not plan.advice(10.0, per_token, 9.0)[0]
+
+
 SELFTEST_REQUIREMENTS = Path(__file__).resolve().parents[1] / "requirements" / "selftest.txt"
 # Declared by a package in requirements/selftest.txt, and never imported by a selftest: the GPU box installs
 # the wheels with --no-deps (docs/gpu/SELFTEST.md), so these stay out of `make selftest-wheels`.
@@ -138,18 +206,38 @@ LEFT_OUT = {
 }
 
 
+# Not installed in .venv (no CUDA): flash-linear-attention's pin is the gpu extra's, and their declared
+# dependencies (the 0.6.0 wheels' METADATA, without extras) are these.
+GPU_KERNELS = {
+    "flash-linear-attention": {"fla-core", "transformers"},
+    "fla-core": {"einops"},
+    "einops": set(),
+}
+
+
 def test_the_selftest_wheels_pin_what_the_suite_runs_and_leave_out_only_what_is_listed():
+    import tomllib
+
     pins = {}
     for line in SELFTEST_REQUIREMENTS.read_text().splitlines():
         if line.split("#")[0].strip():
             requirement = Requirement(line.split("#")[0])
             pins[canonicalize_name(requirement.name)] = str(requirement.specifier).removeprefix("==")
-    assert pins == {name: metadata.version(name) for name in pins}
+    installed = {name: version for name, version in pins.items() if name not in GPU_KERNELS}
+    assert installed == {name: metadata.version(name) for name in installed}
+    assert set(GPU_KERNELS) <= set(pins)
+    pyproject = tomllib.loads((SELFTEST_REQUIREMENTS.parents[1] / "pyproject.toml").read_text())
+    assert (
+        "flash-linear-attention==" + pins["flash-linear-attention"]
+        in pyproject["project"]["optional-dependencies"]["gpu"]
+    )
+    assert pins["fla-core"] == pins["flash-linear-attention"]
     with_torch = {canonicalize_name(Requirement(r).name) for r in metadata.requires("torch")} | {"torch"}
     declared = {
         canonicalize_name(requirement.name)
-        for name in pins
+        for name in installed
         for requirement in map(Requirement, metadata.requires(name) or [])
         if requirement.marker is None or requirement.marker.evaluate({"extra": ""})
     }
+    declared |= set().union(*GPU_KERNELS.values())
     assert declared - set(pins) - with_torch == set(LEFT_OUT)

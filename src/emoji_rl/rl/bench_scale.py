@@ -320,16 +320,21 @@ def _lora_parameters(model: torch.nn.Module, rank: int) -> int:
     )
 
 
+def counted_parameters(lora_r: int = 32) -> tuple[int, int]:
+    """(Qwen3.5-4B's parameters, its LoRA's of rank `lora_r` on DEFAULT_TARGETS): counted on the real
+    class at full depth, on the meta device (no memory)."""
+    with torch.device("meta"):
+        model = cut_qwen3_5_4b(QWEN3_5_4B_LAYERS)
+    return sum(p.numel() for p in model.parameters()), _lora_parameters(model, lora_r)
+
+
 def sizing_table(
     per_layer_mb: float, tokens: float, head_mb: float, full_head_mb: float, lora_r: int = 32
 ) -> str:
     """A trainer process of the gpu profile, part by part, in Markdown, each figure saying how it is
     known: parameters counted on the real class at full depth (on the meta device: no memory), the
     rest measured here (CPU, fp32) and scaled to bf16 and 32 layers, or estimated."""
-    with torch.device("meta"):
-        model = cut_qwen3_5_4b(QWEN3_5_4B_LAYERS)
-    weights = sum(p.numel() for p in model.parameters())
-    lora = _lora_parameters(model, lora_r)
+    weights, lora = counted_parameters(lora_r)
     gb = 1024**3
     # bf16 on a GPU: half the CPU's fp32 bytes for a layer's activations; the log-probs stay fp32.
     layer_gb = per_layer_mb / 2 / 1024
