@@ -13,7 +13,7 @@ from pathlib import Path
 import torch
 
 from emoji_rl import models
-from emoji_rl.rl.bench_scale import QWEN3_5_4B, TARGET, cut_qwen3_5_4b, peak_rss_above_now
+from emoji_rl.rl.bench_scale import NARROW_QWEN3_5, QWEN3_5_4B, TARGET, cut_qwen3_5_4b, peak_rss_above_now
 from emoji_rl.selftest.core import Config, Result, Skipped, check, dtype_name, is_cuda, need_module
 
 # On a CPU the model is narrowed (hidden 256) so the check takes seconds; on CUDA it has Qwen3.5-4B's
@@ -88,18 +88,7 @@ STAGE_LAYERS = 4
 # A CPU takes seconds a step only with every width small: at the real linear-attention heads (32 x 128)
 # transformers' torch Gated DeltaNet took 14 s an SFT step and 3 minutes a GRPO step on 2 cores. The
 # vocabulary is the byte tokenizer's 259 ids padded to 512, as Qwen3.5 pads its 248,077 to 248,320.
-CPU_STAGE_MODEL = dict(
-    hidden_size=64,
-    intermediate_size=128,
-    num_attention_heads=2,
-    num_key_value_heads=1,
-    head_dim=32,
-    linear_num_key_heads=2,
-    linear_num_value_heads=4,
-    linear_key_head_dim=16,
-    linear_value_head_dim=16,
-    vocab_size=512,
-)
+CPU_STAGE_MODEL = dict(NARROW_QWEN3_5, vocab_size=512)
 TARGETS = (
     TARGET,
     "I'm so excited for our beach trip this weekend",
@@ -165,10 +154,12 @@ def _metrics(run: Path) -> list[dict]:
 
 def resumed_at(before: list[dict], after: list[dict], key: str) -> list[int]:
     """The steps logged with `key` after a resume, [] if the resumed run did not keep the first run's
-    lines (it started over): a resume at the right step logs FIRST_STEPS + 1 alone."""
-    if after[: len(before)] != before:
+    lines up to its last step's (it started over; what followed, sft's closing summary, is redone): a
+    resume at the right step logs FIRST_STEPS + 1 alone."""
+    kept = 1 + max((i for i, row in enumerate(before) if key in row), default=-1)
+    if not kept or after[:kept] != before[:kept]:
         return []
-    return [row["step"] for row in after[len(before) :] if key in row]
+    return [row["step"] for row in after[kept:] if key in row]
 
 
 def _resume_result(name: str, steps: list[int], finite: bool, written: bool, extra: str) -> Result:
