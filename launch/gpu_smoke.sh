@@ -60,7 +60,7 @@ fi  # else train_grpo.sh passes --engine hf: rollouts in the trainer's process
 eval_args=(
   --systems base "rl=$SMOKE_DIR/grpo/adapter" --max_examples "$SMOKE_EXAMPLES" --output_dir "$SMOKE_DIR/eval" "${judge_flags[@]}"
 )
-wait_cmd() { print_cmd "$PYTHON" -m emoji_rl.rl.endpoint "$1" --timeout "$POLL_S"; }
+wait_cmd() { print_cmd "$PYTHON" -m emoji_rl.io.endpoint "$1" --timeout "$POLL_S"; }
 
 if [[ "$DRY_RUN" == 1 ]]; then
   echo "# stage judge-server: in the background, log in $SMOKE_DIR/judge-server.log"
@@ -110,7 +110,7 @@ wait_ready() {  # NAME URL PID
       echo "server exited before answering $2/health" >> "$SMOKE_DIR/$1.log"
       result[$1]=FAIL; took[$1]=$((SECONDS - start)); return
     fi
-    if "$PYTHON" -m emoji_rl.rl.endpoint "$2" --timeout "$POLL_S" >> "$SMOKE_DIR/$1.log" 2>&1; then
+    if "$PYTHON" -m emoji_rl.io.endpoint "$2" --timeout "$POLL_S" >> "$SMOKE_DIR/$1.log" 2>&1; then
       result[$1]=PASS; took[$1]=$((SECONDS - start)); return
     fi
   done

@@ -43,7 +43,7 @@ pick_python
 wanted=(judge)
 [[ "$SERVERS" == judge,policy ]] && has_server POLICY && wanted+=(policy)
 url_of() { if [[ "$1" == judge ]]; then echo "http://127.0.0.1:$JUDGE_PORT"; else echo "http://127.0.0.1:$POLICY_PORT"; fi; }
-answers() { "$PYTHON" -m emoji_rl.rl.endpoint "$1" --timeout 5 > /dev/null 2>&1; }
+answers() { "$PYTHON" -m emoji_rl.io.endpoint "$1" --timeout 5 > /dev/null 2>&1; }
 
 if [[ "$DRY_RUN" == 1 ]]; then
   for server in "${wanted[@]}"; do

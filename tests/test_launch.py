@@ -474,7 +474,7 @@ def test_gpu_smoke_dry_run_prints_every_stage():
     judge, policy, wait_judge, wait_policy, grpo, evaluate = dry_run("gpu_smoke.sh", GPUS="4")
     assert gpus_of(judge) == {"0", "1"} and flag(judge, "--tensor-parallel-size") == "2"
     assert gpus_of(policy) == {"2"}
-    assert wait_judge[1:4] == ["-m", "emoji_rl.rl.endpoint", "http://127.0.0.1:8001"]
+    assert wait_judge[1:4] == ["-m", "emoji_rl.io.endpoint", "http://127.0.0.1:8001"]
     assert wait_policy[3] == "http://127.0.0.1:8002"
     assert gpus_of(grpo) == gpus_of(evaluate) == {"3"}
     stage = accelerate_args(split_env(grpo)[1]).training_script_args

@@ -38,8 +38,8 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import BinaryIO
 
-from emoji_rl.data.jsonl import write_json
 from emoji_rl.errors import Stopped, UserError, stop_signal
+from emoji_rl.io.jsonl import write_json
 
 RUN_DIR = "{run_dir}"
 LOG_FILE = "pipeline.log"

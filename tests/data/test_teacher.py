@@ -5,12 +5,12 @@ import pytest
 
 from emoji_rl.data import teacher as stage
 from emoji_rl.data.claude_batch import ClaudeBatchTeacher
-from emoji_rl.data.jsonl import AppendLog, read_jsonl
 from emoji_rl.data.prompts import Prompt, read_prompts
 from emoji_rl.data.teacher import Config, check_answer, reason_kind
 from emoji_rl.data.teachers import FEW_SHOT, Answer, OpenAITeacher, Request
 from emoji_rl.emoji.alphabet import parse_message
 from emoji_rl.errors import UserError
+from emoji_rl.io.jsonl import AppendLog, read_jsonl
 from emoji_rl.prompts import SENDER_FIRST_TURN, sender_messages
 
 N = 20

@@ -5,7 +5,7 @@ import json
 import pytest
 
 from emoji_rl.cli import main as cli_main
-from emoji_rl.data.jsonl import write_jsonl
+from emoji_rl.io.jsonl import write_jsonl
 
 pytestmark = pytest.mark.slow
 

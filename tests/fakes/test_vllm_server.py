@@ -18,9 +18,9 @@ from emoji_rl.emoji.constraint import (
     replay_masks,
     vllm_structured_outputs,
 )
+from emoji_rl.io.endpoint import wait_for_server
 from emoji_rl.models import stop_token_id
 from emoji_rl.rl import grpo
-from emoji_rl.rl.endpoint import wait_for_server
 
 GRAMMAR = vllm_structured_outputs(2, 8)
 

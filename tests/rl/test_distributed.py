@@ -16,7 +16,7 @@ import pytest
 import torch
 from tests.launching import accelerate_launch, cli_args, read_weights
 
-from emoji_rl.metrics import read_metrics
+from emoji_rl.io.metrics import read_metrics
 from emoji_rl.rl.checkpoint import TrainState
 from emoji_rl.rl.rollout.collect import PromptStream
 
@@ -197,7 +197,7 @@ def _publish_under_fsdp(url: str, out: Path) -> int:
     from torch.distributed.tensor import DTensor
     from transformers import LlamaConfig, LlamaForCausalLM
 
-    from emoji_rl.rl.endpoint import Endpoint
+    from emoji_rl.io.endpoint import Endpoint
     from emoji_rl.rl.rollout.vllm import AdapterSync, VLLMSampler
     from emoji_rl.rl.train import _sync_weights
 

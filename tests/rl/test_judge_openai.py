@@ -11,7 +11,7 @@ from tests.fakes.fake_lm import FakeLM
 from tests.fakes.vllm_server import FakeVLLMServer, default_chat_reply
 
 from emoji_rl.errors import UserError
-from emoji_rl.rl.endpoint import Endpoint
+from emoji_rl.io.endpoint import Endpoint
 from emoji_rl.rl.judge import JudgeInput, clean_guess, judge_messages
 from emoji_rl.rl.judge_openai import OpenAIJudge
 

@@ -8,7 +8,7 @@ import json
 import pytest
 
 from emoji_rl import cli
-from emoji_rl.data.jsonl import AppendLog
+from emoji_rl.io.jsonl import AppendLog
 from emoji_rl.rl.checkpoint import TrainState
 from emoji_rl.rl.rollout.collect import PromptStream, collect
 from emoji_rl.rl.rollout.metrics import log_rollouts, rollout_metrics

@@ -12,7 +12,7 @@ import torch
 from emoji_rl import models
 from emoji_rl.emoji.alphabet import parse_message
 from emoji_rl.emoji.constraint import compile_emoji_grammar
-from emoji_rl.metrics import read_metrics
+from emoji_rl.io.metrics import read_metrics
 from emoji_rl.models import stop_token_id
 from emoji_rl.prompts import sender_messages
 from emoji_rl.rl import train as grpo_train
@@ -182,7 +182,7 @@ def test_vllm_engine_trains_through_versioned_adapters(tmp_path, monkeypatch):
     from tests.fakes.fake_lm import FakeLM
     from tests.fakes.vllm_server import FakeVLLMServer
 
-    from emoji_rl.rl.endpoint import Endpoint
+    from emoji_rl.io.endpoint import Endpoint
     from emoji_rl.rl.rollout.vllm import AdapterSync, VLLMSampler
 
     cfg, tokenizer, policy, constraint, _ = _toy_setup(tmp_path, max_steps=2, group_size=4, engine="vllm")

@@ -12,7 +12,7 @@ from tests.fakes.fake_lm import FakeLM
 from tests.fakes.traffic import RecordingProxy, RecordingServer, key_paths, play_clients
 from tests.vllm_engine.conftest import KEY, KEY_ENV, MAX_LORA_RANK, MAX_MODEL_LEN, lora_adapter
 
-from emoji_rl.rl.endpoint import Endpoint
+from emoji_rl.io.endpoint import Endpoint
 from emoji_rl.rl.rollout.vllm import AdapterSync, VLLMSampler
 
 pytestmark = pytest.mark.vllm_engine

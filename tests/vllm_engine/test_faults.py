@@ -12,7 +12,7 @@ import pytest
 from tests.launching import ROOT, free_port
 from tests.vllm_engine.conftest import KEY_ENV, Server, engine_env, start_server
 
-from emoji_rl.metrics import read_metrics
+from emoji_rl.io.metrics import read_metrics
 
 pytestmark = pytest.mark.vllm_engine
 

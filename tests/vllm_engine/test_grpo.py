@@ -10,7 +10,7 @@ import pytest
 from tests.vllm_engine.conftest import KEY_ENV
 
 from emoji_rl import cli
-from emoji_rl.metrics import read_metrics
+from emoji_rl.io.metrics import read_metrics
 
 pytestmark = pytest.mark.vllm_engine
 

@@ -32,9 +32,9 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from emoji_rl.data import claude
-from emoji_rl.data.jsonl import write_json
 from emoji_rl.data.teachers import Answer, Request, teacher_system, teacher_turns
 from emoji_rl.errors import UserError
+from emoji_rl.io.jsonl import write_json
 
 if TYPE_CHECKING:
     import anthropic

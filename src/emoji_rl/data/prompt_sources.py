@@ -24,9 +24,9 @@ from tqdm import tqdm
 from emoji_rl import models
 from emoji_rl.data import claude
 from emoji_rl.data.dedup import Deduper
-from emoji_rl.data.jsonl import AppendLog, Record
 from emoji_rl.data.text_filters import rejection_reason
 from emoji_rl.errors import UserError
+from emoji_rl.io.jsonl import AppendLog, Record
 
 if TYPE_CHECKING:
     import anthropic

@@ -41,9 +41,9 @@ from pathlib import Path
 
 from emoji_rl import models
 from emoji_rl.data import claude, dedup, prompt_sources
-from emoji_rl.data.jsonl import Record, read_jsonl, write_json, write_jsonl
 from emoji_rl.data.prompt_sources import Config
 from emoji_rl.errors import UserError
+from emoji_rl.io.jsonl import Record, read_jsonl, write_json, write_jsonl
 
 log = logging.getLogger(__name__)
 

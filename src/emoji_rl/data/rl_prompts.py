@@ -32,10 +32,10 @@ from typing import TYPE_CHECKING
 
 from emoji_rl import models
 from emoji_rl.data.dedup import normalize
-from emoji_rl.data.jsonl import Record, read_jsonl, write_json, write_jsonl
 from emoji_rl.data.prompts import Prompt, held_out, read_prompts
 from emoji_rl.emoji.alphabet import MAX_EMOJI, MIN_EMOJI, SEPARATOR, parse_message
 from emoji_rl.errors import UserError
+from emoji_rl.io.jsonl import Record, read_jsonl, write_json, write_jsonl
 from emoji_rl.rl.judge import JudgeInput
 from emoji_rl.rl.judge_config import JudgeConfig
 

@@ -24,11 +24,11 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from emoji_rl.data.jsonl import Record, read_jsonl, write_text
 from emoji_rl.errors import UserError
-from emoji_rl.eval.report import line_figure
 from emoji_rl.eval.retrieval import comparisons, final_guess, sent_texts
 from emoji_rl.eval.stats import compliant_emoji, most_common_share, repeat_share, verdict
+from emoji_rl.io.jsonl import Record, read_jsonl, write_text
+from emoji_rl.io.report import line_figure
 from emoji_rl.pipeline import read_marker
 
 RETRIEVAL = "reports/retrieval/retrieval.json"

@@ -13,8 +13,8 @@ from itertools import groupby
 from pathlib import Path
 from typing import Literal
 
-from emoji_rl.data.jsonl import read_jsonl
 from emoji_rl.errors import UserError
+from emoji_rl.io.jsonl import read_jsonl
 
 
 @dataclass

@@ -17,7 +17,7 @@ from types import MappingProxyType
 import httpx
 
 from emoji_rl.errors import UserError
-from emoji_rl.rl.endpoint import Endpoint, ServerError, request
+from emoji_rl.io.endpoint import Endpoint, ServerError, request
 from emoji_rl.rl.judge import (
     MAX_NEW_TOKENS,
     TEMPERATURE,

@@ -11,9 +11,9 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from emoji_rl import models
-from emoji_rl.data.jsonl import read_jsonl
 from emoji_rl.errors import UserError
 from emoji_rl.generate import Constraint
+from emoji_rl.io.jsonl import read_jsonl
 
 if TYPE_CHECKING:
     from peft import PeftModel
@@ -121,7 +121,7 @@ def build_sampler(
             cfg.max_emoji,
         )
         return sampler, None
-    from emoji_rl.rl.endpoint import Endpoint, wait_for_server
+    from emoji_rl.io.endpoint import Endpoint, wait_for_server
     from emoji_rl.rl.rollout.vllm import AdapterSync, VLLMSampler
 
     wait_for_server(

@@ -28,9 +28,9 @@ from tqdm.auto import tqdm
 
 from emoji_rl import models
 from emoji_rl.config import save_config
-from emoji_rl.data.jsonl import AppendLog, drop_steps_after
 from emoji_rl.errors import UserError
-from emoji_rl.metrics import MetricsWriter
+from emoji_rl.io.jsonl import AppendLog, drop_steps_after
+from emoji_rl.io.metrics import MetricsWriter
 from emoji_rl.rl.batch import collate_groups
 from emoji_rl.rl.checkpoint import (
     TrainState,

@@ -131,8 +131,8 @@ def stage_model(runtime: models.Runtime):
 
 def save_stage_model(runtime: models.Runtime, directory: Path) -> str:
     """`stage_model` saved where the stages load a local model from, with SFT and RL data beside it."""
-    from emoji_rl.data.jsonl import write_jsonl
     from emoji_rl.emoji.alphabet import ALPHABET
+    from emoji_rl.io.jsonl import write_jsonl
     from emoji_rl.prompts import sender_messages
 
     model, tokenizer = stage_model(runtime)

@@ -19,8 +19,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
-from emoji_rl.data.jsonl import Record, write_jsonl
 from emoji_rl.errors import UserError
+from emoji_rl.io.jsonl import Record, write_jsonl
 
 Mode = Literal["guess", "send"]
 

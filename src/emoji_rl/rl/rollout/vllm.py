@@ -38,7 +38,7 @@ from emoji_rl.emoji.alphabet import MAX_EMOJI, MIN_EMOJI
 from emoji_rl.emoji.constraint import vllm_structured_outputs
 from emoji_rl.errors import UserError
 from emoji_rl.generate import MAX_NEW_TOKENS
-from emoji_rl.rl.endpoint import LORA_RANK_ERROR, Endpoint, ServerError, request, request_sync
+from emoji_rl.io.endpoint import LORA_RANK_ERROR, Endpoint, ServerError, request, request_sync
 from emoji_rl.rl.rollout.play import Sample
 
 log = logging.getLogger("emoji_rl.rollout.vllm")

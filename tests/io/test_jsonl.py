@@ -3,7 +3,8 @@ import os
 
 import pytest
 
-from emoji_rl.data.jsonl import (
+from emoji_rl.errors import DataError, UserError
+from emoji_rl.io.jsonl import (
     AppendLog,
     drop_steps_after,
     keep_first_lines,
@@ -11,7 +12,6 @@ from emoji_rl.data.jsonl import (
     write_json,
     write_jsonl,
 )
-from emoji_rl.errors import DataError, UserError
 
 
 def test_round_trip_keeps_unicode(tmp_path):

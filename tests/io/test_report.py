@@ -3,7 +3,7 @@ import struct
 
 import pytest
 
-from emoji_rl.eval.report import bar_figure, format_table, line_figure, trailing_mean
+from emoji_rl.io.report import bar_figure, format_table, line_figure, trailing_mean
 
 ROWS = [
     {

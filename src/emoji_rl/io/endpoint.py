@@ -9,7 +9,7 @@ the 5xx answers vLLM gives a request it will always refuse (`FINAL_ERRORS`).
 Callers open an httpx client per call rather than per object: `rl.train.collect` runs every step in
 a fresh `asyncio.run` loop, and an `httpx.AsyncClient` is bound to the loop that opened it.
 
-    python -m emoji_rl.rl.endpoint http://127.0.0.1:8002 --server_wait_s 900   # wait for a server (launch/)
+    python -m emoji_rl.io.endpoint http://127.0.0.1:8002 --server_wait_s 900   # wait for a server (launch/)
 """
 
 from __future__ import annotations

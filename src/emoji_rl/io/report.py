@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
-from emoji_rl.data.jsonl import replacing
+from emoji_rl.io.jsonl import replacing
 
 Row = Mapping[str, str | int | float | None]
 

@@ -11,7 +11,7 @@ import math
 from pathlib import Path
 from types import TracebackType
 
-from emoji_rl.data.jsonl import drop_steps_after
+from emoji_rl.io.jsonl import drop_steps_after
 
 
 class MetricsWriter:

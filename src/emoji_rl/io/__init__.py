@@ -1,0 +1,1 @@
+"""Files and wires below every stage: strict JSONL, metrics, report tables and figures, the vLLM endpoint client."""
