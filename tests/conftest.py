@@ -18,21 +18,21 @@ if "PYTEST_XDIST_WORKER_COUNT" in os.environ:
 
 @pytest.fixture(scope="session")
 def smollm2_tokenizer():
-    from emoji_rl import models
+    from emoji_rl.lm import models
 
     return models.load_tokenizer(models.SMOLLM2)
 
 
 @pytest.fixture(scope="session")
 def smollm2_model():
-    from emoji_rl import models
+    from emoji_rl.lm import models
 
     return models.load_causal_lm(models.SMOLLM2, models.pick_runtime("cpu"))
 
 
 @pytest.fixture(scope="session")
 def embedder():
-    from emoji_rl import models
+    from emoji_rl.lm import models
 
     return models.load_embedder()
 

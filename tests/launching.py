@@ -98,7 +98,7 @@ def fsdp_on_cpu() -> None:
 def save_tiny_qwen3_5(path: Path) -> Path:
     """`tiny_qwen3_5` with the embedded SmolLM2's tokenizer and chat template, saved to `path` as a
     model directory the stages load."""
-    from emoji_rl import models
+    from emoji_rl.lm import models
 
     tokenizer = models.load_tokenizer(models.SMOLLM2)
     ids = ("pad_token_id", "bos_token_id", "eos_token_id")

@@ -119,7 +119,7 @@ def test_a_full_disk_is_one_line_naming_the_file(capsys, monkeypatch):
 
 @pytest.mark.parametrize("stage", ["eval-retrieval", "judge-check", "play-game"])
 def test_an_unreachable_judge_server_is_named_before_any_model_loads(capsys, monkeypatch, stage):
-    from emoji_rl import models
+    from emoji_rl.lm import models
 
     def must_not_load(*args, **kwargs):
         raise AssertionError("a model loaded before the judge server was checked")

@@ -219,8 +219,8 @@ def _record_and_maybe_die(run: Path, rank: int, step: int, model, optimizer, dis
     import torch.distributed as dist
     from safetensors.torch import save_file
 
+    from emoji_rl.lm.training import adapter_state_dict
     from emoji_rl.rl.checkpoint import whole_optimizer_state
-    from emoji_rl.rl.distributed import adapter_state_dict
 
     (run / f"layout{rank}.json").write_text(json.dumps(_layout(model, distributed)))
     if os.environ.get(KILL_AT) != str(step):

@@ -358,7 +358,7 @@ CPU = {
     [("serve_judge.sh", {}), ("serve_policy.sh", {"VLLM_ALLOW_RUNTIME_LORA_UPDATING": "1"})],
 )
 def test_the_cpu_layout_serves_the_embedded_model_on_vllms_cpu_engine(script, env):
-    from emoji_rl import models
+    from emoji_rl.lm import models
 
     [argv] = dry_run(script, **CPU)
     served_env, cmd = split_env(argv)

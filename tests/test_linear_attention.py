@@ -12,8 +12,8 @@ import pytest
 import torch
 from tests.tiny import tiny_llama, tiny_qwen3_5
 
-from emoji_rl import models
 from emoji_rl.errors import UserError
+from emoji_rl.lm import models
 
 PYPROJECT = Path(__file__).resolve().parents[1] / "pyproject.toml"
 GPU = models.Runtime("cuda", torch.bfloat16, "sdpa")
@@ -52,7 +52,7 @@ def test_gpu_extra_installs_the_kernels_transformers_imports_for_qwen35():
 
 def test_gpu_load_without_kernels_warns_naming_the_extra(monkeypatch, caplog):
     monkeypatch.setattr(models, "missing_linear_attention_kernels", lambda: ["causal-conv1d"])
-    with caplog.at_level(logging.WARNING, logger="emoji_rl.models"):
+    with caplog.at_level(logging.WARNING, logger="emoji_rl.lm.models"):
         models.warn_if_slow_linear_attention(tiny_qwen3_5(), GPU)
     assert "causal-conv1d" in caplog.text and "'.[gpu]'" in caplog.text
 
@@ -67,7 +67,7 @@ def test_gpu_load_without_kernels_warns_naming_the_extra(monkeypatch, caplog):
 )
 def test_no_warning_where_the_kernels_would_not_run(monkeypatch, caplog, model, runtime, missing):
     monkeypatch.setattr(models, "missing_linear_attention_kernels", lambda: missing)
-    with caplog.at_level(logging.WARNING, logger="emoji_rl.models"):
+    with caplog.at_level(logging.WARNING, logger="emoji_rl.lm.models"):
         models.warn_if_slow_linear_attention(model(), runtime)
     assert not caplog.records
 

@@ -14,7 +14,8 @@ import torch
 from packaging.requirements import Requirement
 from packaging.utils import canonicalize_name
 
-from emoji_rl import cli, models, selftest
+from emoji_rl import cli, selftest
+from emoji_rl.lm import models
 from emoji_rl.selftest import kernels
 
 CUDA_CHECKS = ("linear-attention-prefill", "linear-attention-decode", "sizing")

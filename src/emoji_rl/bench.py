@@ -15,8 +15,8 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from emoji_rl import models
 from emoji_rl.bench_row import Row
+from emoji_rl.lm import models
 
 
 def _timed(fn: Callable[[], object]) -> tuple[float, object]:

@@ -7,12 +7,12 @@ from collections import Counter
 import pytest
 import torch
 
-from emoji_rl import models
 from emoji_rl.data import dedup, prompt_sources, prompts
 from emoji_rl.data.prompts import Config, Prompt, read_prompts
 from emoji_rl.data.text_filters import contains_profanity, personal_data, rejection_reason
 from emoji_rl.errors import DataError, UserError
 from emoji_rl.io.jsonl import read_jsonl
+from emoji_rl.lm import models
 
 # ---------------------------------------------------------------- filters and dedup
 

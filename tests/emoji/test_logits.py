@@ -19,7 +19,6 @@ from transformers import (
     PreTrainedTokenizerBase,
 )
 
-from emoji_rl import models
 from emoji_rl.emoji.alphabet import ALPHABET, parse_message
 from emoji_rl.emoji.constraint import compile_emoji_grammar, replay_masks
 from emoji_rl.emoji.logits import (
@@ -32,6 +31,7 @@ from emoji_rl.emoji.logits import (
 )
 from emoji_rl.errors import UserError
 from emoji_rl.generate import decode
+from emoji_rl.lm import models
 from emoji_rl.prompts import sender_messages
 
 TARGETS = [

@@ -4,11 +4,12 @@ import math
 import pytest
 import torch
 
-from emoji_rl import cli, models
+from emoji_rl import cli
 from emoji_rl.config import parse_config
 from emoji_rl.emoji.alphabet import parse_message
 from emoji_rl.errors import DataError, UserError
 from emoji_rl.eval import retrieval
+from emoji_rl.lm import models
 from emoji_rl.prompts import sender_messages
 from emoji_rl.rl.reward import Similarity
 

@@ -10,9 +10,9 @@ import torch
 from peft import LoraConfig, get_peft_model
 from tests.tiny import tiny_qwen3_5
 
-from emoji_rl import models
 from emoji_rl.emoji.alphabet import ALPHABET
 from emoji_rl.emoji.constraint import compile_emoji_grammar, replay_masks
+from emoji_rl.lm import models
 from emoji_rl.prompts import sender_messages
 from emoji_rl.rl import grpo
 from emoji_rl.rl.batch import collate, support_columns, token_logprobs

@@ -240,8 +240,8 @@ def _run_stage_recording_each_rank() -> int:
     from safetensors.torch import save_file
 
     from emoji_rl import cli
+    from emoji_rl.lm.training import adapter_state_dict
     from emoji_rl.rl import train
-    from emoji_rl.rl.distributed import adapter_state_dict
 
     run = Path(sys.argv[sys.argv.index("--output_dir") + 1])
     collect, save = train.collect, train._save
@@ -274,7 +274,7 @@ if __name__ == "__main__":
 def test_fsdp_asked_for_but_not_run_is_said(monkeypatch, caplog):
     import logging
 
-    from emoji_rl.rl.distributed import warn_if_fsdp_ignored
+    from emoji_rl.lm.training import warn_if_fsdp_ignored
 
     logger = logging.getLogger("emoji_rl.stage")
     monkeypatch.delenv("ACCELERATE_USE_FSDP", raising=False)

@@ -12,8 +12,8 @@ import json
 import pytest
 import torch
 
-from emoji_rl import models
 from emoji_rl.emoji.constraint import compile_emoji_grammar, replay_masks
+from emoji_rl.lm import models
 from emoji_rl.rl.batch import collate, support_columns
 from emoji_rl.rl.games.retrieval import RetrievalBuilder, RetrievalRules
 from emoji_rl.rl.judge import LexiconJudge

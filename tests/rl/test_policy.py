@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 from tests.tiny import saved, tiny_qwen3_5
 
-from emoji_rl import models
+from emoji_rl.lm import models
 from emoji_rl.rl.policy import build_policy, checkpoint_layers
 
 

@@ -15,10 +15,10 @@ import torch
 import yaml
 from tests.tiny import saved, tiny_llama
 
-from emoji_rl import models
 from emoji_rl.config import parse_config
 from emoji_rl.errors import UserError
 from emoji_rl.io.metrics import read_metrics
+from emoji_rl.lm import models
 from emoji_rl.rl.batch import Batch, token_logprobs
 from emoji_rl.rl.policy import build_policy
 from emoji_rl.rl.train_config import Config

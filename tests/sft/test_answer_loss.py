@@ -5,7 +5,7 @@ import pytest
 import torch
 from tests.tiny import tiny_llama
 
-from emoji_rl import models
+from emoji_rl.lm import models
 from emoji_rl.sft.data import encode_file, to_dataset
 from emoji_rl.sft.train import Config, answer_loss_trainer, build_sft_config, own_loss_blocker
 

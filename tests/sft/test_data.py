@@ -3,8 +3,8 @@ import logging
 
 import pytest
 
-from emoji_rl import models
 from emoji_rl.errors import DataError, UserError
+from emoji_rl.lm import models
 from emoji_rl.prompts import sender_messages
 from emoji_rl.sft.data import (
     ChatRecord,

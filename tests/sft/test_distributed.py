@@ -15,7 +15,7 @@ import pytest
 import torch
 from tests.launching import accelerate_launch, cli_args, read_weights
 
-from emoji_rl.models import Runtime
+from emoji_rl.lm.models import Runtime
 from emoji_rl.sft import train
 
 # 2 optimizer steps of 4 chats: per process 2 chats, no accumulation; one process accumulates 2 x 2.
@@ -59,7 +59,7 @@ def lora_b(weights: dict[str, torch.Tensor]) -> torch.Tensor:
 def test_ddp_over_two_cpu_processes_learns_what_one_process_learns(chats, tiny_qwen, tmp_path):
     from peft import get_peft_model_state_dict
 
-    from emoji_rl import models
+    from emoji_rl.lm import models
 
     train_path, _ = chats
     run = tmp_path / "ddp"

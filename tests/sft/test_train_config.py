@@ -12,7 +12,7 @@ import yaml
 from emoji_rl import cli
 from emoji_rl.config import parse_config
 from emoji_rl.errors import UserError
-from emoji_rl.models import Runtime
+from emoji_rl.lm.models import Runtime
 from emoji_rl.sft.train import (
     Config,
     accumulation_steps,

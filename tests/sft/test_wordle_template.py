@@ -9,9 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from emoji_rl import models
 from emoji_rl.data.wordle_data import trace_records
 from emoji_rl.errors import DataError
+from emoji_rl.lm import models
 from emoji_rl.rl.games.wordle import WordleBuilder, WordleRules
 from emoji_rl.rl.games.wordle_rules import load_word_lists
 from emoji_rl.rl.games.wordle_solver import EntropySolver

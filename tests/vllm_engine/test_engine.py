@@ -14,10 +14,10 @@ import pytest
 import torch
 from tests.vllm_engine.conftest import KEY, lora_adapter
 
-from emoji_rl import models
 from emoji_rl.emoji.constraint import compile_emoji_grammar, replay_masks, safe_max_new_tokens
 from emoji_rl.errors import UserError
 from emoji_rl.io.endpoint import Endpoint
+from emoji_rl.lm import models
 from emoji_rl.prompts import sender_messages
 from emoji_rl.rl import grpo
 from emoji_rl.rl.judge import HFJudge, JudgeInput

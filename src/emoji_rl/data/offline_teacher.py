@@ -29,9 +29,9 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from emoji_rl import models
 from emoji_rl.emoji.alphabet import ALPHABET, MAX_EMOJI, MIN_EMOJI, SEPARATOR, keywords, parse_message
 from emoji_rl.eval.stats import emoji_counts
+from emoji_rl.lm import models
 
 if TYPE_CHECKING:
     from sentence_transformers import SentenceTransformer

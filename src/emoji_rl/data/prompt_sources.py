@@ -21,12 +21,12 @@ from typing import TYPE_CHECKING, Literal
 
 from tqdm import tqdm
 
-from emoji_rl import models
 from emoji_rl.data import claude
 from emoji_rl.data.dedup import Deduper
 from emoji_rl.data.text_filters import rejection_reason
 from emoji_rl.errors import UserError
 from emoji_rl.io.jsonl import AppendLog, Record
+from emoji_rl.lm import models
 
 if TYPE_CHECKING:
     import anthropic

@@ -39,11 +39,11 @@ from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
 
-from emoji_rl import models
 from emoji_rl.data import claude, dedup, prompt_sources
 from emoji_rl.data.prompt_sources import Config
 from emoji_rl.errors import UserError
 from emoji_rl.io.jsonl import Record, read_jsonl, write_json, write_jsonl
+from emoji_rl.lm import models
 
 log = logging.getLogger(__name__)
 

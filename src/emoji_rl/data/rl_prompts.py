@@ -30,12 +30,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from emoji_rl import models
 from emoji_rl.data.dedup import normalize
 from emoji_rl.data.prompts import Prompt, held_out, read_prompts
 from emoji_rl.emoji.alphabet import MAX_EMOJI, MIN_EMOJI, SEPARATOR, parse_message
 from emoji_rl.errors import UserError
 from emoji_rl.io.jsonl import Record, read_jsonl, write_json, write_jsonl
+from emoji_rl.lm import models
 from emoji_rl.rl.judge import JudgeInput
 from emoji_rl.rl.judge_config import JudgeConfig
 

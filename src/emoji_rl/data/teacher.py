@@ -37,7 +37,6 @@ from typing import Literal
 
 from tqdm import tqdm
 
-from emoji_rl import models
 from emoji_rl.data import claude
 from emoji_rl.data.prompts import Prompt, held_out, read_prompts
 from emoji_rl.data.teachers import Answer, Request, Teacher
@@ -45,6 +44,7 @@ from emoji_rl.emoji.alphabet import MAX_EMOJI, MIN_EMOJI, SEPARATOR, parse_messa
 from emoji_rl.errors import UserError
 from emoji_rl.eval.stats import emoji_counts, entropy_bits, top_k_share
 from emoji_rl.io.jsonl import AppendLog, Record, write_json, write_jsonl
+from emoji_rl.lm import models
 from emoji_rl.prompts import sender_messages
 
 log = logging.getLogger(__name__)

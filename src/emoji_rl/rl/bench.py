@@ -27,10 +27,10 @@ from typing import TYPE_CHECKING
 import torch
 from transformers import TrainerCallback
 
-from emoji_rl import models
 from emoji_rl.bench_row import Row
 from emoji_rl.emoji.alphabet import ALPHABET
-from emoji_rl.models import stop_token_id
+from emoji_rl.lm import models
+from emoji_rl.lm.models import stop_token_id
 from emoji_rl.prompts import sender_messages
 from emoji_rl.rl import grpo
 from emoji_rl.rl.batch import collate, collate_groups

@@ -30,9 +30,9 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Literal
 
 import emoji as emoji_pkg
-from emoji_rl import models
 from emoji_rl.emoji.alphabet import emoji_name
 from emoji_rl.generate import generate_from_ids, ids_containing
+from emoji_rl.lm import models
 
 if TYPE_CHECKING:
     from transformers import PreTrainedModel, PreTrainedTokenizerBase

@@ -6,9 +6,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from emoji_rl import models
 from emoji_rl.errors import UserError
 from emoji_rl.io.endpoint import PROGRESS_S, SERVER_WAIT_S, Endpoint, wait_for_server
+from emoji_rl.lm import models
 from emoji_rl.rl.judge import BATCH_SIZE, TEMPERATURE, HFJudge, Judge, JudgeKind, JudgeView, LexiconJudge
 from emoji_rl.rl.judge_openai import OpenAIJudge
 

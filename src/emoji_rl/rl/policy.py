@@ -6,9 +6,9 @@ import contextlib
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, Literal
 
-from emoji_rl import models
 from emoji_rl.errors import UserError
-from emoji_rl.lora import DEFAULT_TARGETS, resolve_targets
+from emoji_rl.lm import models
+from emoji_rl.lm.lora import DEFAULT_TARGETS, resolve_targets
 from emoji_rl.rl.checkpoint import ADAPTER
 
 if TYPE_CHECKING:

@@ -10,10 +10,10 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from emoji_rl import models
 from emoji_rl.errors import UserError
 from emoji_rl.generate import Constraint
 from emoji_rl.io.jsonl import read_jsonl
+from emoji_rl.lm import models
 
 if TYPE_CHECKING:
     from peft import PeftModel

@@ -26,11 +26,19 @@ from typing import TYPE_CHECKING
 import torch
 from tqdm.auto import tqdm
 
-from emoji_rl import models
 from emoji_rl.config import save_config
 from emoji_rl.errors import UserError
 from emoji_rl.io.jsonl import AppendLog, drop_steps_after
 from emoji_rl.io.metrics import MetricsWriter
+from emoji_rl.lm import models
+from emoji_rl.lm.training import (
+    adapter_state_dict,
+    gather,
+    save_adapter,
+    warn_if_fsdp_ignored,
+    whole_weights,
+    without_cuda,
+)
 from emoji_rl.rl.batch import collate_groups
 from emoji_rl.rl.checkpoint import (
     TrainState,
@@ -40,14 +48,6 @@ from emoji_rl.rl.checkpoint import (
     rng_state,
     save_checkpoint,
     whole_optimizer_state,
-)
-from emoji_rl.rl.distributed import (
-    adapter_state_dict,
-    gather,
-    save_adapter,
-    warn_if_fsdp_ignored,
-    whole_weights,
-    without_cuda,
 )
 from emoji_rl.rl.policy import build_policy, checkpoint_layers
 from emoji_rl.rl.rollout.collect import PromptStream, Rollouts, collect

@@ -11,9 +11,9 @@ from typing import TYPE_CHECKING
 
 import torch
 
+from emoji_rl.lm.training import gather
 from emoji_rl.rl import grpo
 from emoji_rl.rl.batch import Batch, token_logprobs
-from emoji_rl.rl.distributed import gather
 from emoji_rl.rl.policy import reference_mode
 
 if TYPE_CHECKING:

@@ -27,8 +27,8 @@ from pathlib import Path
 
 import torch
 
-from emoji_rl import models
 from emoji_rl.errors import UserError
+from emoji_rl.lm import models
 
 # Each module adds its checks to CHECKS as it is imported: this order is the table's.
 # isort: off

@@ -13,7 +13,7 @@ from typing import Literal
 
 import torch
 
-from emoji_rl import models
+from emoji_rl.lm import models
 
 Status = Literal["PASS", "FAIL", "SKIP"]
 

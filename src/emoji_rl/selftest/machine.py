@@ -11,7 +11,7 @@ from pathlib import Path
 
 import torch
 
-from emoji_rl import models
+from emoji_rl.lm import models
 from emoji_rl.selftest.core import Config, Result, Skipped, check, is_cuda, last_line
 
 

@@ -13,7 +13,7 @@ from pathlib import Path
 import torch
 import yaml
 
-from emoji_rl import models
+from emoji_rl.lm import models
 from emoji_rl.rl.bench_scale import (
     MICRO_BATCH,
     QWEN3_5_4B,

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import torch
 
-from emoji_rl import models
+from emoji_rl.lm import models
 from emoji_rl.rl.bench_scale import NARROW_QWEN3_5, QWEN3_5_4B, TARGET, cut_qwen3_5_4b, peak_rss_above_now
 from emoji_rl.selftest.core import Config, Result, Skipped, check, dtype_name, is_cuda, need_module
 
@@ -27,7 +27,7 @@ def lora_model(runtime: models.Runtime, layers: int, rank: int) -> torch.nn.Modu
     device, with peft's LoRA of `rank` on the project's DEFAULT_TARGETS."""
     from peft import LoraConfig, get_peft_model
 
-    from emoji_rl.lora import DEFAULT_TARGETS, resolve_targets
+    from emoji_rl.lm.lora import DEFAULT_TARGETS, resolve_targets
 
     widths = {} if is_cuda(runtime) else CPU_WIDTHS
     with torch.device(runtime.device):
@@ -291,7 +291,7 @@ def decode_speed(cfg: Config, runtime: models.Runtime) -> Result:
     """Tokens a second through `generate.generate_from_ids`, every row decoded together, without and
     with the emoji grammar: reported, not judged."""
     from emoji_rl.generate import generate_from_ids
-    from emoji_rl.models import chat_ids
+    from emoji_rl.lm.models import chat_ids
     from emoji_rl.prompts import sender_messages
 
     rows, tokens = DECODE["cuda" if is_cuda(runtime) else "cpu"]

@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING, Literal
 
 from emoji_rl.errors import UserError
 from emoji_rl.io.jsonl import read_jsonl
-from emoji_rl.models import chat_ids, continuation_ids, stop_token_id
+from emoji_rl.lm.models import chat_ids, continuation_ids, stop_token_id
 from emoji_rl.prompts import SENDER_FIRST_TURN
 
 if TYPE_CHECKING:

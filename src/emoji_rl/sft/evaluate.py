@@ -24,13 +24,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, cast
 
-from emoji_rl import models
 from emoji_rl.config import to_dict
 from emoji_rl.errors import UserError
 from emoji_rl.eval.stats import compliant_emoji, reply_stats
 from emoji_rl.generate import MAX_NEW_TOKENS, Constraint, generate_replies
 from emoji_rl.io.jsonl import write_json
 from emoji_rl.io.report import bar_figure, format_table
+from emoji_rl.lm import models
 from emoji_rl.rl.judge import NAMES_CAVEAT, Judge, JudgeInput, JudgeKind
 from emoji_rl.rl.judge_config import JudgeConfig
 from emoji_rl.sft.data import ChatRecord, load_chat_records

@@ -33,11 +33,11 @@ from typing import TYPE_CHECKING, Literal
 
 import yaml
 
-from emoji_rl import lora, models
 from emoji_rl.config import save_config
 from emoji_rl.errors import UserError
 from emoji_rl.io.jsonl import keep_first_lines
-from emoji_rl.rl.distributed import warn_if_fsdp_ignored
+from emoji_rl.lm import lora, models
+from emoji_rl.lm.training import warn_if_fsdp_ignored
 from emoji_rl.sft.data import Overlong, encode_file, to_dataset
 
 if TYPE_CHECKING:

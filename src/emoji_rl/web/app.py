@@ -27,11 +27,11 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import parse_qs, urlsplit
 
-from emoji_rl import models
 from emoji_rl.emoji.alphabet import ALPHABET, MAX_EMOJI, MIN_EMOJI, emoji_name
 from emoji_rl.errors import UserError
 from emoji_rl.generate import MAX_NEW_TOKENS
 from emoji_rl.io.jsonl import read_jsonl
+from emoji_rl.lm import models
 from emoji_rl.rl.judge_config import JudgeConfig
 from emoji_rl.web.game import MAX_TEXT_CHARS, TURN_LIMIT, BadInput, Game, LoadedModels, target_ids
 from emoji_rl.web.store import AnswerRejected, Store

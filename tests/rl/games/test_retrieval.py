@@ -4,8 +4,8 @@ import asyncio
 
 import pytest
 
-from emoji_rl import models
-from emoji_rl.models import stop_token_id
+from emoji_rl.lm import models
+from emoji_rl.lm.models import stop_token_id
 from emoji_rl.prompts import sender_messages
 from emoji_rl.rl.games.retrieval import RetrievalBuilder, RetrievalRules
 from emoji_rl.rl.judge import LexiconJudge

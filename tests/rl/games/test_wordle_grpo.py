@@ -3,8 +3,8 @@
 import pytest
 import torch
 
-from emoji_rl import models
 from emoji_rl.io.metrics import read_metrics
+from emoji_rl.lm import models
 from emoji_rl.rl import train as grpo_train
 from emoji_rl.rl.checkpoint import latest_checkpoint
 from emoji_rl.rl.games.wordle_reward import TERMS

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from emoji_rl.models import cache_dir
+from emoji_rl.lm.models import cache_dir
 from emoji_rl.rl.games.wordle_rules import (
     ALL_GREEN,
     Knowledge,

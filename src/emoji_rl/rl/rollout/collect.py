@@ -13,9 +13,9 @@ from dataclasses import dataclass
 
 import torch
 
+from emoji_rl.lm.training import gather
 from emoji_rl.rl import grpo
 from emoji_rl.rl.checkpoint import TrainState
-from emoji_rl.rl.distributed import gather
 from emoji_rl.rl.rollout.play import Sampler, play
 from emoji_rl.rl.types import EpisodeGroup, Game
 

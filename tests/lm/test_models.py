@@ -3,8 +3,8 @@ import sys
 
 import pytest
 
-from emoji_rl import models
 from emoji_rl.errors import UserError
+from emoji_rl.lm import models
 
 
 def test_spec_forms(tmp_path):
@@ -61,7 +61,7 @@ def test_a_flash_attn_that_fails_to_import_falls_back_to_sdpa_saying_why_once(pl
 
     # What a flash-attn built against another torch raises: its package is there, its extension is not.
     plant_flash_attn('raise ImportError("flash_attn_2_cuda.so: undefined symbol: _ZN3c105ErrorC2E")\n')
-    with caplog.at_level(logging.WARNING, logger="emoji_rl.models"):
+    with caplog.at_level(logging.WARNING, logger="emoji_rl.lm.models"):
         runtimes = [models.pick_runtime("cuda", "bfloat16") for _ in range(2)]
     assert [r.attn_implementation for r in runtimes] == ["sdpa", "sdpa"]
     assert runtimes[0].dtype == torch.bfloat16

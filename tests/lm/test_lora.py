@@ -8,9 +8,9 @@ import pytest
 from tests.tiny import saved, tiny_llama, tiny_qwen3_5
 from tests.vllm_lora import qwen3_5_packed_modules, vllm_source
 
-from emoji_rl import lora, models
 from emoji_rl.config import parse_config
 from emoji_rl.errors import UserError
+from emoji_rl.lm import lora, models
 from emoji_rl.rl import train as grpo_train
 from emoji_rl.rl.policy import build_policy
 from emoji_rl.sft.train import Config as SftConfig
