@@ -67,7 +67,7 @@ def test_only_full_attention_models_share():
 @pytest.mark.slow
 def test_shared_prefix_generation_equals_one_row_at_a_time(smollm2_model, smollm2_tokenizer):
     from emoji_rl.generate import generate_from_ids
-    from emoji_rl.lm.models import chat_ids
+    from emoji_rl.lm.template import chat_ids
 
     def prompt(text: str) -> tuple[int, ...]:
         return tuple(chat_ids(smollm2_tokenizer, [{"role": "user", "content": text}]))
@@ -145,7 +145,7 @@ def test_a_turn_resumed_from_the_kept_caches_equals_one_read_from_scratch(
     """SmolLM2's keys and values, and a random Qwen3.5's Gated DeltaNet states beside its keys and
     values: the rows' new tokens differ in length, so the hybrid reads them in several passes."""
     from emoji_rl.generate import generate_from_ids
-    from emoji_rl.lm.models import chat_ids
+    from emoji_rl.lm.template import chat_ids
 
     tokenizer = smollm2_tokenizer
     model = smollm2_model if architecture == "smollm2" else tiny_qwen3_5(vocab_size=len(tokenizer)).eval()

@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING
 from tqdm.auto import tqdm
 
 from emoji_rl.generate import MAX_NEW_TOKENS, Reply, make_reply, step_logits
-from emoji_rl.lm.models import end_of_turn_ids, stop_token_id
+from emoji_rl.lm.template import end_of_turn_ids, stop_token_id
 from emoji_rl.prefill import prefill_inputs
 
 if TYPE_CHECKING:

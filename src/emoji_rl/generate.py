@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any, Literal
 
 from tqdm.auto import tqdm
 
-from emoji_rl.lm.models import chat_ids, end_of_turn_ids, stop_token_id
+from emoji_rl.lm.template import chat_ids, end_of_turn_ids, stop_token_id
 from emoji_rl.prefill import RowCache, continuable, cut_rows, prefill_inputs
 
 if TYPE_CHECKING:

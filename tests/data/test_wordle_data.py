@@ -7,7 +7,7 @@ import pytest
 
 from emoji_rl.cli import main as cli_main
 from emoji_rl.io.jsonl import read_jsonl
-from emoji_rl.lm.models import stop_token_id
+from emoji_rl.lm.template import stop_token_id
 from emoji_rl.rl.games.wordle import WordleBuilder, WordleRules
 
 

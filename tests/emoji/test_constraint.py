@@ -26,7 +26,7 @@ from emoji_rl.emoji.constraint import (
     vllm_structured_outputs,
 )
 from emoji_rl.errors import UserError
-from emoji_rl.lm.models import end_of_turn_ids
+from emoji_rl.lm.template import end_of_turn_ids
 
 END = 256  # end of turn in byte_vocab()
 

@@ -31,7 +31,7 @@ from emoji_rl.emoji.logits import (
 )
 from emoji_rl.errors import UserError
 from emoji_rl.generate import decode
-from emoji_rl.lm import models
+from emoji_rl.lm import template
 from emoji_rl.prompts import sender_messages
 
 TARGETS = [
@@ -223,7 +223,7 @@ def test_masking_through_the_support_is_xgrammars_masking(smollm2_tokenizer) -> 
 
 @pytest.fixture(scope="module")
 def smollm2_prompts(smollm2_tokenizer) -> list[list[int]]:
-    return [models.chat_ids(smollm2_tokenizer, sender_messages(t)) for t in TARGETS]
+    return [template.chat_ids(smollm2_tokenizer, sender_messages(t)) for t in TARGETS]
 
 
 @pytest.fixture

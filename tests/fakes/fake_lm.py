@@ -26,7 +26,7 @@ import torch
 import xgrammar as xgr
 from transformers import PreTrainedTokenizerBase
 
-from emoji_rl.lm.models import generation_eos_ids
+from emoji_rl.lm.template import generation_eos_ids
 
 LogprobsMode = Literal["raw_logprobs", "processed_logprobs"]
 CONTEXT = 16

@@ -19,7 +19,7 @@ from emoji_rl.emoji.constraint import (
     vllm_structured_outputs,
 )
 from emoji_rl.io.endpoint import wait_for_server
-from emoji_rl.lm.models import stop_token_id
+from emoji_rl.lm.template import stop_token_id
 from emoji_rl.rl import grpo
 
 GRAMMAR = vllm_structured_outputs(2, 8)

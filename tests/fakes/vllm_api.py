@@ -14,7 +14,7 @@ from typing import Any
 import torch
 from tests.fakes.fake_lm import FakeLM, LogprobsMode, SamplingParams
 
-from emoji_rl.lm.models import chat_ids
+from emoji_rl.lm.template import chat_ids
 
 MAX_COMPLETION_PROMPTS = 1024
 CONSTRAINT_KEYS = ("json", "regex", "choice", "grammar", "json_object", "structural_tag")

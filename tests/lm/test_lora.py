@@ -16,7 +16,7 @@ from emoji_rl.rl.policy import build_policy
 from emoji_rl.sft.train import Config as SftConfig
 from emoji_rl.sft.train import lora_config
 
-CONFIGS = Path(__file__).resolve().parents[1] / "configs"
+CONFIGS = Path(__file__).resolve().parents[2] / "configs"
 # The attribute transformers' Qwen3_5DecoderLayer keeps each kind of layer's attention in.
 ATTENTION_OF = {"linear_attention": "linear_attn", "full_attention": "self_attn"}
 LLAMA_NAMES = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]

@@ -4,7 +4,7 @@ import sys
 import pytest
 
 from emoji_rl.errors import UserError
-from emoji_rl.lm import models
+from emoji_rl.lm import models, template
 
 
 def test_spec_forms(tmp_path):
@@ -75,11 +75,11 @@ def test_a_flash_attn_that_imports_is_picked_on_cuda_in_half_precision(plant_fla
 
 
 def test_chat_template_renders_system_user_and_generation_prompt(smollm2_tokenizer):
-    text = models.chat_text(
+    text = template.chat_text(
         smollm2_tokenizer, [{"role": "system", "content": "S"}, {"role": "user", "content": "U"}]
     )
     assert text == "<|im_start|>system\nS<|im_end|>\n<|im_start|>user\nU<|im_end|>\n<|im_start|>assistant\n"
-    ids = models.chat_ids(smollm2_tokenizer, [{"role": "user", "content": "U"}])
+    ids = template.chat_ids(smollm2_tokenizer, [{"role": "user", "content": "U"}])
     assert smollm2_tokenizer.decode(ids).endswith("<|im_start|>assistant\n")
 
 

@@ -32,7 +32,7 @@ from emoji_rl.emoji.constraint import compile_emoji_grammar, replay_bitmask
 from emoji_rl.emoji.logits import allowed_positions
 from emoji_rl.emoji.qwen_vocab import qwen_raw_vocab, qwen_tokenizer
 from emoji_rl.io.endpoint import Endpoint
-from emoji_rl.lm.models import end_of_turn_ids, stop_token_id
+from emoji_rl.lm.template import end_of_turn_ids, stop_token_id
 from emoji_rl.rl.rollout.vllm import VLLMSampler
 
 REGULAR, ENDOFTEXT, IM_START, IM_END, WIDTH = 248044, 248044, 248045, 248046, 248320

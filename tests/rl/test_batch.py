@@ -12,7 +12,7 @@ from tests.tiny import tiny_qwen3_5
 
 from emoji_rl.emoji.alphabet import ALPHABET
 from emoji_rl.emoji.constraint import compile_emoji_grammar, replay_masks
-from emoji_rl.lm import models
+from emoji_rl.lm import template
 from emoji_rl.prompts import sender_messages
 from emoji_rl.rl import grpo
 from emoji_rl.rl.batch import collate, support_columns, token_logprobs
@@ -25,8 +25,8 @@ TEMPERATURE = 0.7
 def two_turn_episodes(tokenizer, count: int) -> list[Episode]:
     """`count` episodes of two sender turns (2-4 emoji each, end of turn) with game feedback between."""
     rng = random.Random(0)
-    stop = models.stop_token_id(tokenizer)
-    prompt = tuple(models.chat_ids(tokenizer, sender_messages("Pizza and a movie tonight")))
+    stop = template.stop_token_id(tokenizer)
+    prompt = tuple(template.chat_ids(tokenizer, sender_messages("Pizza and a movie tonight")))
     feedback = tuple(tokenizer.encode("\nThe judge guessed: a party. Try again.\n"))
     episodes = []
     for i in range(count):

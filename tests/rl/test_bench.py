@@ -7,7 +7,7 @@ import torch
 
 from emoji_rl.emoji.alphabet import parse_message
 from emoji_rl.emoji.constraint import compile_emoji_grammar, replay_masks
-from emoji_rl.lm.models import stop_token_id
+from emoji_rl.lm.template import stop_token_id
 from emoji_rl.rl.bench import MAX_EMOJI, MAX_NEW_TOKENS, distinct_share, emoji_episodes
 
 

@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from emoji_rl.emoji.constraint import compile_emoji_grammar, replay_masks
-from emoji_rl.lm import models
+from emoji_rl.lm import models, template
 from emoji_rl.rl.batch import collate, support_columns
 from emoji_rl.rl.games.retrieval import RetrievalBuilder, RetrievalRules
 from emoji_rl.rl.judge import LexiconJudge
@@ -48,8 +48,8 @@ class EndsOn:
 
 
 def test_the_generation_configs_eos_ids_end_a_message(tokenizer, smollm2_tokenizer):
-    assert models.end_of_turn_ids(tokenizer) == (IM_END, ENDOFTEXT)
-    assert models.end_of_turn_ids(smollm2_tokenizer) == (IM_END,)  # its own config lists only 2
+    assert template.end_of_turn_ids(tokenizer) == (IM_END, ENDOFTEXT)
+    assert template.end_of_turn_ids(smollm2_tokenizer) == (IM_END,)  # its own config lists only 2
     assert set(compile_emoji_grammar(tokenizer).stop_token_ids) == {IM_END, ENDOFTEXT}
 
 

@@ -12,8 +12,8 @@ import torch
 from emoji_rl.emoji.alphabet import parse_message
 from emoji_rl.emoji.constraint import compile_emoji_grammar
 from emoji_rl.io.metrics import read_metrics
-from emoji_rl.lm import models
-from emoji_rl.lm.models import stop_token_id
+from emoji_rl.lm import models, template
+from emoji_rl.lm.template import stop_token_id
 from emoji_rl.prompts import sender_messages
 from emoji_rl.rl import train as grpo_train
 from emoji_rl.rl.policy import build_policy
@@ -39,7 +39,7 @@ class FavoriteEmojiGame(Game):
         self.tokenizer, self.max_emoji, self.score = tokenizer, max_emoji, score
 
     async def start(self):
-        return tuple(models.chat_ids(self.tokenizer, sender_messages(PROMPT)))
+        return tuple(template.chat_ids(self.tokenizer, sender_messages(PROMPT)))
 
     async def step(self, action_ids):
         ended = action_ids[-1] == stop_token_id(self.tokenizer)

@@ -4,7 +4,7 @@ import logging
 import pytest
 
 from emoji_rl.errors import DataError, UserError
-from emoji_rl.lm import models
+from emoji_rl.lm import template
 from emoji_rl.prompts import sender_messages
 from emoji_rl.sft.data import (
     ChatRecord,
@@ -70,8 +70,8 @@ def test_target_comes_from_the_key_or_the_sender_prompt(tmp_path):
 def test_prompt_plus_completion_is_the_whole_chat_token_for_token(smollm2_tokenizer):
     record = ChatRecord.from_record(_record(answer="🍕 🎬 🌙"))
     encoded = encode_record(smollm2_tokenizer, record)
-    prompt_ids = models.chat_ids(smollm2_tokenizer, record.prompt, add_generation_prompt=True)
-    assert list(encoded.input_ids) == models.chat_ids(smollm2_tokenizer, list(record.messages), False)
+    prompt_ids = template.chat_ids(smollm2_tokenizer, record.prompt, add_generation_prompt=True)
+    assert list(encoded.input_ids) == template.chat_ids(smollm2_tokenizer, list(record.messages), False)
     assert list(encoded.input_ids[: encoded.completion_start]) == prompt_ids
     completion = smollm2_tokenizer.decode(encoded.input_ids[encoded.completion_start :])
     assert completion == "🍕 🎬 🌙<|im_end|>\n"

@@ -11,7 +11,7 @@ import pytest
 
 from emoji_rl.data.wordle_data import trace_records
 from emoji_rl.errors import DataError
-from emoji_rl.lm import models
+from emoji_rl.lm import template
 from emoji_rl.rl.games.wordle import WordleBuilder, WordleRules
 from emoji_rl.rl.games.wordle_rules import load_word_lists
 from emoji_rl.rl.games.wordle_solver import EntropySolver
@@ -40,7 +40,7 @@ def rl_ids(tokenizer, record) -> tuple[list[int], int]:
     game = WordleBuilder(tokenizer, WordleRules())({"answer": record["answer"]})
     ids = list(asyncio.run(game.start()))
     replies = [m["content"] for m in record["messages"] if m["role"] == "assistant"]
-    stop = models.stop_token_id(tokenizer)
+    stop = template.stop_token_id(tokenizer)
     for reply in replies[:-1]:
         action = (*tokenizer(reply, add_special_tokens=False)["input_ids"], stop)
         ids += [*action, *asyncio.run(game.step(action)).next_observation_ids]
@@ -49,13 +49,13 @@ def rl_ids(tokenizer, record) -> tuple[list[int], int]:
 
 def test_the_real_template_drops_earlier_reasoning(qwen3_5_tokenizer, traces):
     messages = traces[-1]["messages"]
-    text = models.chat_text(qwen3_5_tokenizer, messages, add_generation_prompt=False)
+    text = template.chat_text(qwen3_5_tokenizer, messages, add_generation_prompt=False)
     earlier = [m["content"] for m in messages[:-1] if m["role"] == "assistant"]
     thoughts = [reply.split("</think>")[0].removeprefix("<think>") for reply in earlier]
     assert all(t not in text for t in thoughts)
     assert all(reply.split("</think>")[1] in text for reply in earlier)
     # ...and the whole chat does not extend the prompt: the generation prompt is an empty think block.
-    prompt = models.chat_text(qwen3_5_tokenizer, messages[:-1], add_generation_prompt=True)
+    prompt = template.chat_text(qwen3_5_tokenizer, messages[:-1], add_generation_prompt=True)
     assert prompt.endswith("<think>\n\n</think>\n\n") and not text.startswith(prompt)
 
 

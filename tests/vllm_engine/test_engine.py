@@ -17,7 +17,7 @@ from tests.vllm_engine.conftest import KEY, lora_adapter
 from emoji_rl.emoji.constraint import compile_emoji_grammar, replay_masks, safe_max_new_tokens
 from emoji_rl.errors import UserError
 from emoji_rl.io.endpoint import Endpoint
-from emoji_rl.lm import models
+from emoji_rl.lm import template
 from emoji_rl.prompts import sender_messages
 from emoji_rl.rl import grpo
 from emoji_rl.rl.judge import HFJudge, JudgeInput
@@ -45,7 +45,7 @@ def sampler_for(engine, tokenizer, engine_key, **kwargs) -> VLLMSampler:
     # sample of 8 multi-token emoji is cut short (seen in CI with 32: no stop token at the end).
     endpoint = Endpoint(engine.url, api_key_env=engine_key, backoff_s=0.2)
     budget = safe_max_new_tokens(8)
-    return VLLMSampler(endpoint, "policy", models.stop_token_id(tokenizer), max_new_tokens=budget, **kwargs)
+    return VLLMSampler(endpoint, "policy", template.stop_token_id(tokenizer), max_new_tokens=budget, **kwargs)
 
 
 def copy_of(adapter):
@@ -53,7 +53,7 @@ def copy_of(adapter):
 
 
 def prompts(tokenizer):
-    return [tuple(models.chat_ids(tokenizer, sender_messages(t))) for t in TARGETS]
+    return [tuple(template.chat_ids(tokenizer, sender_messages(t))) for t in TARGETS]
 
 
 def test_the_sampler_checks_the_server_and_samples_within_the_grammar(engine, engine_key, smollm2_tokenizer):
@@ -62,7 +62,7 @@ def test_the_sampler_checks_the_server_and_samples_within_the_grammar(engine, en
     constraint = compile_emoji_grammar(smollm2_tokenizer, 2, 8, vocab_size=len(smollm2_tokenizer))
     samples = asyncio.run(sampler.sample(prompts(smollm2_tokenizer) * 2))
     assert len(samples) == 2 * len(TARGETS)
-    ends = set(models.end_of_turn_ids(smollm2_tokenizer))
+    ends = set(template.end_of_turn_ids(smollm2_tokenizer))
     for sample in samples:
         assert sample.token_ids[-1] in ends, sample
         assert len(sample.logprobs) == len(sample.token_ids) and all(lp <= 0 for lp in sample.logprobs)

@@ -33,7 +33,7 @@ import xgrammar as xgr
 
 from emoji_rl.emoji.alphabet import ALPHABET, MAX_EMOJI, MIN_EMOJI, SEPARATOR
 from emoji_rl.errors import UserError
-from emoji_rl.lm.models import end_of_turn_ids
+from emoji_rl.lm.template import end_of_turn_ids
 
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase

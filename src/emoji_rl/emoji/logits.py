@@ -15,7 +15,7 @@ from transformers import LogitsProcessor
 from emoji_rl.emoji.alphabet import ALPHABET, SEPARATOR
 from emoji_rl.emoji.constraint import EmojiConstraint, bits_at, pack_bitmask, unpack_bitmask
 from emoji_rl.errors import UserError
-from emoji_rl.lm.models import end_of_turn_ids
+from emoji_rl.lm.template import end_of_turn_ids
 
 if TYPE_CHECKING:
     from collections.abc import Sequence

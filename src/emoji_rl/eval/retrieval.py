@@ -61,8 +61,8 @@ from emoji_rl.eval.stats import bootstrap_mean, paired_bootstrap, reply_stats, v
 from emoji_rl.generate import MAX_NEW_TOKENS
 from emoji_rl.io.jsonl import AppendLog, Record, read_jsonl, write_json
 from emoji_rl.io.report import bar_figure, format_table
-from emoji_rl.lm import models
-from emoji_rl.lm.models import chat_ids
+from emoji_rl.lm import models, template
+from emoji_rl.lm.template import chat_ids
 from emoji_rl.prompts import sender_messages
 from emoji_rl.rl.games.retrieval import SUCCESS_THRESHOLDS, RetrievalBuilder, RetrievalRules
 from emoji_rl.rl.judge_config import JudgeConfig
@@ -333,7 +333,7 @@ class FixedSender:
     through the same game as a model's."""
 
     def __init__(self, tokenizer: PreTrainedTokenizerBase, answers: Sequence[str]) -> None:
-        stop = models.stop_token_id(tokenizer)
+        stop = template.stop_token_id(tokenizer)
         self.samples = [
             Sample((*tokenizer(a, add_special_tokens=False)["input_ids"], stop), ()) for a in answers
         ]

@@ -27,7 +27,7 @@ import torch
 from emoji_rl.eval.retrieval import active_system, load_systems, parse_systems
 from emoji_rl.io.jsonl import read_jsonl, write_json
 from emoji_rl.io.report import bar_figure, format_table
-from emoji_rl.lm import models
+from emoji_rl.lm import models, template
 from emoji_rl.rl.games.wordle import MAX_TURNS, WordleBuilder, WordleGame, WordleRules
 from emoji_rl.rl.games.wordle_solver import EntropySolver
 from emoji_rl.rl.rollout.hf import HFSampler
@@ -128,7 +128,7 @@ def intervals(finals: Sequence[StepResult], n: int, seed: int) -> dict[str, list
 async def solver_finals(games: Sequence[WordleGame], tokenizer: PreTrainedTokenizerBase) -> list[StepResult]:
     """The entropy solver's replies played through each game: the row the trained players are read against."""
     solver = EntropySolver(games[0].words)
-    stop = models.stop_token_id(tokenizer)
+    stop = template.stop_token_id(tokenizer)
     finals = []
     for game in games:
         await game.start()

@@ -29,8 +29,8 @@ from transformers import TrainerCallback
 
 from emoji_rl.bench_row import Row
 from emoji_rl.emoji.alphabet import ALPHABET
-from emoji_rl.lm import models
-from emoji_rl.lm.models import stop_token_id
+from emoji_rl.lm import models, template
+from emoji_rl.lm.template import stop_token_id
 from emoji_rl.prompts import sender_messages
 from emoji_rl.rl import grpo
 from emoji_rl.rl.batch import collate, collate_groups
@@ -167,7 +167,7 @@ class OneTurnGame(Game):
         self.target = target
 
     async def start(self) -> tuple[int, ...]:
-        return tuple(models.chat_ids(self.tokenizer, sender_messages(self.target)))
+        return tuple(template.chat_ids(self.tokenizer, sender_messages(self.target)))
 
     async def step(self, action_ids: tuple[int, ...]) -> StepResult:
         text = self.tokenizer.decode(action_ids, skip_special_tokens=True)
@@ -343,7 +343,9 @@ def emoji_episodes(tokenizer: PreTrainedTokenizerBase, count: int, group_size: i
     stop = stop_token_id(tokenizer)
     episodes = []
     for i in range(count):
-        prompt = tuple(models.chat_ids(tokenizer, sender_messages(TARGETS[(i // group_size) % len(TARGETS)])))
+        prompt = tuple(
+            template.chat_ids(tokenizer, sender_messages(TARGETS[(i // group_size) % len(TARGETS)]))
+        )
         emoji = " ".join(short[(97 * i + 13 * j) % len(short)] for j in range(2 + i % (MAX_EMOJI - 1)))
         action = (*tokenizer(emoji, add_special_tokens=False)["input_ids"], stop)
         result = StepResult(done=True, reward=float(i % group_size))

@@ -32,7 +32,7 @@ from typing import TYPE_CHECKING, Literal
 import emoji as emoji_pkg
 from emoji_rl.emoji.alphabet import emoji_name
 from emoji_rl.generate import generate_from_ids, ids_containing
-from emoji_rl.lm import models
+from emoji_rl.lm import template
 
 if TYPE_CHECKING:
     from transformers import PreTrainedModel, PreTrainedTokenizerBase
@@ -248,7 +248,7 @@ class HFJudge(Judge):
         return answers
 
     async def _decode(self, episodes: Sequence[JudgeInput]) -> list[Guess]:
-        prompts = [models.chat_ids(self.tokenizer, judge_messages(ep, self.view)) for ep in episodes]
+        prompts = [template.chat_ids(self.tokenizer, judge_messages(ep, self.view)) for ep in episodes]
         # A thread, so that other coroutines (an HTTP sender, a progress bar) run while torch computes.
         answers = await asyncio.to_thread(self._generate, prompts)
         return [clean_guess(answer) for answer in answers]

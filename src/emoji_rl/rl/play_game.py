@@ -20,7 +20,7 @@ from typing import Literal
 from emoji_rl.emoji.alphabet import MAX_EMOJI, MIN_EMOJI, parse_message
 from emoji_rl.io.jsonl import read_jsonl
 from emoji_rl.lm import models
-from emoji_rl.lm.models import stop_token_id
+from emoji_rl.lm.template import stop_token_id
 from emoji_rl.rl.games.retrieval import RetrievalBuilder, RetrievalRules
 from emoji_rl.rl.judge import Guess, Judge, JudgeInput, clean_guess, render_turn
 from emoji_rl.rl.judge_config import JudgeConfig

@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING
 from emoji_rl.errors import UserError
 from emoji_rl.generate import Constraint
 from emoji_rl.io.jsonl import read_jsonl
-from emoji_rl.lm import models
+from emoji_rl.lm import models, template
 
 if TYPE_CHECKING:
     from peft import PeftModel
@@ -135,7 +135,7 @@ def build_sampler(
     sampler = VLLMSampler(
         endpoint,
         cfg.vllm_served_name,
-        models.stop_token_id(tokenizer),
+        template.stop_token_id(tokenizer),
         temperature=cfg.temperature,
         max_new_tokens=cfg.max_new_tokens,
         min_emoji=cfg.min_emoji,

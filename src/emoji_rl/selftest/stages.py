@@ -291,7 +291,7 @@ def decode_speed(cfg: Config, runtime: models.Runtime) -> Result:
     """Tokens a second through `generate.generate_from_ids`, every row decoded together, without and
     with the emoji grammar: reported, not judged."""
     from emoji_rl.generate import generate_from_ids
-    from emoji_rl.lm.models import chat_ids
+    from emoji_rl.lm.template import chat_ids
     from emoji_rl.prompts import sender_messages
 
     rows, tokens = DECODE["cuda" if is_cuda(runtime) else "cpu"]

@@ -3,14 +3,14 @@ chat template gives, with a mask over the answer.
 
 A record is `{"messages": [system, user, assistant], ...}` (optional `id` and `target` keys), as the
 data stage writes it from `prompts.sender_messages(target)`. The prompt is rendered by
-`models.chat_ids(..., add_generation_prompt=True)`, the ids every later stage feeds the model, and the
+`template.chat_ids(..., add_generation_prompt=True)`, the ids every later stage feeds the model, and the
 completion is what the template adds for the answer (content, end of turn and anything the template
 writes after it). `encode_record` checks that prompt + completion is token for token the rendering of
 the whole chat, so the SFT model learns on exactly the context RL samples from.
 
 A record with a `turn` key is one turn of a multi-turn game (`emoji-rl wordle-data` writes them):
 `[system, user, assistant, user, …, assistant]`, the last reply the one to learn. It is encoded as
-the game grows its episode in RL (`models.continuation_ids`), never by rendering the whole chat:
+the game grows its episode in RL (`template.continuation_ids`), never by rendering the whole chat:
 Qwen3.5's template drops the `<think>…</think>` of every assistant turn before the last user turn
 and rewrites the last one's (tests/fixtures/qwen3_5_chat_template.jinja), while the policy in RL sees
 its earlier replies token for token.
@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING, Literal
 
 from emoji_rl.errors import UserError
 from emoji_rl.io.jsonl import read_jsonl
-from emoji_rl.lm.models import chat_ids, continuation_ids, stop_token_id
+from emoji_rl.lm.template import chat_ids, continuation_ids, stop_token_id
 from emoji_rl.prompts import SENDER_FIRST_TURN
 
 if TYPE_CHECKING:

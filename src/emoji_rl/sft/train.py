@@ -1,6 +1,6 @@
 """`emoji-rl sft`: LoRA SFT of the sender on (message, emoji) chats with TRL's SFTTrainer and PEFT.
 
-Loss on the answer only: each record is rendered with the shared chat template (`models.chat_ids`),
+Loss on the answer only: each record is rendered with the shared chat template (`template.chat_ids`),
 and the tokens after the generation prompt (the emoji, end of turn) carry the loss
 (`completion_only_loss`). The defaults are seed 001's: LoRA r=32, lr 5e-4 with linear decay, Adam betas
 (0.9, 0.95), effective batch 128, 1 epoch. bf16 and flash-attn 2 are used when the GPU has them

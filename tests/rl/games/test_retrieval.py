@@ -4,8 +4,8 @@ import asyncio
 
 import pytest
 
-from emoji_rl.lm import models
-from emoji_rl.lm.models import stop_token_id
+from emoji_rl.lm import models, template
+from emoji_rl.lm.template import stop_token_id
 from emoji_rl.prompts import sender_messages
 from emoji_rl.rl.games.retrieval import RetrievalBuilder, RetrievalRules
 from emoji_rl.rl.judge import LexiconJudge
@@ -83,7 +83,7 @@ def test_episode_runs_max_turns_and_grows_as_token_ids(smollm2_tokenizer, simila
     # Each turn's prompt is the previous prompt + action + observation, never re-tokenized.
     first, second, third = (p[0] for p in sampler.prompts)
     assert first == tuple(
-        models.chat_ids(smollm2_tokenizer, sender_messages("Let's get pizza and watch a movie tonight"))
+        template.chat_ids(smollm2_tokenizer, sender_messages("Let's get pizza and watch a movie tonight"))
     )
     assert second[: len(first)] == first
     assert second[len(first) : len(first) + len(episode.turns[0].action_ids)] == episode.turns[0].action_ids

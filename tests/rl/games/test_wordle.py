@@ -8,7 +8,7 @@ from collections import Counter
 
 import pytest
 
-from emoji_rl.lm.models import stop_token_id
+from emoji_rl.lm.template import stop_token_id
 from emoji_rl.rl.games.wordle import WordleBuilder, WordleRules
 from emoji_rl.rl.games.wordle_reward import (
     FORMAT_PHASE,

@@ -16,8 +16,8 @@ from tests.fakes.vllm_server import FakeVLLMServer
 from emoji_rl.emoji.constraint import compile_emoji_grammar, grammar_ebnf, replay_masks
 from emoji_rl.errors import UserError
 from emoji_rl.io.endpoint import Endpoint, wait_for_server
-from emoji_rl.lm import models
-from emoji_rl.lm.models import stop_token_id
+from emoji_rl.lm import template
+from emoji_rl.lm.template import stop_token_id
 from emoji_rl.prompts import sender_messages
 from emoji_rl.rl import grpo
 from emoji_rl.rl.games.retrieval import RetrievalBuilder, RetrievalRules
@@ -376,7 +376,7 @@ def test_retrieval_turns_play_end_to_end_through_the_vllm_sampler(server, smollm
     episodes = asyncio.run(play(games, sampler))
     sent = server.bodies("/v1/completions")
     assert all(body["model"] == "policy-1-v0" for body in sent)
-    first_prompt = models.chat_ids(smollm2_tokenizer, sender_messages(target))
+    first_prompt = template.chat_ids(smollm2_tokenizer, sender_messages(target))
     assert sent[0]["prompt"] == [first_prompt, first_prompt]
     constraint = compile_emoji_grammar(smollm2_tokenizer, 2, 8, vocab_size=len(smollm2_tokenizer))
     for e, episode in enumerate(episodes):

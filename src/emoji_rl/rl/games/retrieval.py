@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from emoji_rl.emoji.alphabet import MAX_EMOJI, MIN_EMOJI, parse_message
-from emoji_rl.lm.models import chat_ids, continuation_ids, end_of_turn_ids
+from emoji_rl.lm.template import chat_ids, continuation_ids, end_of_turn_ids
 from emoji_rl.prompts import correction_message, sender_messages
 from emoji_rl.rl.batching import MicroBatcher
 from emoji_rl.rl.judge import Guess, Judge, JudgeInput
@@ -70,7 +70,7 @@ class RetrievalGame(Game):
 
     async def step(self, action_ids: tuple[int, ...]) -> StepResult:
         # 1. parse: what the sender wrote, up to its end-of-turn token (any id that ends a message
-        # on the vLLM server too: models.end_of_turn_ids)
+        # on the vLLM server too: template.end_of_turn_ids)
         ended = bool(action_ids) and action_ids[-1] in self._turn_ends
         text = self.tokenizer.decode(action_ids[:-1] if ended else action_ids, skip_special_tokens=True)
         parsed = parse_message(text, self.rules.min_emoji, self.rules.max_emoji)

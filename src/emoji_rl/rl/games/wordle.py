@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from emoji_rl.errors import UserError
-from emoji_rl.lm.models import chat_ids, continuation_ids, end_of_turn_ids
+from emoji_rl.lm.template import chat_ids, continuation_ids, end_of_turn_ids
 from emoji_rl.rl.games.wordle_reward import CurriculumTracker, TurnScore, WordleWeights, episode_terms
 from emoji_rl.rl.games.wordle_rules import (
     SYMBOLS,
