@@ -9,9 +9,9 @@ from emoji_rl.data.prompts import Prompt, read_prompts
 from emoji_rl.data.teacher import Config, check_answer, reason_kind
 from emoji_rl.data.teachers import FEW_SHOT, Answer, OpenAITeacher, Request
 from emoji_rl.emoji.alphabet import parse_message
+from emoji_rl.emoji.sender_prompts import SENDER_FIRST_TURN, sender_messages
 from emoji_rl.errors import UserError
 from emoji_rl.io.jsonl import AppendLog, read_jsonl
-from emoji_rl.prompts import SENDER_FIRST_TURN, sender_messages
 
 N = 20
 BAD = "message 5 is about a pizza party on the beach"  # the fake teachers answer this one in words

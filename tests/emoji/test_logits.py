@@ -29,10 +29,10 @@ from emoji_rl.emoji.logits import (
     mask_logits_to_support_,
     static_allowed_ids,
 )
+from emoji_rl.emoji.sender_prompts import sender_messages
 from emoji_rl.errors import UserError
 from emoji_rl.generate import decode
 from emoji_rl.lm import template
-from emoji_rl.prompts import sender_messages
 
 TARGETS = [
     "I'm so excited for our beach trip this weekend",

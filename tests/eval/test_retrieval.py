@@ -7,10 +7,10 @@ import torch
 from emoji_rl import cli
 from emoji_rl.config import parse_config
 from emoji_rl.emoji.alphabet import parse_message
+from emoji_rl.emoji.sender_prompts import sender_messages
 from emoji_rl.errors import DataError, UserError
 from emoji_rl.eval import retrieval
 from emoji_rl.lm import models
-from emoji_rl.prompts import sender_messages
 from emoji_rl.rl.reward import Similarity
 
 

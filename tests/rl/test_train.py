@@ -11,10 +11,10 @@ import torch
 
 from emoji_rl.emoji.alphabet import parse_message
 from emoji_rl.emoji.constraint import compile_emoji_grammar
+from emoji_rl.emoji.sender_prompts import sender_messages
 from emoji_rl.io.metrics import read_metrics
 from emoji_rl.lm import models, template
 from emoji_rl.lm.template import stop_token_id
-from emoji_rl.prompts import sender_messages
 from emoji_rl.rl import train as grpo_train
 from emoji_rl.rl.policy import build_policy
 from emoji_rl.rl.rollout.hf import HFSampler

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from emoji_rl.emoji.alphabet import parse_message
-from emoji_rl.prompts import sender_messages
+from emoji_rl.emoji.sender_prompts import sender_messages
 
 PAIRS: list[tuple[str, str]] = [
     ("Let's grab pizza and watch a movie tonight", "🍕 🎬 🌙"),

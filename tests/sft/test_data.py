@@ -3,9 +3,9 @@ import logging
 
 import pytest
 
+from emoji_rl.emoji.sender_prompts import sender_messages
 from emoji_rl.errors import DataError, UserError
 from emoji_rl.lm import template
-from emoji_rl.prompts import sender_messages
 from emoji_rl.sft.data import (
     ChatRecord,
     Encoded,

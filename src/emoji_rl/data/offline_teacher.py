@@ -30,7 +30,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from emoji_rl.emoji.alphabet import ALPHABET, MAX_EMOJI, MIN_EMOJI, SEPARATOR, keywords, parse_message
-from emoji_rl.eval.stats import emoji_counts
+from emoji_rl.emoji.stats import emoji_counts
 from emoji_rl.lm import models
 
 if TYPE_CHECKING:

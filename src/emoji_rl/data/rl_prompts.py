@@ -215,8 +215,8 @@ def write_outputs(
 
 
 def main(cfg: Config) -> None:
+    from emoji_rl.emoji.sender_prompts import sender_messages
     from emoji_rl.generate import generate_replies
-    from emoji_rl.prompts import sender_messages
     from emoji_rl.rl.reward import Similarity
 
     prompts = read_prompts(cfg.prompts)

@@ -41,11 +41,11 @@ from emoji_rl.data import claude
 from emoji_rl.data.prompts import Prompt, held_out, read_prompts
 from emoji_rl.data.teachers import Answer, Request, Teacher
 from emoji_rl.emoji.alphabet import MAX_EMOJI, MIN_EMOJI, SEPARATOR, parse_message
+from emoji_rl.emoji.sender_prompts import sender_messages
+from emoji_rl.emoji.stats import emoji_counts, entropy_bits, top_k_share
 from emoji_rl.errors import UserError
-from emoji_rl.eval.stats import emoji_counts, entropy_bits, top_k_share
 from emoji_rl.io.jsonl import AppendLog, Record, write_json, write_jsonl
 from emoji_rl.lm import models
-from emoji_rl.prompts import sender_messages
 
 log = logging.getLogger(__name__)
 

@@ -21,8 +21,8 @@ from typing import TYPE_CHECKING, Protocol, TypeVar
 
 from tqdm import tqdm
 
+from emoji_rl.emoji.sender_prompts import SENDER_FIRST_TURN, SENDER_SYSTEM
 from emoji_rl.errors import UserError
-from emoji_rl.prompts import SENDER_FIRST_TURN, SENDER_SYSTEM
 
 if TYPE_CHECKING:
     import openai

@@ -29,9 +29,9 @@ from transformers import TrainerCallback
 
 from emoji_rl.bench_row import Row
 from emoji_rl.emoji.alphabet import ALPHABET
+from emoji_rl.emoji.sender_prompts import sender_messages
 from emoji_rl.lm import models, template
 from emoji_rl.lm.template import stop_token_id
-from emoji_rl.prompts import sender_messages
 from emoji_rl.rl import grpo
 from emoji_rl.rl.batch import collate, collate_groups
 from emoji_rl.rl.checkpoint import TrainState

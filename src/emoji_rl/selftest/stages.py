@@ -132,8 +132,8 @@ def stage_model(runtime: models.Runtime):
 def save_stage_model(runtime: models.Runtime, directory: Path) -> str:
     """`stage_model` saved where the stages load a local model from, with SFT and RL data beside it."""
     from emoji_rl.emoji.alphabet import ALPHABET
+    from emoji_rl.emoji.sender_prompts import sender_messages
     from emoji_rl.io.jsonl import write_jsonl
-    from emoji_rl.prompts import sender_messages
 
     model, tokenizer = stage_model(runtime)
     model.save_pretrained(directory / "model")
@@ -290,9 +290,9 @@ DECODE = {"cuda": (128, 64), "cpu": (8, 16)}
 def decode_speed(cfg: Config, runtime: models.Runtime) -> Result:
     """Tokens a second through `generate.generate_from_ids`, every row decoded together, without and
     with the emoji grammar: reported, not judged."""
+    from emoji_rl.emoji.sender_prompts import sender_messages
     from emoji_rl.generate import generate_from_ids
     from emoji_rl.lm.template import chat_ids
-    from emoji_rl.prompts import sender_messages
 
     rows, tokens = DECODE["cuda" if is_cuda(runtime) else "cpu"]
     model, tokenizer = stage_model(runtime)

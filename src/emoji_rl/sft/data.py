@@ -24,10 +24,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Literal
 
+from emoji_rl.emoji.sender_prompts import SENDER_FIRST_TURN
 from emoji_rl.errors import UserError
 from emoji_rl.io.jsonl import read_jsonl
 from emoji_rl.lm.template import chat_ids, continuation_ids, stop_token_id
-from emoji_rl.prompts import SENDER_FIRST_TURN
 
 if TYPE_CHECKING:
     from datasets import Dataset

@@ -12,8 +12,8 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from emoji_rl.emoji.alphabet import MAX_EMOJI, MIN_EMOJI, parse_message
+from emoji_rl.emoji.sender_prompts import correction_message, sender_messages
 from emoji_rl.lm.template import chat_ids, continuation_ids, end_of_turn_ids
-from emoji_rl.prompts import correction_message, sender_messages
 from emoji_rl.rl.batching import MicroBatcher
 from emoji_rl.rl.judge import Guess, Judge, JudgeInput
 from emoji_rl.rl.reward import Background, RewardWeights, Similarity, terminal_reward

@@ -9,7 +9,7 @@ from collections.abc import Sequence
 
 import torch
 
-from emoji_rl.eval.stats import reply_stats
+from emoji_rl.emoji.stats import reply_stats
 from emoji_rl.io.jsonl import AppendLog
 from emoji_rl.rl import grpo
 from emoji_rl.rl.types import EpisodeGroup
