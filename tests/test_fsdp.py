@@ -253,7 +253,7 @@ def _sft() -> None:
 def _grpo(run: Path) -> None:
     import torch.distributed as dist
 
-    from emoji_rl import generate
+    from emoji_rl.decode import generate
     from emoji_rl.rl import train
 
     decode, collect, save = generate.decode, train.collect, train._save

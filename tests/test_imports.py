@@ -116,7 +116,7 @@ def test_no_emoji_rl_modules_import_each_other():
 
 def test_games_know_the_tokenizer_and_their_judge_not_the_samplers_or_the_trainer():
     graph = import_graph()
-    higher = ("emoji_rl.generate", "emoji_rl.rl.rollout", "emoji_rl.rl.train", "emoji_rl.rl.setup")
+    higher = ("emoji_rl.decode.generate", "emoji_rl.rl.rollout", "emoji_rl.rl.train", "emoji_rl.rl.setup")
     reaching_up = {
         game: sorted(t for t in targets if t.startswith(higher))
         for game, targets in graph.items()

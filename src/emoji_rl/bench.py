@@ -53,8 +53,8 @@ def bench_model_load() -> list[Row]:
 
 def bench_constrained_generation() -> list[Row]:
     """Decoding speed of grammar-constrained vs unconstrained sampling, same prompts, batch 1 and 16."""
+    from emoji_rl.decode.generate import generate_replies
     from emoji_rl.emoji.sender_prompts import sender_messages
-    from emoji_rl.generate import generate_replies
 
     tokenizer = models.load_tokenizer(models.SMOLLM2)
     model = models.load_causal_lm(models.SMOLLM2, models.pick_runtime("cpu"))

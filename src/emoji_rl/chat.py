@@ -13,10 +13,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from emoji_rl.decode.generate import MAX_NEW_TOKENS, Constraint, generate_replies
 from emoji_rl.emoji.alphabet import MAX_EMOJI, MIN_EMOJI, parse_message
 from emoji_rl.emoji.sender_prompts import sender_messages
 from emoji_rl.errors import UserError
-from emoji_rl.generate import MAX_NEW_TOKENS, Constraint, generate_replies
 from emoji_rl.lm import models
 
 

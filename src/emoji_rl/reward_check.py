@@ -32,10 +32,10 @@ from dataclasses import asdict, dataclass, field
 import torch
 
 from emoji_rl.data.rl_prompts import round_trips
+from emoji_rl.decode.generate import MAX_NEW_TOKENS, generate_replies
 from emoji_rl.emoji.alphabet import MAX_EMOJI, MIN_EMOJI
 from emoji_rl.emoji.sender_prompts import sender_messages
 from emoji_rl.errors import UserError
-from emoji_rl.generate import MAX_NEW_TOKENS, generate_replies
 from emoji_rl.io.jsonl import read_jsonl, write_json
 from emoji_rl.lm import models
 from emoji_rl.rl.judge_config import JudgeConfig

@@ -27,9 +27,9 @@ from tokenizers import models as token_models
 from transformers import AutoTokenizer, PreTrainedTokenizerFast
 from transformers.convert_slow_tokenizer import bytes_to_unicode
 
+from emoji_rl.decode.logits import allowed_positions
 from emoji_rl.emoji.alphabet import ALPHABET
 from emoji_rl.emoji.constraint import compile_emoji_grammar, replay_bitmask
-from emoji_rl.emoji.logits import allowed_positions
 from emoji_rl.emoji.qwen_vocab import qwen_raw_vocab, qwen_tokenizer
 from emoji_rl.io.endpoint import Endpoint
 from emoji_rl.lm.template import end_of_turn_ids, stop_token_id

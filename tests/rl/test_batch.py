@@ -10,6 +10,7 @@ import torch
 from peft import LoraConfig, get_peft_model
 from tests.tiny import tiny_qwen3_5
 
+from emoji_rl.decode.shared_prefix import kept_logits
 from emoji_rl.emoji.alphabet import ALPHABET
 from emoji_rl.emoji.constraint import compile_emoji_grammar, replay_masks
 from emoji_rl.emoji.sender_prompts import sender_messages
@@ -17,7 +18,6 @@ from emoji_rl.lm import template
 from emoji_rl.rl import grpo
 from emoji_rl.rl.batch import collate, support_columns, token_logprobs
 from emoji_rl.rl.types import Episode, StepResult, Turn
-from emoji_rl.shared_prefix import kept_logits
 
 TEMPERATURE = 0.7
 

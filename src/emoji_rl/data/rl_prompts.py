@@ -40,7 +40,7 @@ from emoji_rl.rl.judge import JudgeInput
 from emoji_rl.rl.judge_config import JudgeConfig
 
 if TYPE_CHECKING:
-    from emoji_rl.generate import Reply
+    from emoji_rl.decode.generate import Reply
     from emoji_rl.rl.judge import Judge
     from emoji_rl.rl.reward import Similarity
 
@@ -215,8 +215,8 @@ def write_outputs(
 
 
 def main(cfg: Config) -> None:
+    from emoji_rl.decode.generate import generate_replies
     from emoji_rl.emoji.sender_prompts import sender_messages
-    from emoji_rl.generate import generate_replies
     from emoji_rl.rl.reward import Similarity
 
     prompts = read_prompts(cfg.prompts)

@@ -55,20 +55,20 @@ from typing import TYPE_CHECKING, Literal
 import torch
 from tqdm.auto import tqdm
 
+from emoji_rl.decode.generate import MAX_NEW_TOKENS
+from emoji_rl.decode.sampler import HFSampler, Sample, Sampler
 from emoji_rl.emoji.alphabet import MAX_EMOJI, MIN_EMOJI, parse_message, random_answers
 from emoji_rl.emoji.sender_prompts import sender_messages
 from emoji_rl.emoji.stats import reply_stats
 from emoji_rl.errors import DataError, UserError
 from emoji_rl.eval.intervals import bootstrap_mean, paired_bootstrap, verdict
-from emoji_rl.generate import MAX_NEW_TOKENS
 from emoji_rl.io.jsonl import AppendLog, Record, read_jsonl, write_json
 from emoji_rl.io.report import bar_figure, format_table
 from emoji_rl.lm import models, template
 from emoji_rl.lm.template import chat_ids
 from emoji_rl.rl.games.retrieval import SUCCESS_THRESHOLDS, RetrievalBuilder, RetrievalRules
 from emoji_rl.rl.judge_config import JudgeConfig
-from emoji_rl.rl.rollout.hf import HFSampler
-from emoji_rl.rl.rollout.play import Sample, Sampler, play
+from emoji_rl.rl.rollout.collect import play
 from emoji_rl.rl.types import Episode
 from emoji_rl.web.store import adapter_hash
 

@@ -12,10 +12,10 @@ from typing import TYPE_CHECKING
 
 import torch
 
+from emoji_rl.decode.shared_prefix import kept_hidden, kept_logits
 from emoji_rl.emoji.constraint import EmojiConstraint, support_masks
 from emoji_rl.rl import grpo
 from emoji_rl.rl.types import Episode, EpisodeGroup
-from emoji_rl.shared_prefix import kept_hidden, kept_logits
 
 if TYPE_CHECKING:
     from transformers import PreTrainedModel

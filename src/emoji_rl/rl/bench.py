@@ -28,6 +28,7 @@ import torch
 from transformers import TrainerCallback
 
 from emoji_rl.bench_row import Row
+from emoji_rl.decode.sampler import HFSampler
 from emoji_rl.emoji.alphabet import ALPHABET
 from emoji_rl.emoji.sender_prompts import sender_messages
 from emoji_rl.lm import models, template
@@ -36,9 +37,7 @@ from emoji_rl.rl import grpo
 from emoji_rl.rl.batch import collate, collate_groups
 from emoji_rl.rl.checkpoint import TrainState
 from emoji_rl.rl.policy import build_policy
-from emoji_rl.rl.rollout.collect import PromptStream, collect
-from emoji_rl.rl.rollout.hf import HFSampler
-from emoji_rl.rl.rollout.play import play
+from emoji_rl.rl.rollout.collect import PromptStream, collect, play
 from emoji_rl.rl.train_config import Config
 from emoji_rl.rl.types import Episode, Game, StepResult, Turn
 from emoji_rl.rl.update import update
@@ -90,9 +89,9 @@ def bench_rollout_throughput(
     On 2 CPU cores batching pays far less than on a GPU: a decode step took 49 ms at batch 1 and
     105-128 ms at batch 16 (~5 ms more a row), and prefill costs ~2 ms a token at any batch size.
     So the batch must not waste rows or tokens: each group's shared prompt is read once
-    (`emoji_rl.prefill`: 12.0 -> 9.1-9.6 s, 2.75x -> 2.95x), a row leaves the batch when it stops
+    (`emoji_rl.decode.prefill`: 12.0 -> 9.1-9.6 s, 2.75x -> 2.95x), a row leaves the batch when it stops
     and a token is drawn with one uniform instead of `torch.multinomial`'s 49K exponentials
-    (`emoji_rl.generate.decode`: 3.8x), and turn 2 goes on from each row's KV cache of turn 1
+    (`emoji_rl.decode.generate.decode`: 3.8x), and turn 2 goes on from each row's KV cache of turn 1
     instead of reading the episode again: 4.19-4.62x in four runs on a quiet machine, once both
     paths are warmed up."""
     from emoji_rl.rl.games.retrieval import RetrievalBuilder, RetrievalRules

@@ -414,8 +414,8 @@ def bench_grammar_step() -> list[Row]:
     """The grammar's host work in a decode step at 128 rows: reading the bits of the grammar's
     support (`mask_logits_to_support_`) against finding the set bits of the whole bitmask
     (`mask_logits_`, which the processor used before)."""
+    from emoji_rl.decode.logits import allowed_positions
     from emoji_rl.emoji.constraint import bits_at
-    from emoji_rl.emoji.logits import allowed_positions
 
     constraint = qwen_grammar()
     actions = [e.turns[0].action_ids for e in step_episodes(DECODE_ROWS, turns=1)]
@@ -444,8 +444,8 @@ def _episode_reads(episode: Episode, continued: bool) -> int:
     decoding's one a sampled token."""
     from transformers import Qwen3_5ForCausalLM, Qwen3_5TextConfig
 
-    from emoji_rl.generate import decode
-    from emoji_rl.prefill import prefill_inputs
+    from emoji_rl.decode.generate import decode
+    from emoji_rl.decode.prefill import prefill_inputs
 
     # The real class, layer pattern and vocabulary at a small width: only the count matters here.
     config = Qwen3_5TextConfig(vocab_size=QWEN3_5_4B["vocab_size"], num_hidden_layers=4, **NARROW_QWEN3_5)

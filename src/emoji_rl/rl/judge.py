@@ -30,8 +30,8 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Literal
 
 import emoji as emoji_pkg
+from emoji_rl.decode.generate import generate_from_ids, ids_containing
 from emoji_rl.emoji.alphabet import emoji_name
-from emoji_rl.generate import generate_from_ids, ids_containing
 from emoji_rl.lm import template
 
 if TYPE_CHECKING:
@@ -212,7 +212,7 @@ class LexiconJudge(Judge):
 
 class HFJudge(Judge):
     """A frozen causal LM in this process; all pending episodes are decoded in batches
-    (`emoji_rl.generate`), the judge prompt's system message and examples read once per batch."""
+    (`emoji_rl.decode.generate`), the judge prompt's system message and examples read once per batch."""
 
     def __init__(
         self,

@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
 
+from emoji_rl.decode.sampler import HFSampler, Sample
 from emoji_rl.emoji.alphabet import MAX_EMOJI, MIN_EMOJI, parse_message
 from emoji_rl.io.jsonl import read_jsonl
 from emoji_rl.lm import models
@@ -25,8 +26,7 @@ from emoji_rl.rl.games.retrieval import RetrievalBuilder, RetrievalRules
 from emoji_rl.rl.judge import Guess, Judge, JudgeInput, clean_guess, render_turn
 from emoji_rl.rl.judge_config import JudgeConfig
 from emoji_rl.rl.reward import Similarity
-from emoji_rl.rl.rollout.hf import HFSampler
-from emoji_rl.rl.rollout.play import Sample, play
+from emoji_rl.rl.rollout.collect import play
 
 
 @dataclass

@@ -10,17 +10,17 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from emoji_rl.decode.generate import Constraint
 from emoji_rl.errors import UserError
-from emoji_rl.generate import Constraint
 from emoji_rl.io.jsonl import read_jsonl
 from emoji_rl.lm import models, template
 
 if TYPE_CHECKING:
     from peft import PeftModel
 
+    from emoji_rl.decode.sampler import Sampler
     from emoji_rl.emoji.constraint import EmojiConstraint
     from emoji_rl.rl.checkpoint import Stateful
-    from emoji_rl.rl.rollout.play import Sampler
     from emoji_rl.rl.rollout.vllm import AdapterSync
     from emoji_rl.rl.train_config import Config
     from emoji_rl.rl.types import EpisodeGroup, Game
@@ -107,7 +107,7 @@ def build_sampler(
     cfg: Config, policy: PeftModel, tokenizer, constraint: Constraint
 ) -> tuple[Sampler, AdapterSync | None]:
     """The in-process sampler, or a vLLM server's with the adapter sync that keeps it current."""
-    from emoji_rl.rl.rollout.hf import HFSampler
+    from emoji_rl.decode.sampler import HFSampler
 
     if cfg.engine == "hf":
         sampler = HFSampler(

@@ -27,6 +27,7 @@ import torch
 from tqdm.auto import tqdm
 
 from emoji_rl.config import save_config
+from emoji_rl.decode.sampler import Sampler
 from emoji_rl.errors import UserError
 from emoji_rl.io.jsonl import AppendLog, drop_steps_after
 from emoji_rl.io.metrics import MetricsWriter
@@ -52,7 +53,6 @@ from emoji_rl.rl.checkpoint import (
 from emoji_rl.rl.policy import build_policy, checkpoint_layers
 from emoji_rl.rl.rollout.collect import PromptStream, Rollouts, collect
 from emoji_rl.rl.rollout.metrics import ROLLOUTS_FILE, log_rollouts, rollout_metrics
-from emoji_rl.rl.rollout.play import Sampler
 from emoji_rl.rl.setup import GameSetup, build_sampler, retrieval_setup, wordle_setup
 from emoji_rl.rl.train_config import Config
 from emoji_rl.rl.update import update

@@ -155,7 +155,7 @@ def grammar_bitmask(cfg: Config, runtime: models.Runtime) -> Result:
     xgrammar's own apply_token_bitmask_inplace (its CUDA/Triton path on a GPU) on the same logits."""
     import xgrammar as xgr
 
-    from emoji_rl.emoji.logits import EmojiLogitsProcessor, mask_logits_to_support_
+    from emoji_rl.decode.logits import EmojiLogitsProcessor, mask_logits_to_support_
 
     constraint = qwen_grammar()
     actions, bitmask = _grammar_rows(32 if is_cuda(runtime) else 8)
@@ -193,9 +193,9 @@ def grammar_bitmask(cfg: Config, runtime: models.Runtime) -> Result:
 def grammar_sampling(cfg: Config, runtime: models.Runtime) -> Result:
     """generate.sample_tokens on masked logits at the real vocabulary width and the runtime's dtype,
     counting draws of a masked id (there must be none)."""
+    from emoji_rl.decode.generate import sample_tokens
+    from emoji_rl.decode.logits import mask_logits_to_support_
     from emoji_rl.emoji.constraint import unpack_bitmask
-    from emoji_rl.emoji.logits import mask_logits_to_support_
-    from emoji_rl.generate import sample_tokens
 
     constraint = qwen_grammar()
     # ~40 grammar states a message. A GPU call takes ~1,000 rows (an int64 [rows, V] sum is 2 GB);

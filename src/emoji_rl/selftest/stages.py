@@ -290,8 +290,8 @@ DECODE = {"cuda": (128, 64), "cpu": (8, 16)}
 def decode_speed(cfg: Config, runtime: models.Runtime) -> Result:
     """Tokens a second through `generate.generate_from_ids`, every row decoded together, without and
     with the emoji grammar: reported, not judged."""
+    from emoji_rl.decode.generate import generate_from_ids
     from emoji_rl.emoji.sender_prompts import sender_messages
-    from emoji_rl.generate import generate_from_ids
     from emoji_rl.lm.template import chat_ids
 
     rows, tokens = DECODE["cuda" if is_cuda(runtime) else "cpu"]

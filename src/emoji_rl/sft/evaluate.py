@@ -25,9 +25,9 @@ from pathlib import Path
 from typing import TYPE_CHECKING, cast
 
 from emoji_rl.config import to_dict
+from emoji_rl.decode.generate import MAX_NEW_TOKENS, Constraint, generate_replies
 from emoji_rl.emoji.stats import compliant_emoji, reply_stats
 from emoji_rl.errors import UserError
-from emoji_rl.generate import MAX_NEW_TOKENS, Constraint, generate_replies
 from emoji_rl.io.jsonl import write_json
 from emoji_rl.io.report import bar_figure, format_table
 from emoji_rl.lm import models

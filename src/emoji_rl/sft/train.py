@@ -353,7 +353,7 @@ def answer_loss_trainer() -> type[SFTTrainer]:
     import torch
     from trl import SFTTrainer
 
-    from emoji_rl.shared_prefix import kept_logits
+    from emoji_rl.decode.shared_prefix import kept_logits
 
     class AnswerLossTrainer(SFTTrainer):
         own_loss = False

@@ -27,9 +27,9 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import parse_qs, urlsplit
 
+from emoji_rl.decode.generate import MAX_NEW_TOKENS
 from emoji_rl.emoji.alphabet import ALPHABET, MAX_EMOJI, MIN_EMOJI, emoji_name
 from emoji_rl.errors import UserError
-from emoji_rl.generate import MAX_NEW_TOKENS
 from emoji_rl.io.jsonl import read_jsonl
 from emoji_rl.lm import models
 from emoji_rl.rl.judge_config import JudgeConfig

@@ -109,8 +109,8 @@ class LoadedModels:
         self._stopping.set()
 
     def write(self, sender: str, conversation: list[dict[str, str]], seed: int) -> str:
+        from emoji_rl.decode.generate import generate_replies
         from emoji_rl.eval.retrieval import active_system
-        from emoji_rl.generate import generate_replies
 
         with active_system(self.model, sender, self.senders[sender]):
             (reply,) = generate_replies(

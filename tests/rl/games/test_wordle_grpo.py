@@ -3,13 +3,13 @@
 import pytest
 import torch
 
+from emoji_rl.decode.sampler import HFSampler
 from emoji_rl.io.metrics import read_metrics
 from emoji_rl.lm import models
 from emoji_rl.rl import train as grpo_train
 from emoji_rl.rl.checkpoint import latest_checkpoint
 from emoji_rl.rl.games.wordle_reward import TERMS
 from emoji_rl.rl.policy import build_policy
-from emoji_rl.rl.rollout.hf import HFSampler
 from emoji_rl.rl.setup import wordle_setup
 
 pytestmark = pytest.mark.slow

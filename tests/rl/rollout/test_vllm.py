@@ -22,7 +22,7 @@ from emoji_rl.lm.template import stop_token_id
 from emoji_rl.rl import grpo
 from emoji_rl.rl.games.retrieval import RetrievalBuilder, RetrievalRules
 from emoji_rl.rl.judge import LexiconJudge
-from emoji_rl.rl.rollout.play import play
+from emoji_rl.rl.rollout.collect import play
 from emoji_rl.rl.rollout.vllm import AdapterSync, VLLMSampler
 
 KEY_ENV = "EMOJI_RL_TEST_POLICY_KEY"

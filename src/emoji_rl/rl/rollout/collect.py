@@ -1,5 +1,6 @@
-"""What one GRPO step plays: B prompts x G games, groups with no reward spread set aside, and
-with dynamic sampling (DAPO) more prompts drawn until B groups carry signal. Under `accelerate launch`
+"""What one GRPO step plays: B prompts x G games (`play`: turn t of every live episode goes out as one
+batch), groups with no reward spread set aside, and with dynamic sampling (DAPO) more prompts drawn
+until B groups carry signal. Under `accelerate launch`
 B is the step's prompts over all processes: each process plays its share (`train.prompts_per_process`),
 drawn from one order shared by all processes, and refills its own share."""
 
@@ -13,11 +14,38 @@ from dataclasses import dataclass
 
 import torch
 
+from emoji_rl.decode.sampler import Sample, Sampler
 from emoji_rl.lm.training import gather
 from emoji_rl.rl import grpo
 from emoji_rl.rl.checkpoint import TrainState
-from emoji_rl.rl.rollout.play import Sampler, play
-from emoji_rl.rl.types import EpisodeGroup, Game
+from emoji_rl.rl.types import Episode, EpisodeGroup, Game, StepResult, Turn
+
+
+async def play(games: Sequence[Game], sampler: Sampler) -> list[Episode]:
+    """Play every game to the end. Each turn, all live episodes are sampled in one call and stepped
+    concurrently, so their judge calls and similarities batch too."""
+    observations = list(await asyncio.gather(*(game.start() for game in games)))
+    sequences = [tuple(obs) for obs in observations]
+    turns: list[list[Turn]] = [[] for _ in games]
+    live = list(range(len(games)))
+    previous: dict[int, Sample] = {}
+    while live:
+        samples = await sampler.sample([sequences[i] for i in live], [previous.get(i) for i in live])
+        previous = {}
+        results: list[StepResult] = list(
+            await asyncio.gather(*(games[i].step(s.token_ids) for i, s in zip(live, samples, strict=True)))
+        )
+        still_live = []
+        for i, sample, result in zip(live, samples, results, strict=True):
+            turns[i].append(Turn(tuple(observations[i]), sample.token_ids, sample.logprobs, result))
+            if not result.done:
+                observations[i] = result.next_observation_ids
+                sequences[i] = (*sequences[i], *sample.token_ids, *result.next_observation_ids)
+                previous[i] = sample
+                still_live.append(i)
+        live = still_live
+        del samples  # the finished episodes' KV caches (`Sample.resume`) go before the next turn decodes
+    return [Episode(tuple(t)) for t in turns]
 
 
 class PromptStream:

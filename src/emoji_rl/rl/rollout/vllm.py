@@ -34,12 +34,12 @@ from typing import Any
 
 import httpx
 
+from emoji_rl.decode.generate import MAX_NEW_TOKENS
+from emoji_rl.decode.sampler import Sample
 from emoji_rl.emoji.alphabet import MAX_EMOJI, MIN_EMOJI
 from emoji_rl.emoji.constraint import vllm_structured_outputs
 from emoji_rl.errors import UserError
-from emoji_rl.generate import MAX_NEW_TOKENS
 from emoji_rl.io.endpoint import LORA_RANK_ERROR, Endpoint, ServerError, request, request_sync
-from emoji_rl.rl.rollout.play import Sample
 
 log = logging.getLogger("emoji_rl.rollout.vllm")
 

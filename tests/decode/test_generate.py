@@ -5,8 +5,8 @@ import math
 import pytest
 import torch
 
-from emoji_rl.generate import decode, ids_containing, sample_tokens
-from emoji_rl.prefill import left_pad
+from emoji_rl.decode.generate import decode, ids_containing, sample_tokens
+from emoji_rl.decode.prefill import left_pad
 
 INF = float("inf")
 
@@ -144,7 +144,7 @@ def test_ids_containing_finds_every_token_that_writes_a_character(smollm2_tokeni
 
 @pytest.mark.slow
 def test_a_reply_ends_at_its_first_sentence_end_and_keeps_its_text(smollm2_model, smollm2_tokenizer):
-    from emoji_rl.generate import generate_from_ids
+    from emoji_rl.decode.generate import generate_from_ids
     from emoji_rl.lm.template import chat_ids, stop_token_id
 
     ends = ids_containing(smollm2_tokenizer, ".!?\n")

@@ -1,6 +1,6 @@
 """Logits processors: the exact grammar mask, and the seed's static mask as a baseline.
 
-HF `LogitsProcessor`s, which `emoji_rl.generate.decode` runs before temperature, so what samples
+HF `LogitsProcessor`s, which `emoji_rl.decode.generate.decode` runs before temperature, so what samples
 only ever sees allowed tokens.
 """
 

@@ -6,7 +6,7 @@ import pytest
 import torch
 from tests.tiny import tiny_qwen3_5
 
-from emoji_rl.prefill import (
+from emoji_rl.decode.prefill import (
     PrefixPlan,
     RowCache,
     can_share_prefixes,
@@ -66,7 +66,7 @@ def test_only_full_attention_models_share():
 
 @pytest.mark.slow
 def test_shared_prefix_generation_equals_one_row_at_a_time(smollm2_model, smollm2_tokenizer):
-    from emoji_rl.generate import generate_from_ids
+    from emoji_rl.decode.generate import generate_from_ids
     from emoji_rl.lm.template import chat_ids
 
     def prompt(text: str) -> tuple[int, ...]:
@@ -144,7 +144,7 @@ def test_a_turn_resumed_from_the_kept_caches_equals_one_read_from_scratch(
 ):
     """SmolLM2's keys and values, and a random Qwen3.5's Gated DeltaNet states beside its keys and
     values: the rows' new tokens differ in length, so the hybrid reads them in several passes."""
-    from emoji_rl.generate import generate_from_ids
+    from emoji_rl.decode.generate import generate_from_ids
     from emoji_rl.lm.template import chat_ids
 
     tokenizer = smollm2_tokenizer
@@ -174,7 +174,7 @@ def test_a_turn_resumed_from_the_kept_caches_equals_one_read_from_scratch(
         resumes.append(resume_inputs(*args))
         return resumes[-1]
 
-    monkeypatch.setattr("emoji_rl.prefill.resume_inputs", spy)
+    monkeypatch.setattr("emoji_rl.decode.prefill.resume_inputs", spy)
     resumed = sample(second, caches=[r.cache for r in replies])
     assert len(resumes) == 1 and resumes[0] is not None  # it went on from the caches
     fresh = sample(second)

@@ -6,10 +6,10 @@ import pytest
 import torch
 from tests.tiny import tiny_llama, tiny_qwen3_5
 
-from emoji_rl.beam import Beam, beam_search, best_candidates, guide
+from emoji_rl.decode.beam import Beam, beam_search, best_candidates, guide
+from emoji_rl.decode.generate import generate_from_ids
 from emoji_rl.emoji.alphabet import parse_message
 from emoji_rl.emoji.constraint import compile_emoji_grammar, replay_masks
-from emoji_rl.generate import generate_from_ids
 
 INF = float("inf")
 

@@ -18,9 +18,9 @@ from typing import TYPE_CHECKING
 
 from tqdm.auto import tqdm
 
-from emoji_rl.generate import MAX_NEW_TOKENS, Reply, make_reply, step_logits
+from emoji_rl.decode.generate import MAX_NEW_TOKENS, Reply, make_reply, step_logits
+from emoji_rl.decode.prefill import prefill_inputs
 from emoji_rl.lm.template import end_of_turn_ids, stop_token_id
-from emoji_rl.prefill import prefill_inputs
 
 if TYPE_CHECKING:
     import torch
@@ -137,7 +137,7 @@ def _search(
     import xgrammar as xgr
     from transformers.cache_utils import DynamicCache
 
-    from emoji_rl.emoji.logits import mask_logits_
+    from emoji_rl.decode.logits import mask_logits_
 
     device = next(model.parameters()).device
     guided = guidance_scale != 1.0

@@ -1,18 +1,40 @@
-"""In-process sampling: every live episode's turn decoded in one batch (`emoji_rl.generate`),
+"""What a sampler is (`Sample`, `Sampler`; the vLLM engine in `rl/rollout/vllm.py` is the other one),
+and in-process sampling: every live episode's turn decoded in one batch (`decode/generate.py`),
 emoji-constrained by the grammar processor. Each row's KV cache is kept between turns, so a turn
 reads only what the game wrote since the last one."""
 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import TYPE_CHECKING
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Protocol
 
-from emoji_rl.beam import beam_search
-from emoji_rl.generate import MAX_NEW_TOKENS, Constraint, generate_from_ids
-from emoji_rl.rl.rollout.play import Sample
+from emoji_rl.decode.beam import beam_search
+from emoji_rl.decode.generate import MAX_NEW_TOKENS, Constraint, generate_from_ids
 
 if TYPE_CHECKING:
     from transformers import PreTrainedModel, PreTrainedTokenizerBase
+
+
+@dataclass(frozen=True)
+class Sample:
+    """One sampled turn: ids as sampled (stop token included) and their log-probs under the
+    distribution the sampler drew from (grammar-masked, temperature applied)."""
+
+    token_ids: tuple[int, ...]
+    logprobs: tuple[float, ...]
+    resume: Any = field(default=None, repr=False, compare=False)
+    """What the sampler can go on from in the episode's next turn instead of reading it all again
+    (the hf engine's KV cache of the row), or None."""
+
+
+class Sampler(Protocol):
+    async def sample(
+        self, prompts: Sequence[tuple[int, ...]], previous: Sequence[Sample | None] | None = None
+    ) -> list[Sample]:
+        """One sample per prompt (a whole episode so far, as token ids), in order. `previous` is, per
+        prompt, the episode's sample of the turn before (None on its first turn)."""
+        ...
 
 
 class HFSampler:

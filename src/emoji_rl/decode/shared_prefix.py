@@ -1,5 +1,5 @@
 """Logits at chosen positions of a right-padded batch, its shared opening run once: for training
-passes what `emoji_rl.prefill` is for decoding.
+passes what `emoji_rl.decode.prefill` is for decoding.
 
 Every chat the sender trains on opens with the same tokens: the system prompt and the instruction
 before the message, about 50 of SmolLM2's 70-90 (docs/DESIGN.md §5), and a GRPO group's episodes
@@ -128,7 +128,7 @@ def _kept_logits(
     keep: torch.Tensor,
     share_prefix: bool,
 ) -> torch.Tensor:
-    from emoji_rl.prefill import can_share_prefixes
+    from emoji_rl.decode.prefill import can_share_prefixes
 
     share_prefix = share_prefix and can_share_prefixes(model)
     prefix = shared_prefix_length(input_ids, attention_mask, keep) if share_prefix else 0

@@ -1,4 +1,4 @@
-"""The logits processors inside batched decoding (`emoji_rl.generate.decode`): a tiny random Llama over a one-token-per-byte
+"""The logits processors inside batched decoding (`emoji_rl.decode.generate.decode`): a tiny random Llama over a one-token-per-byte
 vocabulary (fast: it wanders through byte-level paths no trained model takes), then the embedded
 SmolLM2 for the acceptance figures of issue 2, item 4 (slow)."""
 
@@ -19,9 +19,8 @@ from transformers import (
     PreTrainedTokenizerBase,
 )
 
-from emoji_rl.emoji.alphabet import ALPHABET, parse_message
-from emoji_rl.emoji.constraint import compile_emoji_grammar, replay_masks
-from emoji_rl.emoji.logits import (
+from emoji_rl.decode.generate import decode
+from emoji_rl.decode.logits import (
     EmojiLogitsProcessor,
     StaticMaskLogitsProcessor,
     allowed_positions,
@@ -29,9 +28,10 @@ from emoji_rl.emoji.logits import (
     mask_logits_to_support_,
     static_allowed_ids,
 )
+from emoji_rl.emoji.alphabet import ALPHABET, parse_message
+from emoji_rl.emoji.constraint import compile_emoji_grammar, replay_masks
 from emoji_rl.emoji.sender_prompts import sender_messages
 from emoji_rl.errors import UserError
-from emoji_rl.generate import decode
 from emoji_rl.lm import template
 
 TARGETS = [

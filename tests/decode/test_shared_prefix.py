@@ -4,7 +4,7 @@ import pytest
 import torch
 from tests.tiny import tiny_llama, tiny_qwen3_5
 
-from emoji_rl.shared_prefix import kept_logits, shared_prefix_length
+from emoji_rl.decode.shared_prefix import kept_logits, shared_prefix_length
 
 
 def test_the_shared_prefix_stops_at_the_first_difference_padding_or_kept_position():

@@ -13,8 +13,8 @@ from typing import TYPE_CHECKING, Any, Literal
 
 from tqdm.auto import tqdm
 
+from emoji_rl.decode.prefill import RowCache, continuable, cut_rows, prefill_inputs
 from emoji_rl.lm.template import chat_ids, end_of_turn_ids, stop_token_id
-from emoji_rl.prefill import RowCache, continuable, cut_rows, prefill_inputs
 
 if TYPE_CHECKING:
     import torch
@@ -51,8 +51,8 @@ def make_processor(
 ) -> LogitsProcessor | None:
     if constraint == "none":
         return None
+    from emoji_rl.decode import logits as emoji_logits
     from emoji_rl.emoji import constraint as emoji_constraint
-    from emoji_rl.emoji import logits as emoji_logits
 
     if constraint == "static":
         return emoji_logits.StaticMaskLogitsProcessor(tokenizer)
@@ -77,7 +77,7 @@ def generate_from_ids(
     stop_ids: Collection[int] = (),
 ) -> list[Reply]:
     """Sample one reply per prompt (token ids), `batch_size` prompts decoded together; a prefix that
-    rows of a batch share is read once (`emoji_rl.prefill`). `caches`, one per prompt, are the
+    rows of a batch share is read once (`emoji_rl.decode.prefill`). `caches`, one per prompt, are the
     `Reply.cache`s of a previous call (`keep_caches`) whose rows these prompts go on from. A reply
     ends at end of turn (any of `end_of_turn_ids`, as on a vLLM server) or at any of `stop_ids`,
     whose text it keeps (see `ids_containing`)."""

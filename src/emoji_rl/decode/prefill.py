@@ -7,7 +7,7 @@ prefix once per row: on 2 CPU cores a 61-token prompt cost 70 ms per row even at
 as the ~14 tokens decoded after it. So the rows are clustered by common prefix, each cluster's
 prefix is run once into a KV cache, the cache is copied out to the cluster's rows, and decoding
 reads only what follows. A row is laid out as [pad | prefix | pad | rest]: every prefix ends at the
-same column, the pads are masked out, and `emoji_rl.generate.decode` takes position ids from the
+same column, the pads are masked out, and `emoji_rl.decode.generate.decode` takes position ids from the
 attention mask, so each row attends to exactly its own prompt at its own positions.
 
 A later turn of an episode goes further: the rows of the last turn's batch are cut out of its KV
