@@ -9,9 +9,9 @@ import pytest
 
 from emoji_rl import cli
 from emoji_rl.errors import DataError, UserError
+from emoji_rl.game.judge import NAMES_CAVEAT
 from emoji_rl.judge_check import DEFAULT_MESSAGES, read_messages
 from emoji_rl.lm import models
-from emoji_rl.rl.judge import NAMES_CAVEAT
 
 SAMPLES = Path(__file__).resolve().parents[1] / DEFAULT_MESSAGES
 

@@ -36,9 +36,9 @@ from emoji_rl.decode.generate import MAX_NEW_TOKENS, generate_replies
 from emoji_rl.emoji.alphabet import MAX_EMOJI, MIN_EMOJI
 from emoji_rl.emoji.sender_prompts import sender_messages
 from emoji_rl.errors import UserError
+from emoji_rl.game.judge_config import JudgeConfig
 from emoji_rl.io.jsonl import read_jsonl, write_json
 from emoji_rl.lm import models
-from emoji_rl.rl.judge_config import JudgeConfig
 
 log = logging.getLogger(__name__)
 
@@ -117,7 +117,7 @@ def noise_report(first: Sequence[Sequence[float]], second: Sequence[Sequence[flo
 
 
 def main(cfg: Config) -> None:
-    from emoji_rl.rl.reward import Similarity
+    from emoji_rl.game.reward import Similarity
 
     records = read_jsonl(cfg.data, hint="make it with `emoji-rl rl-prompts`")
     if len(records) < cfg.groups:

@@ -6,9 +6,9 @@ import json
 import pytest
 
 from emoji_rl.cli import main as cli_main
+from emoji_rl.game.wordle import WordleBuilder, WordleRules
 from emoji_rl.io.jsonl import read_jsonl
 from emoji_rl.lm.template import stop_token_id
-from emoji_rl.rl.games.wordle import WordleBuilder, WordleRules
 
 
 def test_wordle_data_holds_out_eval_answers_and_replays_in_the_game(tmp_path, smollm2_tokenizer):

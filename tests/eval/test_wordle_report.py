@@ -6,8 +6,8 @@ import asyncio
 import pytest
 
 from emoji_rl.eval.wordle import intervals, solver_finals, summarize
-from emoji_rl.rl.games.wordle import WordleBuilder, WordleRules
-from emoji_rl.rl.types import StepResult
+from emoji_rl.game.types import StepResult
+from emoji_rl.game.wordle import WordleBuilder, WordleRules
 
 
 def final(won, turns, format_rate, consistency, reward=1.0):

@@ -7,6 +7,7 @@ import torch
 from peft import LoraConfig, get_peft_model
 from transformers import LlamaConfig, LlamaForCausalLM
 
+from emoji_rl.game.wordle_reward import Curriculum, CurriculumTracker
 from emoji_rl.rl.checkpoint import (
     TrainState,
     follow_schedule,
@@ -14,7 +15,6 @@ from emoji_rl.rl.checkpoint import (
     load_checkpoint,
     save_checkpoint,
 )
-from emoji_rl.rl.games.wordle_reward import Curriculum, CurriculumTracker
 
 
 def _tiny_run():

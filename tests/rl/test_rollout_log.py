@@ -9,11 +9,11 @@ import pytest
 
 from emoji_rl import cli
 from emoji_rl.decode.sampler import Sample
+from emoji_rl.game.types import Game, StepResult
 from emoji_rl.io.jsonl import AppendLog
 from emoji_rl.rl.checkpoint import TrainState
 from emoji_rl.rl.rollout.collect import PromptStream, collect
 from emoji_rl.rl.rollout.metrics import log_rollouts, rollout_metrics
-from emoji_rl.rl.types import Game, StepResult
 
 
 class OneTurnGame(Game):

@@ -13,6 +13,7 @@ from emoji_rl.decode.sampler import HFSampler
 from emoji_rl.emoji.alphabet import parse_message
 from emoji_rl.emoji.constraint import compile_emoji_grammar
 from emoji_rl.emoji.sender_prompts import sender_messages
+from emoji_rl.game.types import Game, StepResult
 from emoji_rl.io.metrics import read_metrics
 from emoji_rl.lm import models, template
 from emoji_rl.lm.template import stop_token_id
@@ -20,7 +21,6 @@ from emoji_rl.rl import train as grpo_train
 from emoji_rl.rl.policy import build_policy
 from emoji_rl.rl.rollout.collect import play
 from emoji_rl.rl.setup import GameSetup
-from emoji_rl.rl.types import Game, StepResult
 
 pytestmark = pytest.mark.slow
 

@@ -11,10 +11,10 @@ import pytest
 
 from emoji_rl.data.wordle_data import trace_records
 from emoji_rl.errors import DataError
+from emoji_rl.game.wordle import WordleBuilder, WordleRules
+from emoji_rl.game.wordle_rules import load_word_lists
+from emoji_rl.game.wordle_solver import EntropySolver
 from emoji_rl.lm import template
-from emoji_rl.rl.games.wordle import WordleBuilder, WordleRules
-from emoji_rl.rl.games.wordle_rules import load_word_lists
-from emoji_rl.rl.games.wordle_solver import EntropySolver
 from emoji_rl.sft.data import ChatRecord, encode_record, load_chat_records
 
 TEMPLATE = Path(__file__).parents[1] / "fixtures" / "qwen3_5_chat_template.jinja"

@@ -15,7 +15,7 @@ from collections.abc import Iterator
 import httpx
 import pytest
 
-from emoji_rl.rl.judge import Guess, JudgeInput
+from emoji_rl.game.judge import Guess, JudgeInput
 from emoji_rl.web.app import make_server
 from emoji_rl.web.game import Game
 from emoji_rl.web.store import Store

@@ -34,15 +34,15 @@ from emoji_rl.data.dedup import normalize
 from emoji_rl.data.prompts import Prompt, held_out, read_prompts
 from emoji_rl.emoji.alphabet import MAX_EMOJI, MIN_EMOJI, SEPARATOR, parse_message
 from emoji_rl.errors import UserError
+from emoji_rl.game.judge import JudgeInput
+from emoji_rl.game.judge_config import JudgeConfig
 from emoji_rl.io.jsonl import Record, read_jsonl, write_json, write_jsonl
 from emoji_rl.lm import models
-from emoji_rl.rl.judge import JudgeInput
-from emoji_rl.rl.judge_config import JudgeConfig
 
 if TYPE_CHECKING:
     from emoji_rl.decode.generate import Reply
-    from emoji_rl.rl.judge import Judge
-    from emoji_rl.rl.reward import Similarity
+    from emoji_rl.game.judge import Judge
+    from emoji_rl.game.reward import Similarity
 
 log = logging.getLogger(__name__)
 
@@ -217,7 +217,7 @@ def write_outputs(
 def main(cfg: Config) -> None:
     from emoji_rl.decode.generate import generate_replies
     from emoji_rl.emoji.sender_prompts import sender_messages
-    from emoji_rl.rl.reward import Similarity
+    from emoji_rl.game.reward import Similarity
 
     prompts = read_prompts(cfg.prompts)
     sft_test = read_jsonl(

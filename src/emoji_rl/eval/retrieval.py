@@ -62,21 +62,21 @@ from emoji_rl.emoji.sender_prompts import sender_messages
 from emoji_rl.emoji.stats import reply_stats
 from emoji_rl.errors import DataError, UserError
 from emoji_rl.eval.intervals import bootstrap_mean, paired_bootstrap, verdict
+from emoji_rl.game.judge_config import JudgeConfig
+from emoji_rl.game.retrieval import SUCCESS_THRESHOLDS, RetrievalBuilder, RetrievalRules
+from emoji_rl.game.types import Episode
 from emoji_rl.io.jsonl import AppendLog, Record, read_jsonl, write_json
 from emoji_rl.io.report import bar_figure, format_table
 from emoji_rl.lm import models, template
 from emoji_rl.lm.template import chat_ids
-from emoji_rl.rl.games.retrieval import SUCCESS_THRESHOLDS, RetrievalBuilder, RetrievalRules
-from emoji_rl.rl.judge_config import JudgeConfig
 from emoji_rl.rl.rollout.collect import play
-from emoji_rl.rl.types import Episode
 from emoji_rl.web.store import adapter_hash
 
 if TYPE_CHECKING:
     from peft import PeftModel
     from transformers import PreTrainedTokenizerBase
 
-    from emoji_rl.rl.reward import Similarity
+    from emoji_rl.game.reward import Similarity
 
 Mode = Literal["single", "multi"]
 Protocol = Literal["ours", "seed"]
@@ -477,8 +477,8 @@ def format_comparisons(rows: Sequence[Record]) -> str:
 
 
 def main(cfg: Config) -> None:
-    from emoji_rl.rl.judge import NAMES_CAVEAT
-    from emoji_rl.rl.reward import Similarity
+    from emoji_rl.game.judge import NAMES_CAVEAT
+    from emoji_rl.game.reward import Similarity
 
     records = read_jsonl(cfg.data, hint="make it with `emoji-rl rl-prompts` (it writes the held-out split)")
     if cfg.max_examples:

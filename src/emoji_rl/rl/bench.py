@@ -31,6 +31,7 @@ from emoji_rl.bench_row import Row
 from emoji_rl.decode.sampler import HFSampler
 from emoji_rl.emoji.alphabet import ALPHABET
 from emoji_rl.emoji.sender_prompts import sender_messages
+from emoji_rl.game.types import Episode, Game, StepResult, Turn
 from emoji_rl.lm import models, template
 from emoji_rl.lm.template import stop_token_id
 from emoji_rl.rl import grpo
@@ -39,7 +40,6 @@ from emoji_rl.rl.checkpoint import TrainState
 from emoji_rl.rl.policy import build_policy
 from emoji_rl.rl.rollout.collect import PromptStream, collect, play
 from emoji_rl.rl.train_config import Config
-from emoji_rl.rl.types import Episode, Game, StepResult, Turn
 from emoji_rl.rl.update import update
 
 if TYPE_CHECKING:
@@ -94,9 +94,9 @@ def bench_rollout_throughput(
     (`emoji_rl.decode.generate.decode`: 3.8x), and turn 2 goes on from each row's KV cache of turn 1
     instead of reading the episode again: 4.19-4.62x in four runs on a quiet machine, once both
     paths are warmed up."""
-    from emoji_rl.rl.games.retrieval import RetrievalBuilder, RetrievalRules
-    from emoji_rl.rl.judge import LexiconJudge
-    from emoji_rl.rl.reward import Similarity
+    from emoji_rl.game.judge import LexiconJudge
+    from emoji_rl.game.retrieval import RetrievalBuilder, RetrievalRules
+    from emoji_rl.game.reward import Similarity
 
     tokenizer = models.load_tokenizer(models.SMOLLM2)
     policy = _fresh_policy()

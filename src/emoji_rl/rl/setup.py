@@ -20,10 +20,10 @@ if TYPE_CHECKING:
 
     from emoji_rl.decode.sampler import Sampler
     from emoji_rl.emoji.constraint import EmojiConstraint
+    from emoji_rl.game.types import EpisodeGroup, Game
     from emoji_rl.rl.checkpoint import Stateful
     from emoji_rl.rl.rollout.vllm import AdapterSync
     from emoji_rl.rl.train_config import Config
-    from emoji_rl.rl.types import EpisodeGroup, Game
 
 
 @dataclass
@@ -54,8 +54,8 @@ def read_records(path: str, key: str, hint: str) -> list[dict[str, str]]:
 
 def retrieval_setup(cfg: Config, tokenizer, runtime: models.Runtime, vocab_size: int) -> GameSetup:
     from emoji_rl.emoji.constraint import compile_emoji_grammar
-    from emoji_rl.rl.games.retrieval import RetrievalBuilder, RetrievalRules
-    from emoji_rl.rl.reward import Background, RewardWeights, Similarity
+    from emoji_rl.game.retrieval import RetrievalBuilder, RetrievalRules
+    from emoji_rl.game.reward import Background, RewardWeights, Similarity
 
     records = read_records(cfg.train_data, "target", "make it with `emoji-rl rl-prompts`")
     constraint = compile_emoji_grammar(tokenizer, cfg.min_emoji, cfg.max_emoji, vocab_size=vocab_size)
@@ -81,8 +81,8 @@ def retrieval_setup(cfg: Config, tokenizer, runtime: models.Runtime, vocab_size:
 
 
 def wordle_setup(cfg: Config, tokenizer) -> GameSetup:
-    from emoji_rl.rl.games.wordle import WordleBuilder, WordleRules
-    from emoji_rl.rl.games.wordle_reward import Curriculum, CurriculumTracker
+    from emoji_rl.game.wordle import WordleBuilder, WordleRules
+    from emoji_rl.game.wordle_reward import Curriculum, CurriculumTracker
 
     records = read_records(cfg.train_data, "answer", "make it with `emoji-rl wordle-data`")
     tracker = (

@@ -9,9 +9,9 @@ from typing import Literal
 
 from emoji_rl.decode.generate import MAX_NEW_TOKENS
 from emoji_rl.emoji.alphabet import MAX_EMOJI, MIN_EMOJI
+from emoji_rl.game.judge_config import JudgeConfig
 from emoji_rl.lm import models
 from emoji_rl.rl import grpo
-from emoji_rl.rl.judge_config import JudgeConfig
 
 
 @dataclass

@@ -30,9 +30,9 @@ from urllib.parse import parse_qs, urlsplit
 from emoji_rl.decode.generate import MAX_NEW_TOKENS
 from emoji_rl.emoji.alphabet import ALPHABET, MAX_EMOJI, MIN_EMOJI, emoji_name
 from emoji_rl.errors import UserError
+from emoji_rl.game.judge_config import JudgeConfig
 from emoji_rl.io.jsonl import read_jsonl
 from emoji_rl.lm import models
-from emoji_rl.rl.judge_config import JudgeConfig
 from emoji_rl.web.game import MAX_TEXT_CHARS, TURN_LIMIT, BadInput, Game, LoadedModels, target_ids
 from emoji_rl.web.store import AnswerRejected, Store
 
@@ -343,7 +343,7 @@ def load_game(cfg: Config) -> Game:
     import torch
 
     from emoji_rl.eval.retrieval import load_systems, parse_systems
-    from emoji_rl.rl.reward import Similarity
+    from emoji_rl.game.reward import Similarity
 
     torch.set_num_threads(cfg.threads)
     start = time.perf_counter()

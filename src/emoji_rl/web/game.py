@@ -29,8 +29,8 @@ from emoji_rl.data.dedup import normalize
 from emoji_rl.emoji.alphabet import MAX_EMOJI, MIN_EMOJI, parse_message
 from emoji_rl.emoji.sender_prompts import correction_message, sender_messages
 from emoji_rl.errors import UserError
+from emoji_rl.game.judge import Guess, Judge, JudgeInput
 from emoji_rl.io.jsonl import Record
-from emoji_rl.rl.judge import Guess, Judge, JudgeInput
 from emoji_rl.web.store import (
     AnswerRejected,
     Round,

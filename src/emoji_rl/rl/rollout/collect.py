@@ -15,10 +15,10 @@ from dataclasses import dataclass
 import torch
 
 from emoji_rl.decode.sampler import Sample, Sampler
+from emoji_rl.game.types import Episode, EpisodeGroup, Game, StepResult, Turn
 from emoji_rl.lm.training import gather
 from emoji_rl.rl import grpo
 from emoji_rl.rl.checkpoint import TrainState
-from emoji_rl.rl.types import Episode, EpisodeGroup, Game, StepResult, Turn
 
 
 async def play(games: Sequence[Game], sampler: Sampler) -> list[Episode]:

@@ -10,9 +10,9 @@ from collections.abc import Sequence
 import torch
 
 from emoji_rl.emoji.stats import reply_stats
+from emoji_rl.game.types import EpisodeGroup
 from emoji_rl.io.jsonl import AppendLog
 from emoji_rl.rl import grpo
-from emoji_rl.rl.types import EpisodeGroup
 
 ROLLOUTS_FILE = "rollouts.jsonl"
 

@@ -13,9 +13,9 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from emoji_rl.errors import UserError
-from emoji_rl.lm.template import chat_ids, continuation_ids, end_of_turn_ids
-from emoji_rl.rl.games.wordle_reward import CurriculumTracker, TurnScore, WordleWeights, episode_terms
-from emoji_rl.rl.games.wordle_rules import (
+from emoji_rl.game.types import Game, StepResult
+from emoji_rl.game.wordle_reward import CurriculumTracker, TurnScore, WordleWeights, episode_terms
+from emoji_rl.game.wordle_rules import (
     SYMBOLS,
     WORD_LENGTH,
     Knowledge,
@@ -32,7 +32,7 @@ from emoji_rl.rl.games.wordle_rules import (
     pattern_matrix,
     render_marks,
 )
-from emoji_rl.rl.types import Game, StepResult
+from emoji_rl.lm.template import chat_ids, continuation_ids, end_of_turn_ids
 
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase

@@ -8,9 +8,8 @@ from collections import Counter
 
 import pytest
 
-from emoji_rl.lm.template import stop_token_id
-from emoji_rl.rl.games.wordle import WordleBuilder, WordleRules
-from emoji_rl.rl.games.wordle_reward import (
+from emoji_rl.game.wordle import WordleBuilder, WordleRules
+from emoji_rl.game.wordle_reward import (
     FORMAT_PHASE,
     STRATEGY_PHASE,
     Curriculum,
@@ -19,7 +18,8 @@ from emoji_rl.rl.games.wordle_reward import (
     WordleWeights,
     episode_terms,
 )
-from emoji_rl.rl.games.wordle_rules import consistent, feedback, load_word_lists
+from emoji_rl.game.wordle_rules import consistent, feedback, load_word_lists
+from emoji_rl.lm.template import stop_token_id
 
 
 def reply_ids(tokenizer, text, stop=True):

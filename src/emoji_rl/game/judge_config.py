@@ -7,10 +7,10 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from emoji_rl.errors import UserError
+from emoji_rl.game.judge import BATCH_SIZE, TEMPERATURE, HFJudge, Judge, JudgeKind, JudgeView, LexiconJudge
+from emoji_rl.game.judge_openai import OpenAIJudge
 from emoji_rl.io.endpoint import PROGRESS_S, SERVER_WAIT_S, Endpoint, wait_for_server
 from emoji_rl.lm import models
-from emoji_rl.rl.judge import BATCH_SIZE, TEMPERATURE, HFJudge, Judge, JudgeKind, JudgeView, LexiconJudge
-from emoji_rl.rl.judge_openai import OpenAIJudge
 
 JUDGE_URL = "http://127.0.0.1:8001"  # launch/serve_judge.sh's default host and port
 JUDGE_API_KEY_ENV = "JUDGE_API_KEY"

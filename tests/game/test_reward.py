@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from emoji_rl.rl.reward import Background, Similarity, mean_similarity, retrieval_at_1
+from emoji_rl.game.reward import Background, Similarity, mean_similarity, retrieval_at_1
 
 
 @pytest.fixture(scope="module")

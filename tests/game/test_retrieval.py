@@ -6,11 +6,11 @@ import pytest
 
 from emoji_rl.decode.sampler import Sample
 from emoji_rl.emoji.sender_prompts import sender_messages
+from emoji_rl.game.judge import LexiconJudge
+from emoji_rl.game.retrieval import RetrievalBuilder, RetrievalRules
+from emoji_rl.game.reward import Background, RewardWeights, Similarity, terminal_reward
 from emoji_rl.lm import models, template
 from emoji_rl.lm.template import stop_token_id
-from emoji_rl.rl.games.retrieval import RetrievalBuilder, RetrievalRules
-from emoji_rl.rl.judge import LexiconJudge
-from emoji_rl.rl.reward import Background, RewardWeights, Similarity, terminal_reward
 from emoji_rl.rl.rollout.collect import play
 
 

@@ -4,11 +4,11 @@ import pytest
 import torch
 
 from emoji_rl.decode.sampler import HFSampler
+from emoji_rl.game.wordle_reward import TERMS
 from emoji_rl.io.metrics import read_metrics
 from emoji_rl.lm import models
 from emoji_rl.rl import train as grpo_train
 from emoji_rl.rl.checkpoint import latest_checkpoint
-from emoji_rl.rl.games.wordle_reward import TERMS
 from emoji_rl.rl.policy import build_policy
 from emoji_rl.rl.setup import wordle_setup
 

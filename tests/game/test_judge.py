@@ -15,7 +15,7 @@ import emoji as emoji_pkg
 from emoji_rl.config import build_parser, parse_config
 from emoji_rl.emoji.alphabet import ALPHABET
 from emoji_rl.errors import UserError
-from emoji_rl.rl.judge import (
+from emoji_rl.game.judge import (
     FEW_SHOT,
     JUDGE_FIRST_TURN,
     JUDGE_NEXT_TURN,
@@ -29,8 +29,8 @@ from emoji_rl.rl.judge import (
     plain_name,
     render_turn,
 )
-from emoji_rl.rl.judge_config import JudgeConfig, make_judge
-from emoji_rl.rl.reward import Similarity
+from emoji_rl.game.judge_config import JudgeConfig, make_judge
+from emoji_rl.game.reward import Similarity
 
 
 @pytest.mark.parametrize(

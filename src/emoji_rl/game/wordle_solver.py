@@ -15,8 +15,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from emoji_rl.lm.models import cache_dir
-from emoji_rl.rl.games.wordle_rules import (
+from emoji_rl.game.wordle_rules import (
     ALL_GREEN,
     Knowledge,
     Mark,
@@ -26,6 +25,7 @@ from emoji_rl.rl.games.wordle_rules import (
     pattern_code,
     pattern_matrix,
 )
+from emoji_rl.lm.models import cache_dir
 
 log = logging.getLogger(__name__)
 

@@ -17,8 +17,7 @@ from types import MappingProxyType
 import httpx
 
 from emoji_rl.errors import UserError
-from emoji_rl.io.endpoint import Endpoint, ServerError, request
-from emoji_rl.rl.judge import (
+from emoji_rl.game.judge import (
     MAX_NEW_TOKENS,
     TEMPERATURE,
     Guess,
@@ -28,6 +27,7 @@ from emoji_rl.rl.judge import (
     clean_guess,
     judge_messages,
 )
+from emoji_rl.io.endpoint import Endpoint, ServerError, request
 
 THINKING_OFF: Mapping[str, object] = MappingProxyType({"enable_thinking": False})
 

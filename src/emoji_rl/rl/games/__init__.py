@@ -1,1 +1,0 @@
-"""Games the GRPO trainer plays; each implements `emoji_rl.rl.types.Game`."""
