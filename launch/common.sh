@@ -54,7 +54,7 @@ pick_vllm() {
 resolve_model() {  # SPEC
   if [[ "$1" == embedded:* ]]; then
     pick_python
-    "$PYTHON" -c 'import sys; from emoji_rl import models; print(models.resolve(sys.argv[1]))' "$1" \
+    "$PYTHON" -c 'import sys; from emoji_rl.lm import models; print(models.resolve(sys.argv[1]))' "$1" \
       || die "cannot resolve $1 with $PYTHON: is emoji-rl installed there (make setup)?"
   else
     echo "$1"

@@ -8,11 +8,11 @@ import re
 
 import pytest
 
-from emoji_rl import chat
+from emoji_rl import chat, play_game
 from emoji_rl.config import parse_config
 from emoji_rl.errors import UserError
 from emoji_rl.eval import retrieval
-from emoji_rl.rl import play_game, train_config
+from emoji_rl.rl import train_config
 
 
 def parse(cls, tmp_path, yaml_text: str, *argv: str):

@@ -130,7 +130,7 @@ def bench_judge_signal() -> list[Row]:
     """The cpu default judge (SmolLM2 shown emoji names) on teacher vs random emoji (issue 8)."""
     import json
 
-    from emoji_rl import judge_check
+    from emoji_rl.eval import judge_check
 
     with tempfile.TemporaryDirectory() as tmp:
         report = Path(tmp) / "judge_check.json"

@@ -25,11 +25,11 @@ STAGES: dict[str, tuple[str, str]] = {
         "emoji answers (offline, Claude batches, OpenAI-compatible) -> SFT split",
     ),
     "judge-check": (
-        "emoji_rl.judge_check",
+        "emoji_rl.eval.judge_check",
         "does the judge tell teacher emoji from random emoji? (similarity gap)",
     ),
     "reward-check": (
-        "emoji_rl.reward_check",
+        "emoji_rl.eval.reward_check",
         "is GRPO's reward signal above the judge's noise? (spread inside groups vs re-reading)",
     ),
     "sft": ("emoji_rl.sft.train", "LoRA SFT of the sender on (message, emoji) chats (TRL + PEFT)"),
@@ -40,7 +40,7 @@ STAGES: dict[str, tuple[str, str]] = {
     ),
     "grpo": ("emoji_rl.rl.train", "multi-turn GRPO of the sender on the retrieval game"),
     "debug-rollout": ("emoji_rl.rl.debug_rollout", "pretty-print logged GRPO episodes"),
-    "play-game": ("emoji_rl.rl.play_game", "play the retrieval game against the model, as sender or judge"),
+    "play-game": ("emoji_rl.play_game", "play the retrieval game against the model, as sender or judge"),
     "eval-retrieval": (
         "emoji_rl.eval.retrieval",
         "base vs SFT vs RL (vs teacher, random) on held-out targets, paired intervals: table, JSON, PNG",

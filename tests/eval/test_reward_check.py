@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from emoji_rl.reward_check import Config, group_variance, judge_noise, main, noise_report, sign_agreement
+from emoji_rl.eval.reward_check import Config, group_variance, judge_noise, main, noise_report, sign_agreement
 
 
 def test_group_variance_is_the_mean_of_each_groups_population_variance() -> None:
