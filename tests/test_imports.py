@@ -124,3 +124,60 @@ def test_games_know_the_tokenizer_and_their_judge_not_the_samplers_or_the_traine
         if game.startswith("emoji_rl.game.")
     }
     assert not any(reaching_up.values()), reaching_up
+
+
+# The layers, lowest first (docs/ARCHITECTURE.md). A module imports only from its own rank or below;
+# a new top-level module or folder fails the test until it is ranked here on purpose.
+RANKS = {
+    "": 0, "errors": 0, "config": 0, "cli": 0, "io": 0,
+    "lm": 1,
+    "emoji": 2,
+    "decode": 3,
+    "game": 4,
+    "rl": 5,
+    "data": 6, "sft": 6, "web": 6, "chat": 6, "play_game": 6, "pipeline": 6,
+    "eval": 7,
+    "bench": 8, "bench_row": 8, "selftest": 8, "fault_run": 8,
+}  # fmt: skip
+
+
+def top(module: str) -> str:
+    """The top-level module or folder a module lives in: `emoji_rl.rl.rollout.collect` -> `rl`."""
+    return module.split(".")[1] if "." in module else ""
+
+
+def test_every_folder_imports_only_its_rank_or_below():
+    graph = import_graph()
+    unranked = sorted({top(m) for m in graph} - RANKS.keys())
+    assert not unranked, f"rank these in RANKS: {unranked}"
+    upward = sorted(
+        f"{m} (rank {RANKS[top(m)]}) -> {t} (rank {RANKS[top(t)]})"
+        for m, targets in graph.items()
+        for t in targets
+        if RANKS[top(t)] > RANKS[top(m)]
+    )
+    assert not upward, "imports that climb a layer:\n" + "\n".join(upward)
+
+
+def test_folders_of_one_rank_do_not_import_each_other_around_a_loop():
+    graph = import_graph()
+    folders: dict[str, set[str]] = {}
+    for m, targets in graph.items():
+        folders.setdefault(top(m), set()).update(top(t) for t in targets if top(t) != top(m))
+    assert not cycles(folders), cycles(folders)
+
+
+def test_below_the_stages_nothing_imports_a_stage():
+    """A stage (a module the CLI runs) is a leaf for the layers under it: a helper two stages share
+    lives in a lower module, so running one stage never loads another's code by surprise."""
+    from emoji_rl import cli
+
+    stages = {module for module, _ in cli.STAGES.values()}
+    graph = import_graph()
+    reaching = sorted(
+        f"{m} -> {t}"
+        for m, targets in graph.items()
+        for t in targets & stages
+        if RANKS[top(m)] < 6 and t != m
+    )
+    assert not reaching, reaching
