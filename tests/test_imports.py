@@ -181,3 +181,19 @@ def test_below_the_stages_nothing_imports_a_stage():
         if RANKS[top(m)] < 6 and t != m
     )
     assert not reaching, reaching
+
+
+MAX_LINES = 400
+
+
+def test_no_module_is_over_400_lines_without_a_reason_at_its_top():
+    """A module a newcomer can read in one sitting; one that must be longer says why in its docstring's
+    first paragraph ("Over 400 lines: ...")."""
+    too_long = []
+    for path in sorted(SRC.rglob("*.py")):
+        text = path.read_text()
+        lines = text.count("\n")
+        docstring = ast.get_docstring(ast.parse(text)) or ""
+        if lines > MAX_LINES and "Over 400 lines:" not in docstring.split("\n\n")[0]:
+            too_long.append(f"{path.relative_to(SRC)}: {lines} lines")
+    assert not too_long, "split these, or say at their top why not:\n" + "\n".join(too_long)
