@@ -4,7 +4,7 @@ from typing import Literal
 import pytest
 import yaml
 
-from emoji_rl.config import parse_config, save_config
+from emoji_rl.config import override, parse_config, save_config
 from emoji_rl.errors import UserError
 
 
@@ -92,3 +92,36 @@ def test_save_config_round_trips(tmp_path):
     path = save_config(cfg, tmp_path / "run")
     assert yaml.safe_load(path.read_text())["learning_rate"] == 0.25
     assert parse_config(Toy, ["--config", str(path)], prog="toy") == cfg
+
+
+@dataclass
+class Shared:
+    similarity_model: str = field(
+        default="minilm", metadata={"help": "sentence embedder", "aliases": ("embedder",)}
+    )
+    temperature: float = field(default=1.0, metadata={"help": "sampling temperature", "min": 0.0})
+
+
+@dataclass
+class Stage(Shared):
+    temperature: float = override(Shared, "temperature", 0.0)
+
+
+def test_an_override_changes_the_default_and_keeps_the_help_and_bounds(capsys):
+    assert parse_config(Stage, [], prog="stage").temperature == 0.0
+    assert parse_config(Shared, [], prog="shared").temperature == 1.0
+    with pytest.raises(UserError, match=r"temperature=-1\.0 must be >= 0\.0"):
+        parse_config(Stage, ["--temperature", "-1"], prog="stage")
+    with pytest.raises(SystemExit):
+        parse_config(Stage, ["--help"], prog="stage")
+    assert "sampling temperature (default: 0.0)" in capsys.readouterr().out
+
+
+def test_a_renamed_field_still_takes_its_old_name_on_the_command_line_and_in_yaml(tmp_path):
+    assert parse_config(Stage, ["--embedder", "e5"], prog="stage").similarity_model == "e5"
+    path = tmp_path / "stage.yaml"
+    path.write_text("embedder: e5\n")
+    assert parse_config(Stage, ["--config", str(path)], prog="stage").similarity_model == "e5"
+    path.write_text("embedder: e5\nsimilarity_model: e6\n")
+    with pytest.raises(UserError, match="embedder and similarity_model name one field"):
+        parse_config(Stage, ["--config", str(path)], prog="stage")

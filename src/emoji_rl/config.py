@@ -2,6 +2,12 @@
 
 The precedence and the field names follow TRL's `TrlParser`; unlike it, an unknown key in the YAML
 file is an error that names the file and the key, and each run writes its resolved config.
+
+Fields several stages share are declared once, in a small dataclass beside the code they configure
+(`JudgeConfig`, `ModelConfig`, `SamplingConfig`, `SimilarityConfig`, `RetrievalConfig`), and a stage's
+Config inherits them; a stage whose default differs redeclares the field with `override`, keeping its
+help. A field renamed keeps its old name as an alias (`metadata={"aliases": (...)}`) on the command
+line and in YAML.
 """
 
 from __future__ import annotations
@@ -77,7 +83,20 @@ def _add_field(parser: argparse.ArgumentParser, field: dataclasses.Field, tp: An
         kwargs["default"] = field.default_factory()
     else:
         kwargs["required"] = True
-    parser.add_argument(f"--{field.name}", **kwargs)
+    parser.add_argument(f"--{field.name}", *(f"--{alias}" for alias in _aliases(field)), **kwargs)
+
+
+def _aliases(field: dataclasses.Field) -> tuple[str, ...]:
+    return tuple(field.metadata.get("aliases", ()))
+
+
+def override(base: type, name: str, default: Any = dataclasses.MISSING, **metadata: Any) -> Any:
+    """Field `name` of the dataclass `base`, for a subclass that changes its default (or its help or
+    bounds, given as metadata): the help and the rest of the metadata stay the base's."""
+    (inherited,) = (f for f in dataclasses.fields(base) if f.name == name)
+    if default is dataclasses.MISSING:
+        default = inherited.default
+    return dataclasses.field(default=default, metadata={**inherited.metadata, **metadata})
 
 
 def build_parser(cls: type, prog: str, description: str | None) -> argparse.ArgumentParser:
@@ -108,6 +127,11 @@ def load_yaml_overrides(path: str | Path, cls: type) -> dict[str, Any]:
     if not isinstance(data, dict):
         raise UserError(f"config file {path} must hold a mapping of field: value, got {type(data).__name__}")
     known = {f.name for f in dataclasses.fields(cls) if f.init}
+    for f in dataclasses.fields(cls):
+        for alias in (a for a in _aliases(f) if a in data):
+            if f.name in data:
+                raise UserError(f"config file {path}: {alias} and {f.name} name one field; keep {f.name}")
+            data[f.name] = data.pop(alias)
     unknown = sorted(set(data) - known)
     if unknown:
         raise UserError(
