@@ -13,20 +13,19 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from emoji_rl.decode.generate import MAX_NEW_TOKENS, Constraint, generate_replies
-from emoji_rl.emoji.alphabet import MAX_EMOJI, MIN_EMOJI, parse_message
+from emoji_rl.decode.generate import Constraint, generate_replies
+from emoji_rl.decode.sampler import SamplingConfig
+from emoji_rl.emoji.alphabet import parse_message
 from emoji_rl.emoji.sender_prompts import sender_messages
 from emoji_rl.errors import UserError
 from emoji_rl.lm import models
+from emoji_rl.lm.models import ModelConfig
 
 
 @dataclass
-class Config:
+class Config(SamplingConfig, ModelConfig):
     """Chat with a model in emoji."""
 
-    model: str = field(
-        default=models.SMOLLM2, metadata={"help": "model spec: hub id, local dir or embedded:NAME"}
-    )
     adapter: str | None = field(default=None, metadata={"help": "PEFT adapter directory to load on top"})
     message: list[str] | None = field(
         default=None, metadata={"help": "answer these messages once and exit (else interactive)"}
@@ -39,12 +38,6 @@ class Config:
     compare: bool = field(
         default=False, metadata={"help": "answer with grammar, static mask and unconstrained side by side"}
     )
-    temperature: float = field(
-        default=1.0, metadata={"help": "sampling temperature; 0 for greedy", "min": 0.0}
-    )
-    max_new_tokens: int = field(default=MAX_NEW_TOKENS, metadata={"help": "token budget per reply"})
-    min_emoji: int = field(default=MIN_EMOJI, metadata={"help": "fewest emoji in a valid reply"})
-    max_emoji: int = field(default=MAX_EMOJI, metadata={"help": "most emoji in a valid reply"})
     seed: int = field(default=0, metadata={"help": "random seed for sampling"})
 
     def __post_init__(self) -> None:

@@ -21,16 +21,17 @@ from emoji_rl.decode.sampler import HFSampler, Sample
 from emoji_rl.emoji.alphabet import MAX_EMOJI, MIN_EMOJI, parse_message
 from emoji_rl.game.judge import Guess, Judge, JudgeInput, clean_guess, render_turn
 from emoji_rl.game.judge_config import JudgeConfig
-from emoji_rl.game.retrieval import RetrievalBuilder, RetrievalRules
+from emoji_rl.game.retrieval import RetrievalBuilder, RetrievalConfig, RetrievalRules
 from emoji_rl.game.reward import Similarity
 from emoji_rl.io.jsonl import read_jsonl
 from emoji_rl.lm import models
+from emoji_rl.lm.models import ModelConfig
 from emoji_rl.lm.template import stop_token_id
 from emoji_rl.rl.rollout.collect import play
 
 
 @dataclass
-class Config(JudgeConfig):
+class Config(JudgeConfig, RetrievalConfig, ModelConfig):
     """Play the retrieval game against the model (the judge_* fields: role sender)."""
 
     role: Literal["sender", "judge"] = field(default="sender", metadata={"help": "the part you play"})
@@ -38,10 +39,7 @@ class Config(JudgeConfig):
         default=None, metadata={"help": "the message; default: a random one from data"}
     )
     data: str = field(default="data/rl_eval.jsonl", metadata={"help": "where random messages come from"})
-    model: str = field(default=models.SMOLLM2, metadata={"help": "sender model spec (role judge)"})
     adapter: str | None = field(default=None, metadata={"help": "sender adapter (role judge)"})
-    max_turns: int = field(default=5, metadata={"help": "turns before the game ends", "min": 1})
-    tau: float = field(default=0.85, metadata={"help": "similarity that wins the game"})
     temperature: float = field(default=1.0, metadata={"help": "model sampling temperature", "min": 0.0})
     seed: int = field(default=0, metadata={"help": "seed for the random message and sampling"})
 

@@ -30,14 +30,18 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from emoji_rl.config import override
 from emoji_rl.data.dedup import normalize
 from emoji_rl.data.prompts import Prompt, held_out, read_prompts
-from emoji_rl.emoji.alphabet import MAX_EMOJI, MIN_EMOJI, SEPARATOR, parse_message
+from emoji_rl.decode.sampler import SamplingConfig
+from emoji_rl.emoji.alphabet import SEPARATOR, parse_message
 from emoji_rl.errors import UserError
 from emoji_rl.game.judge import JudgeInput
 from emoji_rl.game.judge_config import JudgeConfig
+from emoji_rl.game.reward import SimilarityConfig
 from emoji_rl.io.jsonl import Record, read_jsonl, write_json, write_jsonl
 from emoji_rl.lm import models
+from emoji_rl.lm.models import ModelConfig
 
 if TYPE_CHECKING:
     from emoji_rl.decode.generate import Reply
@@ -52,7 +56,7 @@ STATS_FILE = "rl_prompts_stats.json"
 
 
 @dataclass
-class Config(JudgeConfig):
+class Config(JudgeConfig, SimilarityConfig, SamplingConfig, ModelConfig):
     """Keep the prompts whose one-turn round trip (SFT sender -> judge) is similar enough; split them."""
 
     # --- core
@@ -64,7 +68,6 @@ class Config(JudgeConfig):
     out_dir: str = field(
         default="data", metadata={"help": "directory of rl_train.jsonl, rl_eval.jsonl, stats"}
     )
-    model: str = field(default=models.SMOLLM2, metadata={"help": "base model spec of the sender"})
     adapter: str | None = field(
         default="runs/sft/adapter",
         metadata={"help": "the sender's SFT LoRA adapter (`emoji-rl sft` output); none: the base model"},
@@ -84,24 +87,17 @@ class Config(JudgeConfig):
         default=None, metadata={"help": "score at most this many candidates (a seeded sample); none: all"}
     )
     seed: int = field(default=0, metadata={"help": "seed of the sample, the sender's sampling and the split"})
-    # --- scoring (and the judge_* fields)
-    embedder: str = field(
-        default=models.MINILM, metadata={"help": "sentence embedder spec for the similarity"}
+    # --- the sender's sampling (and the similarity_model and judge_* fields)
+    temperature: float = override(
+        SamplingConfig,
+        "temperature",
+        0.0,
+        help="sender temperature; 0: greedy, the sender's most likely message",
     )
-    # --- sender sampling
-    temperature: float = field(
-        default=0.0, metadata={"help": "sender temperature; 0: greedy, the sender's most likely message"}
-    )
-    max_new_tokens: int = field(
-        default=48, metadata={"help": "token budget of the sender's turn, as in GRPO"}
+    max_new_tokens: int = override(
+        SamplingConfig, "max_new_tokens", 48, help="token budget of the sender's turn, as in GRPO"
     )
     batch_size: int = field(default=16, metadata={"help": "chats per generate call, sender and judge"})
-    min_emoji: int = field(
-        default=MIN_EMOJI, metadata={"help": "fewest emoji in a message (docs/DESIGN.md §2)"}
-    )
-    max_emoji: int = field(
-        default=MAX_EMOJI, metadata={"help": "most emoji in a message (docs/DESIGN.md §2)"}
-    )
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -250,7 +246,7 @@ def main(cfg: Config) -> None:
     )
     del sender  # the judge may be another copy of a model: hold one at a time
     judge = cfg.build_judge(runtime, cfg.batch_size)
-    similarity = Similarity(models.load_embedder(cfg.embedder, device=runtime.device))
+    similarity = Similarity(models.load_embedder(cfg.similarity_model, device=runtime.device))
     trips = round_trips([p.text for p in chosen], replies, judge, similarity, cfg.min_emoji, cfg.max_emoji)
     describe = {"sender": f"{cfg.model} + {cfg.adapter or 'no adapter'}", "judge": judge.describe()}
     stats = write_outputs(cfg, chosen, trips, dropped, describe)

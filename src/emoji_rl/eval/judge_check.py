@@ -26,7 +26,7 @@ from emoji_rl.emoji.alphabet import parse_message, random_answers
 from emoji_rl.errors import DataError, UserError
 from emoji_rl.game.judge import NAMES_CAVEAT, UNKNOWN, Guess, JudgeInput
 from emoji_rl.game.judge_config import JudgeConfig
-from emoji_rl.game.reward import Similarity
+from emoji_rl.game.reward import Similarity, SimilarityConfig
 from emoji_rl.io.jsonl import read_jsonl, write_json
 from emoji_rl.lm import models
 
@@ -36,7 +36,7 @@ DEFAULT_MESSAGES = "data/samples/messages.txt"
 
 
 @dataclass
-class Config(JudgeConfig):
+class Config(JudgeConfig, SimilarityConfig):
     """Compare the judge's guesses from teacher emoji and from random emoji."""
 
     # --- core (and the judge_* fields)
@@ -61,9 +61,6 @@ class Config(JudgeConfig):
         },
     )
     # --- advanced
-    embedder: str = field(
-        default=models.MINILM, metadata={"help": "sentence embedder for the teacher and the similarity"}
-    )
     seed: int = field(default=0, metadata={"help": "seeds the random emoji and the judge's sampling"})
     batch_size: int = field(default=16, metadata={"help": "hf judge: episodes per generate call"})
     device: str = field(default="auto", metadata={"help": "hf judge device: auto, cpu, cuda, cuda:N"})
@@ -156,7 +153,7 @@ def main(cfg: Config) -> None:
     messages = read_messages(cfg.messages)[: cfg.limit]
 
     # models: the embedder serves the teacher and the score; the judge is built once
-    embedder = models.load_embedder(cfg.embedder)
+    embedder = models.load_embedder(cfg.similarity_model)
     similarity = Similarity(embedder)
     judge = cfg.build_judge(models.pick_runtime(cfg.device) if cfg.judge == "hf" else None, cfg.batch_size)
 

@@ -32,33 +32,29 @@ from dataclasses import asdict, dataclass, field
 import torch
 
 from emoji_rl.data.rl_prompts import round_trips
-from emoji_rl.decode.generate import MAX_NEW_TOKENS, generate_replies
-from emoji_rl.emoji.alphabet import MAX_EMOJI, MIN_EMOJI
+from emoji_rl.decode.generate import generate_replies
+from emoji_rl.decode.sampler import SamplingConfig
 from emoji_rl.emoji.sender_prompts import sender_messages
 from emoji_rl.errors import UserError
 from emoji_rl.game.judge_config import JudgeConfig
+from emoji_rl.game.reward import SimilarityConfig
 from emoji_rl.io.jsonl import read_jsonl, write_json
 from emoji_rl.lm import models
+from emoji_rl.lm.models import ModelConfig
 
 log = logging.getLogger(__name__)
 
 
 @dataclass
-class Config(JudgeConfig):
+class Config(JudgeConfig, SimilarityConfig, SamplingConfig, ModelConfig):
     """Measure the reward's spread inside GRPO groups against the judge's noise."""
 
-    model: str = field(default=models.SMOLLM2, metadata={"help": "base model spec of the sender"})
     adapter: str | None = field(
         default="runs/sft/adapter", metadata={"help": "the sender's LoRA adapter; none: the base model"}
     )
     data: str = field(default="data/rl_train.jsonl", metadata={"help": "targets, JSONL with `target`"})
     groups: int = field(default=16, metadata={"help": "targets to sample groups for (a seeded sample)"})
     group_size: int = field(default=8, metadata={"help": "replies per target, as GRPO's group_size"})
-    temperature: float = field(default=1.0, metadata={"help": "sender sampling temperature, as in GRPO"})
-    max_new_tokens: int = field(default=MAX_NEW_TOKENS, metadata={"help": "token budget of one turn"})
-    min_emoji: int = field(default=MIN_EMOJI, metadata={"help": "fewest emoji in a valid turn"})
-    max_emoji: int = field(default=MAX_EMOJI, metadata={"help": "most emoji in a valid turn"})
-    similarity_model: str = field(default=models.MINILM, metadata={"help": "sentence embedder"})
     batch_size: int = field(default=32, metadata={"help": "replies per generate call"})
     seed: int = field(default=0, metadata={"help": "seed of the target sample and of all sampling"})
     output: str | None = field(default=None, metadata={"help": "write a JSON report here"})

@@ -32,6 +32,7 @@ from emoji_rl.game.wordle_solver import EntropySolver
 from emoji_rl.io.jsonl import read_jsonl, write_json
 from emoji_rl.io.report import bar_figure, format_table
 from emoji_rl.lm import models, template
+from emoji_rl.lm.models import ModelConfig
 from emoji_rl.rl.rollout.collect import play
 
 if TYPE_CHECKING:
@@ -53,10 +54,9 @@ SOLVER = "solver"
 
 
 @dataclass
-class Config:
+class Config(ModelConfig):
     """Evaluate Wordle players on held-out answers: base vs SFT vs RL."""
 
-    model: str = field(default=models.SMOLLM2, metadata={"help": "base model spec of every system"})
     systems: list[str] = field(
         default_factory=lambda: ["base"],
         metadata={

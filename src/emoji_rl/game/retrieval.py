@@ -24,7 +24,18 @@ if TYPE_CHECKING:
 
 MAX_TURNS = 5
 TAU = 0.85
-SUCCESS_THRESHOLDS = (0.5, 0.65, 0.7, 0.85)
+SUCCESS_THRESHOLDS = (0.5, 0.65, 0.7, TAU)
+
+
+@dataclass
+class RetrievalConfig:
+    """The retrieval game's length and success threshold, in every stage that plays it."""
+
+    max_turns: int = field(
+        default=MAX_TURNS, metadata={"help": "sender turns before the game ends", "min": 1}
+    )
+    tau: float = field(default=TAU, metadata={"help": "similarity that ends the game as a success"})
+
 
 AskJudge = Callable[[JudgeInput], Awaitable[Guess]]
 # (similarity to the target, mean similarity to other messages: 0 without a Background)

@@ -9,13 +9,28 @@ no I/O and read no config.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 import torch
 
+from emoji_rl.lm.models import MINILM
+
 if TYPE_CHECKING:
     from sentence_transformers import SentenceTransformer
+
+
+@dataclass
+class SimilarityConfig:
+    """The sentence embedder that scores a guess against its message, in every stage that scores one."""
+
+    similarity_model: str = field(
+        default=MINILM,
+        metadata={
+            "help": "sentence embedder spec that scores a guess against its message (the reward's)",
+            "aliases": ("embedder",),
+        },
+    )
 
 
 class Similarity:

@@ -21,7 +21,7 @@ import os
 import re
 import shutil
 import tempfile
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Literal
 
@@ -44,6 +44,15 @@ _EMBEDDED = {
 }
 _HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
 logger = logging.getLogger(__name__)
+
+
+@dataclass
+class ModelConfig:
+    """The `model` field of every stage that loads a causal LM (the sender, or the model trained)."""
+
+    model: str = field(
+        default=SMOLLM2, metadata={"help": "base model spec: hub id, local directory or embedded:NAME"}
+    )
 
 
 @dataclass(frozen=True)

@@ -27,12 +27,16 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import parse_qs, urlsplit
 
+from emoji_rl.config import override
 from emoji_rl.decode.generate import MAX_NEW_TOKENS
 from emoji_rl.emoji.alphabet import ALPHABET, MAX_EMOJI, MIN_EMOJI, emoji_name
 from emoji_rl.errors import UserError
 from emoji_rl.game.judge_config import JudgeConfig
+from emoji_rl.game.retrieval import RetrievalConfig
+from emoji_rl.game.reward import SimilarityConfig
 from emoji_rl.io.jsonl import read_jsonl
 from emoji_rl.lm import models
+from emoji_rl.lm.models import ModelConfig
 from emoji_rl.web.game import MAX_TEXT_CHARS, TURN_LIMIT, BadInput, Game, LoadedModels, target_ids
 from emoji_rl.web.store import AnswerRejected, Store
 
@@ -53,10 +57,9 @@ _CSP = "default-src 'self'; script-src 'self'; style-src 'self'; img-src 'self' 
 
 
 @dataclass
-class Config(JudgeConfig):
+class Config(JudgeConfig, RetrievalConfig, SimilarityConfig, ModelConfig):
     """Serve the retrieval game to people in a browser; their answers are the human evaluation."""
 
-    model: str = field(default=models.SMOLLM2, metadata={"help": "base model spec of every sender"})
     systems: list[str] = field(
         default_factory=lambda: ["base"],
         metadata={"help": "senders, assigned blind and balanced: `base`, or NAME=ADAPTER_DIR"},
@@ -70,13 +73,9 @@ class Config(JudgeConfig):
         default="127.0.0.1", metadata={"help": "address to listen on; anything but loopback is warned about"}
     )
     port: int = field(default=8000, metadata={"help": "TCP port (0 picks a free one)"})
-    max_turns: int = field(default=3, metadata={"help": "turns a person may ask the sender for"})
-    tau: float = field(default=0.85, metadata={"help": "similarity that ends a round"})
+    max_turns: int = override(RetrievalConfig, "max_turns", 3, help="turns a person may ask the sender for")
     temperature: float = field(default=0.7, metadata={"help": "sender sampling temperature"})
     max_new_tokens: int = field(default=MAX_NEW_TOKENS, metadata={"help": "token budget of one sender turn"})
-    similarity_model: str = field(
-        default=models.MINILM, metadata={"help": "sentence embedder (the training scorer)"}
-    )
     seed: int = field(default=0, metadata={"help": "seed of the assignment and the sampling"})
     threads: int = field(
         default=1,
