@@ -107,7 +107,7 @@ bench: $(STAMP) ## Print side-by-side speed ratios on the embedded models
 	$(OFFLINE) $(BIN)/python -m emoji_rl.bench
 
 bench-scale: $(STAMP) ## The gpu profile's GRPO step at Qwen3.5-4B's real shapes, measured on the CPU (~15 min, 10 GB)
-	$(OFFLINE) $(BIN)/python -m emoji_rl.rl.bench_scale
+	$(OFFLINE) $(BIN)/python -m emoji_rl.bench.scale
 
 # Run it first on a GPU box, before any download (docs/gpu/SELFTEST.md). ARGS: e.g. "--only environment".
 selftest: $(STAMP) ## Check this machine's stack on random models at Qwen3.5-4B's shapes: PASS/FAIL/SKIP (~2 min on a CPU)

@@ -137,7 +137,7 @@ RANKS = {
     "rl": 5,
     "data": 6, "sft": 6, "web": 6, "chat": 6, "play_game": 6, "pipeline": 6,
     "eval": 7,
-    "bench": 8, "bench_row": 8, "selftest": 8, "fault_run": 8,
+    "bench": 8, "selftest": 8, "fault_run": 8,
 }  # fmt: skip
 
 

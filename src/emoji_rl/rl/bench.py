@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING
 import torch
 from transformers import TrainerCallback
 
-from emoji_rl.bench_row import Row
+from emoji_rl.bench.row import Row
 from emoji_rl.decode.sampler import HFSampler
 from emoji_rl.emoji.alphabet import ALPHABET
 from emoji_rl.emoji.sender_prompts import sender_messages

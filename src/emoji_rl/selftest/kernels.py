@@ -10,8 +10,8 @@ from collections.abc import Callable
 
 import torch
 
+from emoji_rl.bench.shapes import QWEN3_5_4B, qwen_grammar, step_episodes
 from emoji_rl.lm import models
-from emoji_rl.rl.bench_scale import QWEN3_5_4B, qwen_grammar, step_episodes
 from emoji_rl.selftest.core import (
     Config,
     Result,

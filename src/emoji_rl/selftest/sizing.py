@@ -13,14 +13,9 @@ from pathlib import Path
 import torch
 import yaml
 
+from emoji_rl.bench.scale import counted_parameters
+from emoji_rl.bench.shapes import MICRO_BATCH, QWEN3_5_4B, QWEN3_5_4B_LAYERS, step_episodes
 from emoji_rl.lm import models
-from emoji_rl.rl.bench_scale import (
-    MICRO_BATCH,
-    QWEN3_5_4B,
-    QWEN3_5_4B_LAYERS,
-    counted_parameters,
-    step_episodes,
-)
 from emoji_rl.selftest.core import Config, Result, Skipped, check, dtype_name, is_cuda
 from emoji_rl.selftest.stages import CPU_WIDTHS, lora_model
 

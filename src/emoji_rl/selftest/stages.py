@@ -12,8 +12,8 @@ from pathlib import Path
 
 import torch
 
+from emoji_rl.bench.shapes import NARROW_QWEN3_5, QWEN3_5_4B, TARGET, cut_qwen3_5_4b, peak_rss_above_now
 from emoji_rl.lm import models
-from emoji_rl.rl.bench_scale import NARROW_QWEN3_5, QWEN3_5_4B, TARGET, cut_qwen3_5_4b, peak_rss_above_now
 from emoji_rl.selftest.core import Config, Result, Skipped, check, dtype_name, is_cuda, need_module
 
 # On a CPU the model is narrowed (hidden 256) so the check takes seconds; on CUDA it has Qwen3.5-4B's

@@ -8,14 +8,13 @@ are wall-clock on this machine and vary with load: compare the ratio, measured i
 
 from __future__ import annotations
 
-import argparse
 import os
 import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
 
-from emoji_rl.bench_row import Row
+from emoji_rl.bench.row import Row, run_benchmarks
 from emoji_rl.lm import models
 
 
@@ -173,31 +172,6 @@ BENCHMARKS: dict[str, Callable[[], list[Row]]] = {
     "grpo_step_vs_trl": _rl("bench_grpo_step_vs_trl"),
     "grpo_kl_memory": _rl("bench_kl_reference_memory"),
 }
-
-
-def print_rows(rows: list[Row]) -> None:
-    width = max(len(r.name) for r in rows)
-    print(f"{'benchmark':<{width}}  {'measured':>14}  {'baseline':>14}  {'ratio':>7}  {'goal':>8}  met")
-    for r in rows:
-        print(
-            f"{r.name:<{width}}  {r.measured:>14}  {r.baseline:>14}  {r.ratio:>6.2f}x  {r.goal:>8}  "
-            f"{'yes' if r.met else 'NO'}"
-        )
-
-
-def run_benchmarks(
-    benchmarks: dict[str, Callable[[], list[Row]]], prog: str, description: str, argv: list[str] | None
-) -> None:
-    """The command line of a bench module: run its benchmarks (or `--only` some), then the table."""
-    parser = argparse.ArgumentParser(prog=prog, description=description)
-    parser.add_argument("--only", nargs="+", choices=list(benchmarks), help="run only these benchmarks")
-    args = parser.parse_args(argv)
-    rows: list[Row] = []
-    for name in args.only or benchmarks:
-        print(f"running {name} ...", flush=True)
-        rows.extend(benchmarks[name]())
-    print()
-    print_rows(rows)
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -1,150 +1,49 @@
 """`make bench-scale`: the gpu profile's GRPO step at Qwen3.5-4B's real shapes, measured on the CPU.
 
 The gpu profile (configs/gpu/grpo.yaml) plays 32 prompts x 4 rollouts a step, up to 5 turns, and
-updates in micro-batches of 8 episodes. Its model cannot be downloaded here, so the rows use what
-can run: the real Qwen3.5 vocabulary (248,320 logits; the grammar compiled against its token bytes),
-and `Qwen3_5ForCausalLM` built from Qwen3.5-4B's own config (hidden 2560, its head counts and head
-dims, tied embeddings) with random weights, cut to 1 and 2 decoder layers. Sender turns are random
-2-8-emoji messages in Qwen3.5's tokens, the openings and corrections the game's own text.
+updates in micro-batches of 8 episodes. Its model cannot be downloaded here, so the rows run what can
+(`bench/shapes.py`): the real vocabulary and grammar, and the real class at 1 and 2 decoder layers
+with random weights. Each row compares today's path with the one it replaced (or guards), side by
+side in one run; memory rows run in a fresh process each, since a peak never goes down. CPU figures
+are fp32 (a GPU's logits are bf16, half the first [N, V] copy); per-layer figures are the difference
+between the two depths, and what they say for 32 layers is an extrapolation.
 
-Each row compares today's path with the one it replaced (or with what it guards), side by side in
-one run; memory rows run in a fresh process each, since a peak never goes down. CPU figures are
-fp32: on a GPU the model's logits are bf16, half of the first [N, V] copy. Per-layer figures are the
-difference between the two depths, and what they say for 32 layers is an extrapolation.
-
-    python -m emoji_rl.rl.bench_scale [--only NAME ...]
+    python -m emoji_rl.bench.scale [--only NAME ...]
 """
 
 from __future__ import annotations
 
 import json
-import random
 import subprocess
 import sys
 import time
 from collections.abc import Callable
-from pathlib import Path
 from typing import TYPE_CHECKING
 
 import torch
 
-from emoji_rl.bench_row import Row
-from emoji_rl.emoji.alphabet import ALPHABET
-from emoji_rl.emoji.sender_prompts import correction_message, sender_messages
-from emoji_rl.game.types import Episode, StepResult, Turn
+from emoji_rl.bench.row import Row, run_benchmarks
+from emoji_rl.bench.shapes import (
+    DECODE_ROWS,
+    EPISODES,
+    MICRO_BATCH,
+    NARROW_QWEN3_5,
+    QWEN3_5_4B,
+    QWEN3_5_4B_LAYERS,
+    TURNS,
+    UNCONSTRAINED_TOKENS,
+    cut_qwen3_5_4b,
+    peak_rss_above_now,
+    qwen_grammar,
+    step_episodes,
+)
+from emoji_rl.game.types import Episode
 from emoji_rl.lm.lora import DEFAULT_TARGETS
 
 if TYPE_CHECKING:
-    from transformers import Qwen3_5ForCausalLM
-
     from emoji_rl.emoji.constraint import EmojiConstraint
 
-# Qwen/Qwen3.5-4B's config.json (text part): every width and head shape, not its depth (32 layers:
-# 3 linear-attention, then 1 full-attention, eight times).
-QWEN3_5_4B = dict(
-    vocab_size=248320,
-    hidden_size=2560,
-    intermediate_size=9216,
-    num_attention_heads=16,
-    num_key_value_heads=4,
-    head_dim=256,
-    linear_num_key_heads=16,
-    linear_num_value_heads=32,
-    linear_key_head_dim=128,
-    linear_value_head_dim=128,
-    linear_conv_kernel_dim=4,
-    tie_word_embeddings=True,
-)
-QWEN3_5_4B_LAYERS = 32
-# configs/gpu/grpo.yaml
-EPISODES = 32 * 4
-TURNS = 5
-MICRO_BATCH = 8
-DECODE_ROWS = 128
-# Wordle's micro-batch under the gpu profile reaches 6,144 sender tokens; a sixth of it keeps the
-# whole-vocabulary baseline within this machine's memory.
-UNCONSTRAINED_TOKENS = 1024
-TARGET = "Let's grab pizza and watch a movie tonight"
-GUESS = "A party with food and a film at home"
-# Qwen3.5's heads and widths, every one small: for what runs the real classes and layer pattern on a
-# CPU in seconds and depends on no width.
-NARROW_QWEN3_5 = dict(
-    hidden_size=64,
-    intermediate_size=128,
-    num_attention_heads=2,
-    num_key_value_heads=1,
-    head_dim=32,
-    linear_num_key_heads=2,
-    linear_num_value_heads=4,
-    linear_key_head_dim=16,
-    linear_value_head_dim=16,
-)
-
-
-def cut_qwen3_5_4b(layers: int, **overrides: object) -> Qwen3_5ForCausalLM:
-    """Qwen3.5-4B's shapes with `layers` decoder layers in its own pattern, random weights, fp32;
-    `overrides` replace fields of its config (a narrower hidden size where a CPU must be quick)."""
-    from transformers import Qwen3_5ForCausalLM, Qwen3_5TextConfig
-
-    pattern = ["linear_attention", "linear_attention", "linear_attention", "full_attention"]
-    config = Qwen3_5TextConfig(
-        **(QWEN3_5_4B | overrides),
-        num_hidden_layers=layers,
-        layer_types=[pattern[i % 4] for i in range(layers)],
-    )
-    torch.manual_seed(0)
-    return Qwen3_5ForCausalLM(config).eval()
-
-
-def _qwen_chat(messages: list[dict[str, str]]) -> str:
-    return "".join(f"<|im_start|>{m['role']}\n{m['content']}<|im_end|>\n" for m in messages)
-
-
-def step_episodes(count: int = EPISODES, turns: int = TURNS, seed: int = 0) -> list[Episode]:
-    """`count` episodes of `turns` sender turns in Qwen3.5's tokens, as a retrieval game writes them."""
-    from emoji_rl.emoji.qwen_vocab import qwen_tokenizer
-
-    tokenizer = qwen_tokenizer("qwen3.5")
-    reply = "<|im_start|>assistant\n"
-    opening = tuple(tokenizer.encode(_qwen_chat(sender_messages(TARGET)) + reply))
-    correction = tuple(tokenizer.encode("\n" + _qwen_chat([correction_message(GUESS, TARGET)]) + reply))
-    rng = random.Random(seed)
-    episodes = []
-    for _ in range(count):
-        played = []
-        for turn in range(turns):
-            message = rng.choice(["", " "]).join(rng.choice(ALPHABET) for _ in range(rng.randint(2, 8)))
-            action = (*tokenizer.encode(message), tokenizer.im_end_id)
-            result = StepResult(done=turn == turns - 1, reward=rng.random())
-            played.append(Turn(opening if turn == 0 else correction, action, (0.0,) * len(action), result))
-        episodes.append(Episode(tuple(played)))
-    return episodes
-
-
-def qwen_grammar() -> EmojiConstraint:
-    from emoji_rl.emoji.constraint import compile_emoji_grammar_raw
-    from emoji_rl.emoji.qwen_vocab import qwen_raw_vocab
-
-    return compile_emoji_grammar_raw(qwen_raw_vocab("qwen3.5"))
-
-
 # --- memory in a fresh process ------------------------------------------------------------------------
-
-
-def _rss_mb(field: str) -> float:
-    for line in Path("/proc/self/status").read_text().splitlines():
-        if line.startswith(field + ":"):
-            return int(line.split()[1]) / 1024  # kB
-    raise RuntimeError(f"no {field} line in /proc/self/status: the memory rows need Linux")
-
-
-def peak_rss_above_now(work: Callable[[], object]) -> tuple[float, float]:
-    """(peak RSS above the RSS before `work`, MB; seconds): the peak is reset first (clear_refs 5)."""
-    Path("/proc/self/clear_refs").write_text("5")
-    before = _rss_mb("VmRSS")
-    start = time.perf_counter()
-    work()
-    return _rss_mb("VmHWM") - before, time.perf_counter() - start
 
 
 def collate_memory(path: str) -> dict[str, float]:
@@ -259,9 +158,7 @@ def layers_memory(layers: int) -> dict[str, float]:
 
 
 def _in_fresh_process(function: str, *args: object) -> dict[str, float]:
-    call = (
-        f"import json; from emoji_rl.rl.bench_scale import {function}; print(json.dumps({function}{args!r}))"
-    )
+    call = f"import json; from emoji_rl.bench.scale import {function}; print(json.dumps({function}{args!r}))"
     done = subprocess.run([sys.executable, "-c", call], capture_output=True, text=True)
     if done.returncode != 0:
         raise RuntimeError(f"{function}{args!r} failed:\n{done.stderr[-3000:]}")
@@ -495,9 +392,7 @@ BENCHMARKS: dict[str, Callable[[], list[Row]]] = {
 
 
 def main(argv: list[str] | None = None) -> None:
-    from emoji_rl.bench import run_benchmarks
-
-    run_benchmarks(BENCHMARKS, "python -m emoji_rl.rl.bench_scale", __doc__.splitlines()[0], argv)
+    run_benchmarks(BENCHMARKS, "python -m emoji_rl.bench.scale", __doc__.splitlines()[0], argv)
 
 
 if __name__ == "__main__":

@@ -6,15 +6,15 @@ from __future__ import annotations
 
 import torch
 
+from emoji_rl.bench import scale, shapes
 from emoji_rl.emoji.alphabet import parse_message
 from emoji_rl.emoji.constraint import support_masks
 from emoji_rl.emoji.qwen_vocab import qwen_tokenizer
-from emoji_rl.rl import bench_scale
 
 
 def test_the_cut_model_has_qwen3_5_4bs_shapes_on_the_meta_device() -> None:
     with torch.device("meta"):
-        model = bench_scale.cut_qwen3_5_4b(4)
+        model = shapes.cut_qwen3_5_4b(4)
     config = model.config
     assert config.layer_types == ["linear_attention"] * 3 + ["full_attention"]
     assert model.get_output_embeddings().weight.shape == (248320, 2560)
@@ -26,9 +26,9 @@ def test_the_cut_model_has_qwen3_5_4bs_shapes_on_the_meta_device() -> None:
 
 
 def test_the_step_episodes_are_emoji_turns_the_grammar_replays() -> None:
-    episodes = bench_scale.step_episodes(count=6, turns=3)
+    episodes = shapes.step_episodes(count=6, turns=3)
     tokenizer = qwen_tokenizer("qwen3.5")
-    grammar = bench_scale.qwen_grammar()
+    grammar = shapes.qwen_grammar()
     for episode in episodes:
         assert len(episode.turns) == 3 and episode.turns[-1].result.done
         assert episode.turns[1].observation_ids == episodes[0].turns[1].observation_ids  # the correction
@@ -39,7 +39,7 @@ def test_the_step_episodes_are_emoji_turns_the_grammar_replays() -> None:
 
 
 def test_the_quick_rows_print(capsys) -> None:
-    bench_scale.main(["--only", "turn_prefill", "grammar_step"])
+    scale.main(["--only", "turn_prefill", "grammar_step"])
     out = capsys.readouterr().out
     assert "prefill tokens, one 5-turn episode: continued / re-read" in out
     assert "grammar's host work per decode step, 128 rows: support / whole bitmask" in out
