@@ -13,8 +13,8 @@ from emoji_rl.errors import UserError
 from emoji_rl.lm import lora, models
 from emoji_rl.rl import train as grpo_train
 from emoji_rl.rl.policy import build_policy
-from emoji_rl.sft.train import Config as SftConfig
-from emoji_rl.sft.train import lora_config
+from emoji_rl.sft.trl_config import Config as SftConfig
+from emoji_rl.sft.trl_config import lora_config
 
 CONFIGS = Path(__file__).resolve().parents[2] / "configs"
 # The attribute transformers' Qwen3_5DecoderLayer keeps each kind of layer's attention in.

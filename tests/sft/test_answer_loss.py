@@ -7,7 +7,8 @@ from tests.tiny import tiny_llama
 
 from emoji_rl.lm import models
 from emoji_rl.sft.data import encode_file, to_dataset
-from emoji_rl.sft.train import Config, answer_loss_trainer, build_sft_config, own_loss_blocker
+from emoji_rl.sft.loss import answer_loss_trainer, own_loss_blocker
+from emoji_rl.sft.trl_config import Config, build_sft_config
 
 CPU = models.Runtime("cpu", torch.float32, "sdpa")
 

@@ -16,7 +16,7 @@ import torch
 from tests.launching import accelerate_launch, cli_args, read_weights
 
 from emoji_rl.lm.models import Runtime
-from emoji_rl.sft import train
+from emoji_rl.sft import train, trl_config
 
 # 2 optimizer steps of 4 chats: per process 2 chats, no accumulation; one process accumulates 2 x 2.
 SETTINGS = dict(
@@ -34,10 +34,10 @@ SETTINGS = dict(
 def test_accelerate_yaml_bf16_does_not_autocast_an_fp32_run(monkeypatch, tmp_path):
     # configs/accelerate/*.yaml export ACCELERATE_MIXED_PRECISION=bf16 to every process.
     monkeypatch.setenv("ACCELERATE_MIXED_PRECISION", "bf16")
-    cfg = train.Config(output_dir=str(tmp_path))
-    fp32 = train.build_sft_config(cfg, Runtime("cpu", torch.float32, "sdpa"), world_size=2)
+    cfg = trl_config.Config(output_dir=str(tmp_path))
+    fp32 = trl_config.build_sft_config(cfg, Runtime("cpu", torch.float32, "sdpa"), world_size=2)
     assert fp32.mixed_precision == "no"
-    bf16 = train.build_sft_config(cfg, Runtime("cpu", torch.bfloat16, "sdpa"), world_size=2)
+    bf16 = trl_config.build_sft_config(cfg, Runtime("cpu", torch.bfloat16, "sdpa"), world_size=2)
     assert bf16.mixed_precision == "bf16"
     # every LoRA weight is used in every forward: no extra DDP graph traversal to look for unused ones
     assert fp32.ddp_find_unused_parameters is False

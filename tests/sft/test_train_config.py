@@ -13,16 +13,10 @@ from emoji_rl import cli
 from emoji_rl.config import parse_config
 from emoji_rl.errors import UserError
 from emoji_rl.lm.models import Runtime
-from emoji_rl.sft.train import (
-    Config,
-    accumulation_steps,
-    build_sft_config,
-    checkpoint_to_resume,
-    jsonl_metrics_callback,
-    logged_loss_sum,
-    metric_key,
-    whole_run_loss,
-)
+from emoji_rl.sft.callbacks import jsonl_metrics_callback, metric_key
+from emoji_rl.sft.loss import logged_loss_sum, whole_run_loss
+from emoji_rl.sft.resume import checkpoint_to_resume
+from emoji_rl.sft.trl_config import Config, accumulation_steps, build_sft_config
 
 ROOT = Path(__file__).resolve().parents[2]
 CPU = Runtime("cpu", torch.float32, "sdpa")

@@ -93,7 +93,7 @@ def gpu_plans() -> list[Plan]:
     """configs/gpu/grpo.yaml (episodes as bench-scale writes them) and sft.yaml (sequences of
     max_length tokens, an upper bound), their unset fields at the stages' defaults."""
     from emoji_rl.rl.train_config import Config as GrpoConfig
-    from emoji_rl.sft.train import Config as SftConfig
+    from emoji_rl.sft.trl_config import Config as SftConfig
 
     plans = []
     for stage, defaults in (("grpo", GrpoConfig), ("sft", SftConfig)):
