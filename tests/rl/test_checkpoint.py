@@ -8,13 +8,8 @@ from peft import LoraConfig, get_peft_model
 from transformers import LlamaConfig, LlamaForCausalLM
 
 from emoji_rl.game.wordle_reward import Curriculum, CurriculumTracker
-from emoji_rl.rl.checkpoint import (
-    TrainState,
-    follow_schedule,
-    latest_checkpoint,
-    load_checkpoint,
-    save_checkpoint,
-)
+from emoji_rl.lm.training import follow_schedule
+from emoji_rl.rl.checkpoint import TrainState, latest_checkpoint, load_checkpoint, save_checkpoint
 
 
 def _tiny_run():

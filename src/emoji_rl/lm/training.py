@@ -113,3 +113,21 @@ def whole_weights(model: torch.nn.Module) -> Iterator[None]:
             unit.reshard()
             for group, info in zip(state._fsdp_param_groups, infos, strict=True):
                 group.post_forward_mesh_info = info
+
+
+def follow_schedule(
+    optimizer: torch.optim.Optimizer, scheduler: torch.optim.lr_scheduler.LRScheduler
+) -> None:
+    """Set the optimizer's learning rate from `scheduler` at the step it was restored to.
+
+    A restored optimizer holds the rate the saved run's schedule had reached, while the restored
+    scheduler goes on with this run's (LambdaLR saves no functions), so a run resumed with a larger
+    max_steps took its first step at the old schedule's end: 0 after a linear decay. With the same
+    schedule this sets the rate the optimizer already holds."""
+    lambdas = getattr(scheduler, "lr_lambdas", None)  # every schedule the configs offer is a LambdaLR
+    if lambdas is None:
+        return
+    for group, base_lr, factor in zip(optimizer.param_groups, scheduler.base_lrs, lambdas, strict=True):
+        group["lr"] = base_lr * factor(scheduler.last_epoch)
+    # What get_last_lr reports, and the Trainer logs; LRScheduler.step sets it the same way.
+    scheduler._last_lr = [group["lr"] for group in optimizer.param_groups]

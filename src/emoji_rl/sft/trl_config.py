@@ -16,6 +16,7 @@ import yaml
 
 from emoji_rl.errors import UserError
 from emoji_rl.lm import lora, models
+from emoji_rl.lm.models import ModelConfig
 from emoji_rl.sft.data import Overlong
 
 if TYPE_CHECKING:
@@ -25,13 +26,10 @@ if TYPE_CHECKING:
 
 
 @dataclass
-class Config:
+class Config(ModelConfig):
     """LoRA SFT of the sender with TRL's SFTTrainer; field names follow TRL's SFTConfig."""
 
     # --- core ---
-    model: str = field(
-        default=models.SMOLLM2, metadata={"help": "model spec: hub id, local dir or embedded:NAME"}
-    )
     train_data: str = field(default="data/sft_train.jsonl", metadata={"help": "SFT chats, JSONL"})
     eval_data: str | None = field(
         default="data/sft_test.jsonl",
