@@ -6,44 +6,22 @@ import torch
 
 from emoji_rl import cli
 from emoji_rl.config import parse_config
+from emoji_rl.decode import senders
 from emoji_rl.emoji.alphabet import parse_message
 from emoji_rl.emoji.sender_prompts import sender_messages
-from emoji_rl.errors import DataError, UserError
-from emoji_rl.eval import retrieval
+from emoji_rl.errors import UserError
+from emoji_rl.eval import compare, retrieval, retrieval_records
 from emoji_rl.game.reward import Similarity
 from emoji_rl.lm import models
 
 
-def test_systems_parse_and_reject_bad_specs():
-    # Model senders, as eval-wordle and play-web read them too.
-    assert retrieval.parse_systems(["base", "sft=runs/sft/adapter"]) == {
-        "base": None,
-        "sft": "runs/sft/adapter",
-    }
-    systems = retrieval.eval_systems(
-        ["base", "sft=runs/sft/adapter", "teacher=data/sft_train.jsonl", "random"]
-    )
-    assert systems == {
-        "base": retrieval.System("base", "base"),
-        "sft": retrieval.System("sft", "adapter", "runs/sft/adapter"),
-        "teacher": retrieval.System("teacher", "teacher", "data/sft_train.jsonl"),
-        "random": retrieval.System("random", "random"),
-    }
-    assert [s.fixed for s in systems.values()] == [False, False, True, True]
-    with pytest.raises(ValueError, match="NAME=ADAPTER_DIR"):
-        retrieval.eval_systems(["sft"])
-    for twice in (["a=x", "a=y"], ["random", "random"], ["teacher=a.jsonl", "teacher=b.jsonl"]):
-        with pytest.raises(ValueError, match="appears twice"):
-            retrieval.eval_systems(twice)
-
-
 def test_compare_defaults_to_adjacent_systems_and_checks_names():
-    systems = retrieval.eval_systems(["base", "sft=s", "rl=r"])
-    assert retrieval.compare_pairs([], systems) == [("sft", "base"), ("rl", "sft")]
-    assert retrieval.compare_pairs(["rl:base"], systems) == [("rl", "base")]
+    systems = senders.eval_systems(["base", "sft=s", "rl=r"])
+    assert compare.compare_pairs([], systems) == [("sft", "base"), ("rl", "sft")]
+    assert compare.compare_pairs(["rl:base"], systems) == [("rl", "base")]
     for bad in ("rl-sft", "rl:teacher", "rl:rl"):
         with pytest.raises(ValueError, match="A:B"):
-            retrieval.compare_pairs([bad], systems)
+            compare.compare_pairs([bad], systems)
     with pytest.raises(UserError, match="modes"):
         parse_config(retrieval.Config, ["--modes", "single", "both"], "eval-retrieval")
     # Beam search and guidance look for the sender's best emoji message: greedy and constrained only.
@@ -55,18 +33,10 @@ def test_compare_defaults_to_adjacent_systems_and_checks_names():
             parse_config(retrieval.Config, bad, "eval-retrieval")
 
 
-def test_teacher_answers_are_the_last_assistant_turn_matched_by_target(tmp_path):
-    path = tmp_path / "sft_train.jsonl"
-    path.write_text(
-        json.dumps(
-            {"target": "pizza tonight", "messages": [*sender_messages("pizza tonight"), ANSWER("🍕 🌙")]}
-        )
-        + "\n"
-    )
-    assert retrieval.teacher_answers(str(path), ["no such message", "pizza tonight"]) == [None, "🍕 🌙"]
-    path.write_text(json.dumps({"target": "pizza tonight", "messages": []}) + "\n")
-    with pytest.raises(DataError, match=r"sft_train\.jsonl:1"):
-        retrieval.teacher_answers(str(path), ["pizza tonight"])
+def fixed_answers(cfg, targets):
+    """`senders.fixed_answers` of `cfg`'s systems, with the settings eval-retrieval gives it."""
+    settings = (cfg.data, cfg.min_emoji, cfg.max_emoji, cfg.random_length, cfg.seed)
+    return senders.fixed_answers(senders.eval_systems(cfg.systems), targets, *settings)
 
 
 def test_a_teacher_file_of_other_messages_is_refused_and_random_alone_sends_random_length(tmp_path):
@@ -74,38 +44,38 @@ def test_a_teacher_file_of_other_messages_is_refused_and_random_alone_sends_rand
     path.write_text(json.dumps({"target": "other", "messages": [ANSWER("🍕 🌙")]}) + "\n")
     cfg = retrieval.Config(systems=[f"teacher={path}", "random"])
     with pytest.raises(UserError, match="answers none of the 2 targets"):
-        retrieval.fixed_answers(retrieval.eval_systems(cfg.systems), ["a", "b"], cfg)
+        fixed_answers(cfg, ["a", "b"])
     cfg = retrieval.Config(systems=["random"], random_length=4)
-    answers = retrieval.fixed_answers(retrieval.eval_systems(cfg.systems), ["a", "b"], cfg)["random"]
+    answers = fixed_answers(cfg, ["a", "b"])["random"]
     assert [len(parse_message(a).emoji) for a in answers] == [4, 4]
 
 
 def test_reference_examples_keep_only_the_systems_without_an_adapter_to_the_first_targets():
-    base, sft = retrieval.System("base", "base"), retrieval.System("sft", "adapter", "runs/sft/adapter")
-    teacher = retrieval.System("teacher", "teacher", "sft_test.jsonl")
+    base, sft = senders.System("base", "base"), senders.System("sft", "adapter", "runs/sft/adapter")
+    teacher = senders.System("teacher", "teacher", "sft_test.jsonl")
     answers = ["🍕", None, "🎂", "🔑", "🎬"]
-    assert retrieval.played_indices(sft, None, 5, 2) == [0, 1, 2, 3, 4]
-    assert retrieval.played_indices(base, None, 5, 2) == [0, 1]
-    assert retrieval.played_indices(teacher, answers, 5, 3) == [0, 2]  # and only where it answered
-    assert retrieval.played_indices(teacher, answers, 5, 0) == [0, 2, 3, 4]  # 0: every target
-    assert retrieval.played_indices(base, None, 5, 9) == [0, 1, 2, 3, 4]
+    assert retrieval_records.played_indices(sft, None, 5, 2) == [0, 1, 2, 3, 4]
+    assert retrieval_records.played_indices(base, None, 5, 2) == [0, 1]
+    assert retrieval_records.played_indices(teacher, answers, 5, 3) == [0, 2]  # and only where it answered
+    assert retrieval_records.played_indices(teacher, answers, 5, 0) == [0, 2, 3, 4]  # 0: every target
+    assert retrieval_records.played_indices(base, None, 5, 9) == [0, 1, 2, 3, 4]
     with pytest.raises(ValueError, match="reference_examples=-1"):
         retrieval.Config(reference_examples=-1)
 
 
 def test_distractors_are_the_same_for_every_system_and_retrieval_ranks_among_them(embedder):
     targets = ["I love pizza", "the car broke down", "my cat is asleep", "we won the football match"]
-    candidates = retrieval.distractor_sets(targets, k=3, seed=0)
-    assert candidates == retrieval.distractor_sets(targets, k=3, seed=0)
+    candidates = retrieval_records.distractor_sets(targets, k=3, seed=0)
+    assert candidates == retrieval_records.distractor_sets(targets, k=3, seed=0)
     for target, cands in zip(targets, candidates, strict=True):
         assert cands[0] == target and len(set(cands)) == 3 and set(cands) <= set(targets)
-    everything = retrieval.distractor_sets(targets, k=4, seed=0)
+    everything = retrieval_records.distractor_sets(targets, k=4, seed=0)
     guesses = ["pizza is my favourite food", "engine trouble with the car", "the dog barks", "pizza"]
     # 1 and 2 pick their own target out of all four; 4 (pizza) picks target 1, a miss.
-    hits = retrieval.retrieved(Similarity(embedder), everything, guesses)
+    hits = retrieval_records.retrieved(Similarity(embedder), everything, guesses)
     assert hits[:2] == [True, True] and hits[3] is False
     with pytest.raises(UserError, match="at least 5 distinct targets"):
-        retrieval.distractor_sets(targets, k=5, seed=0)
+        retrieval_records.distractor_sets(targets, k=5, seed=0)
 
 
 def ANSWER(emoji):
@@ -273,7 +243,7 @@ def fixed_systems_args(tmp_path):
 
 
 def log_lines(out):
-    return [json.loads(line) for line in (out / retrieval.RECORDS_LOG).read_text().splitlines()]
+    return [json.loads(line) for line in (out / retrieval_records.RECORDS_LOG).read_text().splitlines()]
 
 
 def test_records_are_logged_as_played_and_a_rerun_plays_only_the_missing_games(
@@ -307,7 +277,7 @@ def test_records_are_logged_as_played_and_a_rerun_plays_only_the_missing_games(
     capsys.readouterr()
     assert cli.main([*args, "--output_dir", str(out)]) == 0
     assert batches == uninterrupted[4:]
-    assert f"reusing 7 records from {out / retrieval.RECORDS_LOG}" in capsys.readouterr().out
+    assert f"reusing 7 records from {out / retrieval_records.RECORDS_LOG}" in capsys.readouterr().out
     assert json.loads((out / "retrieval.json").read_text()) == json.loads(
         (whole / "retrieval.json").read_text()
     )
@@ -326,7 +296,7 @@ def test_a_rerun_of_another_config_is_refused_and_a_cut_off_last_line_is_redone(
     out = tmp_path / "report"
     assert cli.main([*args, "--output_dir", str(out)]) == 0
     report = json.loads((out / "retrieval.json").read_text())
-    log = out / retrieval.RECORDS_LOG
+    log = out / retrieval_records.RECORDS_LOG
     complete = log.read_bytes()
 
     # Killed while writing random's last record: half a line, no newline. The rerun drops it with a
@@ -502,7 +472,7 @@ def test_a_judge_server_that_is_not_there_is_said_at_once_and_fails_with_its_url
 
 def test_comparisons_print_their_interval_and_name_only_a_side_of_zero():
     row = {"a": "rl", "b": "sft", "mode": "single", "n": 400, "metric": "similarity", "mean": 0.012}
-    lines = retrieval.format_comparisons(
+    lines = compare.format_comparisons(
         [
             {**row, "low": 0.001, "high": 0.023},
             {**row, "b": "teacher", "mean": -0.08, "low": -0.1, "high": -0.06},

@@ -12,7 +12,7 @@ import textwrap
 
 import pytest
 
-from emoji_rl.web.store import DuplicateAnswer, StaleAnswer, Store, Turn, adapter_hash
+from emoji_rl.web.store import DuplicateAnswer, StaleAnswer, Store, Turn
 
 
 def _round(store: Store, mode="guess", target="Let's grab pizza tonight"):
@@ -131,17 +131,6 @@ def test_not_a_database_is_a_clear_error(tmp_path):
     bad.write_text("hello, this is not SQLite" * 100)
     with pytest.raises(Exception, match=r"notes\.db.*play-web database"):
         Store(bad)
-
-
-def test_adapter_hash_follows_the_bytes(tmp_path):
-    (tmp_path / "a").mkdir()
-    (tmp_path / "a" / "adapter_model.safetensors").write_bytes(b"weights")
-    (tmp_path / "a" / "adapter_config.json").write_text("{}")
-    first = adapter_hash(tmp_path / "a")
-    assert adapter_hash(None) is None
-    assert first == adapter_hash(tmp_path / "a")
-    (tmp_path / "a" / "adapter_model.safetensors").write_bytes(b"weightz")
-    assert adapter_hash(tmp_path / "a") != first
 
 
 def test_a_committed_answer_survives_a_killed_process(tmp_path):

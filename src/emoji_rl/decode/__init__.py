@@ -1,1 +1,1 @@
-"""How a model is sampled: the grammar and static-mask logits processors, prefill, batched generation with per-row KV caches, beam search, shared-prefix training passes, and the in-process sampler."""
+"""How a model is sampled: the grammar and static-mask logits processors, prefill, batched generation with per-row KV caches, beam search, shared-prefix training passes, the in-process sampler, and the senders' registry the evaluations name their systems from."""

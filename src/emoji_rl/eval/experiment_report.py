@@ -26,8 +26,8 @@ from pathlib import Path
 
 from emoji_rl.emoji.stats import compliant_emoji, most_common_share, repeat_share
 from emoji_rl.errors import UserError
+from emoji_rl.eval.compare import comparisons, final_guess, sent_texts
 from emoji_rl.eval.intervals import verdict
-from emoji_rl.eval.retrieval import comparisons, final_guess, sent_texts
 from emoji_rl.io.jsonl import Record, read_jsonl, write_text
 from emoji_rl.io.report import line_figure
 from emoji_rl.pipeline import read_marker

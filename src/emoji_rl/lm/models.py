@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Literal
 
 from emoji_rl.errors import UserError
+from emoji_rl.lm.adapters import adapter_config
 
 if TYPE_CHECKING:
     import torch
@@ -264,14 +265,6 @@ def load_causal_lm(
     warn_if_slow_linear_attention(model, runtime)
     model.eval()
     return model
-
-
-def adapter_config(adapter: str | Path) -> dict:
-    """The adapter_config.json of a PEFT adapter directory."""
-    path = Path(adapter) / "adapter_config.json"
-    if not path.is_file():
-        raise UserError(f"adapter directory {adapter} has no adapter_config.json (is it a PEFT adapter?)")
-    return json.loads(path.read_text())
 
 
 # transformers 5.23 runs the Gated DeltaNet layers of Qwen3.5 on these packages' kernels when they import,

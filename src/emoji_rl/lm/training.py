@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from emoji_rl.rl.checkpoint import ADAPTER
+from emoji_rl.lm.adapters import ADAPTER
 
 if TYPE_CHECKING:
     from peft import PeftModel

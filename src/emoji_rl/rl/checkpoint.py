@@ -22,14 +22,13 @@ import numpy as np
 import torch
 
 from emoji_rl.errors import UserError
+from emoji_rl.lm.adapters import ADAPTER
 from emoji_rl.lm.training import follow_schedule
 
 if TYPE_CHECKING:
     from peft import PeftModel
 
 log = logging.getLogger(__name__)
-
-ADAPTER = "default"
 
 
 class Stateful(Protocol):

@@ -8,13 +8,12 @@ from typing import TYPE_CHECKING, Literal
 
 from emoji_rl.errors import UserError
 from emoji_rl.lm import models
+from emoji_rl.lm.adapters import ADAPTER, REFERENCE, adapter_config
 from emoji_rl.lm.lora import DEFAULT_TARGETS, resolve_targets
-from emoji_rl.rl.checkpoint import ADAPTER
 
 if TYPE_CHECKING:
     from peft import PeftModel
 
-REFERENCE = "reference"
 Reference = Literal["init", "base"]
 # A fresh adapter's rank and alpha when the config leaves them open.
 FRESH_LORA_R = 16
@@ -26,7 +25,7 @@ _ADAPTER_KEYS = {"lora_r": "r", "lora_alpha": "lora_alpha", "lora_target_modules
 def check_init_adapter(init_adapter: str, given: dict[str, object]) -> None:
     """The adapter decides its rank, alpha and targets: a value the config gives (not None) must agree
     with its adapter_config.json, or the run would train something else than the config says."""
-    saved = models.adapter_config(init_adapter)
+    saved = adapter_config(init_adapter)
     for key, value in given.items():
         theirs = saved.get(_ADAPTER_KEYS[key])
         if isinstance(value, list) and isinstance(theirs, list):  # PEFT writes a set, in any order

@@ -87,7 +87,7 @@ class Config(JudgeConfig, RetrievalConfig, SimilarityConfig, ModelConfig):
     )
 
     def __post_init__(self) -> None:
-        from emoji_rl.eval.retrieval import parse_systems
+        from emoji_rl.decode.senders import parse_systems
 
         super().__post_init__()
         parse_systems(self.systems)
@@ -341,8 +341,9 @@ def load_game(cfg: Config) -> Game:
     of each, so the first person waits for a turn, not for the grammar compile and first calls."""
     import torch
 
-    from emoji_rl.eval.retrieval import load_systems, parse_systems
+    from emoji_rl.decode.senders import parse_systems
     from emoji_rl.game.reward import Similarity
+    from emoji_rl.lm.adapters import load_systems
 
     torch.set_num_threads(cfg.threads)
     start = time.perf_counter()

@@ -31,15 +31,8 @@ from emoji_rl.emoji.sender_prompts import correction_message, sender_messages
 from emoji_rl.errors import UserError
 from emoji_rl.game.judge import Guess, Judge, JudgeInput
 from emoji_rl.io.jsonl import Record
-from emoji_rl.web.store import (
-    AnswerRejected,
-    Round,
-    StaleAnswer,
-    Store,
-    Turn,
-    adapter_hash,
-    judge_scores_by_sender,
-)
+from emoji_rl.lm.adapters import adapter_hash
+from emoji_rl.web.store import AnswerRejected, Round, StaleAnswer, Store, Turn, judge_scores_by_sender
 
 MAX_TEXT_CHARS = 300
 MAX_PLAYER_CHARS = 40
@@ -110,7 +103,7 @@ class LoadedModels:
 
     def write(self, sender: str, conversation: list[dict[str, str]], seed: int) -> str:
         from emoji_rl.decode.generate import generate_replies
-        from emoji_rl.eval.retrieval import active_system
+        from emoji_rl.lm.adapters import active_system
 
         with active_system(self.model, sender, self.senders[sender]):
             (reply,) = generate_replies(

@@ -9,7 +9,6 @@ never a second row nor half of one. Every query is parameterised.
 
 from __future__ import annotations
 
-import hashlib
 import sqlite3
 import threading
 import time
@@ -130,21 +129,6 @@ class Turn:
     emoji: str
     judge_guess: str
     judge_similarity: float
-
-
-def adapter_hash(adapter: str | Path | None) -> str | None:
-    """sha256 over an adapter directory's files (names and bytes, in name order): the stored rows say
-    exactly which weights played, even if a run directory is later overwritten. None for the base."""
-    if adapter is None:
-        return None
-    root = Path(adapter)
-    digest = hashlib.sha256()
-    for path in sorted(p for p in root.rglob("*") if p.is_file()):
-        digest.update(str(path.relative_to(root)).encode() + b"\0")
-        with path.open("rb") as f:
-            for block in iter(lambda f=f: f.read(1 << 20), b""):
-                digest.update(block)
-    return digest.hexdigest()
 
 
 class Store:
