@@ -16,11 +16,11 @@ import httpx
 import pytest
 
 from emoji_rl.game.judge import Guess, JudgeInput
-from emoji_rl.web.app import make_server
-from emoji_rl.web.game import Game
+from emoji_rl.web.rounds import Rounds
+from emoji_rl.web.server import make_server
 from emoji_rl.web.store import Store
 
-# Guess mode plays t1, t3 and t4; send mode t2 and t5 (`web.game.for_send`).
+# Guess mode plays t1, t3 and t4; send mode t2 and t5 (`web.rounds.for_send`).
 TARGETS = [
     ("t1", "let's grab pizza tonight"),
     ("t2", "the movie starts at nine"),
@@ -92,7 +92,7 @@ def senders(tmp_path):
 
 
 @contextlib.contextmanager
-def serving(game: Game, **options) -> Iterator[str]:
+def serving(game: Rounds, **options) -> Iterator[str]:
     """The game served on 127.0.0.1 (a free port) from a thread: yields its base URL. `options`:
     make_server's limits."""
     server = make_server(game, "127.0.0.1", 0, **options)
@@ -110,7 +110,7 @@ def serving(game: Game, **options) -> Iterator[str]:
 def served(tmp_path, senders):
     """(client, game, stand-in models) with a server running on 127.0.0.1."""
     models = StandInModels()
-    game = Game(Store(tmp_path / "answers.db"), models, senders, TARGETS, max_turns=2, tau=0.85, seed=0)
+    game = Rounds(Store(tmp_path / "answers.db"), models, senders, TARGETS, max_turns=2, tau=0.85, seed=0)
     with serving(game) as base:
         yield Client(base), game, models
         models.hold.set()

@@ -9,8 +9,10 @@ from types import SimpleNamespace
 import pytest
 
 from emoji_rl.cli import STAGES
-from emoji_rl.web.app import STATIC, Config, is_loopback
-from emoji_rl.web.game import MAX_TEXT_CHARS, LoadedModels, Stopped
+from emoji_rl.web.app import Config
+from emoji_rl.web.rounds import MAX_TEXT_CHARS
+from emoji_rl.web.runners import LoadedModels, Stopped
+from emoji_rl.web.server import STATIC, is_loopback
 
 
 def test_a_guess_round_stores_one_full_row(served, senders):

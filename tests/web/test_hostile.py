@@ -13,7 +13,7 @@ import time
 import pytest
 
 from emoji_rl.errors import UserError
-from emoji_rl.web.game import Game, for_send
+from emoji_rl.web.rounds import Rounds, for_send
 from emoji_rl.web.store import Store
 
 from .conftest import TARGETS, Client, StandInModels, serving
@@ -27,7 +27,9 @@ def serve(tmp_path, senders):
 
     @contextlib.contextmanager
     def start(**options):
-        game = Game(Store(tmp_path / "answers.db"), StandInModels(), senders, TARGETS, max_turns=2, tau=0.85)
+        game = Rounds(
+            Store(tmp_path / "answers.db"), StandInModels(), senders, TARGETS, max_turns=2, tau=0.85
+        )
         with serving(game, **options) as base:
             host, port = base.removeprefix("http://").rsplit(":", 1)
             yield Client(base), game, (host, int(port))
@@ -182,4 +184,4 @@ def test_send_mode_never_shows_a_target_guess_mode_plays(serve):
 def test_a_game_needs_targets_for_both_modes(tmp_path, senders):
     guess_only = [t for t in TARGETS if not for_send(t[1])]
     with pytest.raises(UserError, match="targets for both modes"):
-        Game(Store(tmp_path / "a.db"), StandInModels(), senders, guess_only, max_turns=2, tau=0.85)
+        Rounds(Store(tmp_path / "a.db"), StandInModels(), senders, guess_only, max_turns=2, tau=0.85)

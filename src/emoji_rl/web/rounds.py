@@ -1,9 +1,9 @@
-"""The rules of the browser game, apart from HTTP: who plays which target with which sender, the
-turns, the checks on what a person typed, and the jobs that run the models off the request threads.
+"""The rounds of the browser game, apart from HTTP: who plays which target with which sender, the
+turns, and the checks on what a person typed (the models run as jobs: `web/jobs.py`, `web/runners.py`).
 
 Guess mode is the human evaluation: a sender (assigned blind, the one with the fewest rounds so far,
 then its least-played target) writes emoji for a hidden target; the person guesses; the guess is
-scored with the training scorer (`rl.reward.Similarity`), and the model judge's guess of the same
+scored with the training scorer (`game/reward.py`), and the model judge's guess of the same
 emoji is shown beside it. A guess below tau may ask the sender for another turn: the sender sees the
 person's guess as the correction prompt, as it sees the judge's in the game. Send mode swaps the
 roles: the person writes emoji (checked by the models' parser), the model judge guesses. It shows
@@ -12,26 +12,21 @@ its target, so it plays targets of its own (`for_send`), never one that guess mo
 
 from __future__ import annotations
 
-import asyncio
 import hashlib
 import itertools
 import random
 import threading
-import time
-import uuid
-from collections import OrderedDict
 from collections.abc import Callable, Sequence
-from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
-from typing import Any, Protocol
 
 from emoji_rl.data.dedup import normalize
-from emoji_rl.emoji.alphabet import MAX_EMOJI, MIN_EMOJI, parse_message
+from emoji_rl.emoji.alphabet import parse_message
 from emoji_rl.emoji.sender_prompts import correction_message, sender_messages
 from emoji_rl.errors import UserError
-from emoji_rl.game.judge import Guess, Judge, JudgeInput
+from emoji_rl.game.judge import JudgeInput
 from emoji_rl.io.jsonl import Record
 from emoji_rl.lm.adapters import adapter_hash
+from emoji_rl.web.jobs import BadInput, Jobs
+from emoji_rl.web.runners import Models
 from emoji_rl.web.store import AnswerRejected, Round, StaleAnswer, Store, Turn, judge_scores_by_sender
 
 MAX_TEXT_CHARS = 300
@@ -41,168 +36,6 @@ ANONYMOUS = "anonymous"
 # Of 256 hash buckets, those whose targets are for send mode: a quarter. Guess mode, the human
 # evaluation, keeps the rest, and needs more rounds per target than send mode.
 SEND_BUCKETS = 64
-KEPT_JOBS = 2000  # finished jobs a page may still poll for; older ones are forgotten
-WARM_UP_TARGET = "See you at the beach tomorrow"
-
-
-class BadInput(UserError):
-    """What a person typed cannot be played; the message says what and is shown on the page."""
-
-
-class Stopped(Exception):
-    """The server is stopping: a model call in flight was cut short at its next forward pass."""
-
-
-class Models(Protocol):
-    """The models a game needs. Called from one worker thread at a time (`Jobs`), except
-    `similarity`, which must be safe to call from request threads."""
-
-    def write(self, sender: str, conversation: list[dict[str, str]], seed: int) -> str:
-        """The sender's emoji message for a chat (system, target, corrections)."""
-
-    def judge(self, episode: JudgeInput) -> Guess:
-        """The model judge's guess of an episode's emoji."""
-
-    def similarity(self, target: str, guess: str) -> float:
-        """The training score of a guess (MiniLM cosine)."""
-
-    def stop(self) -> None:
-        """Cut short the model call in flight and any later one: the server is stopping."""
-
-
-class LoadedModels:
-    """The real models, loaded once: every sender's adapter on one base, the judge, the embedder."""
-
-    def __init__(
-        self,
-        model: Any,
-        tokenizer: Any,
-        senders: dict[str, str | None],
-        judge: Judge,
-        similarity: Any,
-        temperature: float,
-        max_new_tokens: int,
-    ) -> None:
-        self.model, self.tokenizer, self.senders = model, tokenizer, senders
-        self._judge, self._similarity = judge, similarity
-        self.temperature, self.max_new_tokens = temperature, max_new_tokens
-        self._similarity_lock = threading.Lock()
-        # A sender turn or a judge guess runs seconds, and minutes on a busy CPU: a stop must not
-        # wait for it. Both decode step by step through the model's forward, so a check there ends
-        # one within a step. An hf judge holds its own model; other judges run no torch here.
-        self._stopping = threading.Event()
-        for module in {id(m): m for m in (model, getattr(judge, "model", None)) if m is not None}.values():
-            module.register_forward_pre_hook(self._check_stopping)
-
-    def _check_stopping(self, module: Any, args: Any) -> None:
-        if self._stopping.is_set():
-            raise Stopped("play-web is stopping")
-
-    def stop(self) -> None:
-        self._stopping.set()
-
-    def write(self, sender: str, conversation: list[dict[str, str]], seed: int) -> str:
-        from emoji_rl.decode.generate import generate_replies
-        from emoji_rl.lm.adapters import active_system
-
-        with active_system(self.model, sender, self.senders[sender]):
-            (reply,) = generate_replies(
-                self.model,
-                self.tokenizer,
-                [conversation],
-                constraint="grammar",
-                temperature=self.temperature,
-                max_new_tokens=self.max_new_tokens,
-                seed=seed,
-                min_emoji=MIN_EMOJI,
-                max_emoji=MAX_EMOJI,
-            )
-        return reply.text
-
-    def judge(self, episode: JudgeInput) -> Guess:
-        (guess,) = asyncio.run(self._judge.guess([episode]))
-        return guess
-
-    def similarity(self, target: str, guess: str) -> float:
-        with self._similarity_lock:
-            return self._similarity.similarity([target], [guess])[0]
-
-    def warm_up(self, target: str = WARM_UP_TARGET) -> dict[str, float]:
-        """One turn of every sender, the judge and the scorer, before anyone plays: the first call
-        compiles the emoji grammar and sets up torch's kernels (seconds on a CPU). Seconds per step."""
-        times: dict[str, float] = {}
-        start = time.perf_counter()
-        emoji = ""
-        for sender in self.senders:
-            emoji = self.write(sender, sender_messages(target), seed=0)
-            times[f"sender {sender}"], start = time.perf_counter() - start, time.perf_counter()
-        guess = self.judge(JudgeInput((parse_message(emoji).emoji,)))
-        times["judge"], start = time.perf_counter() - start, time.perf_counter()
-        self.similarity(target, guess.text)
-        times["similarity"] = time.perf_counter() - start
-        return times
-
-
-@dataclass
-class _Job:
-    state: str = "queued"  # queued | running | done | error
-    result: Record | None = None
-    error: str | None = None
-
-
-class Jobs:
-    """Model work on one worker thread (the models are shared and not thread-safe), so a request
-    never waits for a generation: it gets a job id and the page polls it."""
-
-    def __init__(self) -> None:
-        self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="models")
-        self._jobs: OrderedDict[str, _Job] = OrderedDict()
-        self._lock = threading.Lock()
-
-    def _add(self, job: _Job) -> str:
-        job_id = uuid.uuid4().hex
-        with self._lock:
-            self._jobs[job_id] = job
-            while len(self._jobs) > KEPT_JOBS:
-                self._jobs.popitem(last=False)
-        return job_id
-
-    def done(self, result: Record) -> str:
-        """A job finished already, with `result`: what a repeated request gets, polled like any job."""
-        return self._add(_Job("done", result))
-
-    def submit(self, work: Callable[[], Record]) -> str:
-        job = _Job()
-        job_id = self._add(job)
-
-        def run() -> None:
-            job.state = "running"
-            try:
-                job.result = work()
-                job.state = "done"
-            except UserError as err:
-                job.error, job.state = str(err), "error"
-            except Stopped as err:
-                job.error, job.state = f"{err}: start a new round once it is back", "error"
-            except Exception as err:  # shown to the page; the server keeps serving
-                job.error, job.state = f"the models failed: {type(err).__name__}: {err}", "error"
-
-        self._pool.submit(run)
-        return job_id
-
-    def status(self, job_id: str) -> Record:
-        with self._lock:
-            job = self._jobs.get(job_id)
-            ahead = sum(
-                j.state == "queued" for j in itertools.takewhile(lambda j: j is not job, self._jobs.values())
-            )
-        if job is None:
-            raise BadInput(f"unknown job {job_id!r}: the server restarted or forgot it; start a new round")
-        return {"state": job.state, "ahead": ahead, "result": job.result, "error": job.error}
-
-    def close(self) -> None:
-        """Drop the queued jobs and wait for the running one (`Models.stop` first, to cut it short)."""
-        self._pool.shutdown(wait=True, cancel_futures=True)
 
 
 def clean_text(text: object, what: str, limit: int = MAX_TEXT_CHARS) -> str:
@@ -247,7 +80,10 @@ def split_targets(targets: Sequence[tuple[str, str]]) -> tuple[dict[str, str], d
     return guess, send
 
 
-class Game:
+class Rounds:
+    """Every round of both modes, over the answer store: started, answered turn by turn, scored, and
+    the leaderboard. (`game.types.Game` is the RL game; this is what a browser page plays.)"""
+
     def __init__(
         self,
         store: Store,
