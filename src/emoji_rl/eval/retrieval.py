@@ -52,10 +52,9 @@ from typing import Literal
 import torch
 from tqdm.auto import tqdm
 
-from emoji_rl.decode.generate import MAX_NEW_TOKENS
-from emoji_rl.decode.sampler import Sampler
+from emoji_rl.config import override
+from emoji_rl.decode.sampler import Sampler, SamplingConfig
 from emoji_rl.decode.senders import FixedSender, eval_systems, fixed_answers, model_sender, teacher_emoji
-from emoji_rl.emoji.alphabet import MAX_EMOJI, MIN_EMOJI
 from emoji_rl.errors import DataError
 from emoji_rl.eval.compare import LEVEL, compare_pairs, comparisons, final_guess, format_comparisons
 from emoji_rl.eval.retrieval_records import (
@@ -73,12 +72,14 @@ from emoji_rl.eval.retrieval_records import (
     unplayed_batches,
 )
 from emoji_rl.game.judge_config import JudgeConfig
-from emoji_rl.game.retrieval import SUCCESS_THRESHOLDS, RetrievalBuilder, RetrievalRules
+from emoji_rl.game.retrieval import SUCCESS_THRESHOLDS, RetrievalBuilder, RetrievalConfig, RetrievalRules
+from emoji_rl.game.reward import SimilarityConfig
 from emoji_rl.game.types import Episode
 from emoji_rl.io.jsonl import AppendLog, Record, read_jsonl, write_json
 from emoji_rl.io.report import bar_figure, format_table
 from emoji_rl.lm import models
 from emoji_rl.lm.adapters import active_system, load_systems
+from emoji_rl.lm.models import ModelConfig
 from emoji_rl.rl.rollout.collect import play
 
 Mode = Literal["single", "multi"]
@@ -89,10 +90,9 @@ RANDOM_LENGTH = 3
 
 
 @dataclass
-class Config(JudgeConfig):
+class Config(JudgeConfig, RetrievalConfig, SimilarityConfig, SamplingConfig, ModelConfig):
     """Evaluate senders on the retrieval game, with paired intervals of their differences."""
 
-    model: str = field(default=models.SMOLLM2, metadata={"help": "base model spec of every system"})
     # Greedy: every system's emoji read the same way, so a difference between systems is the senders'.
     judge_temperature: float = field(
         default=0.0,
@@ -131,14 +131,14 @@ class Config(JudgeConfig):
         },
     )
     output_dir: str = field(default="reports/retrieval", metadata={"help": "where the JSON and PNG go"})
-    max_turns: int = field(default=5, metadata={"help": "turns of the multi-turn game", "min": 1})
-    tau: float = field(default=0.85, metadata={"help": "similarity that ends a multi-turn game early"})
     distractors: int = field(
         default=10, metadata={"help": "K: candidates (target + K-1 others) for retrieval@1"}
     )
-    temperature: float | None = field(
-        default=None,
-        metadata={"help": "sender sampling temperature; none: the protocol's (ours 0 = greedy, seed 0.7)"},
+    temperature: float | None = override(
+        SamplingConfig,
+        "temperature",
+        None,
+        help="sender sampling temperature; none: the protocol's (ours 0 = greedy, seed 0.7)",
     )
     num_beams: int = field(
         default=1,
@@ -155,14 +155,10 @@ class Config(JudgeConfig):
             "would send for any message (docs/DESIGN.md §2)"
         },
     )
-    max_new_tokens: int = field(default=MAX_NEW_TOKENS, metadata={"help": "token budget of one sender turn"})
-    min_emoji: int = field(default=MIN_EMOJI, metadata={"help": "fewest emoji in a valid turn"})
-    max_emoji: int = field(default=MAX_EMOJI, metadata={"help": "most emoji in a valid turn"})
     random_length: int = field(
         default=RANDOM_LENGTH,
         metadata={"help": "emoji per `random` answer where no teacher answer gives the length"},
     )
-    similarity_model: str = field(default=models.MINILM, metadata={"help": "sentence embedder"})
     batch_size: int = field(default=32, metadata={"help": "episodes per generate call"})
     resamples: int = field(default=2000, metadata={"help": "bootstrap resamples per interval"})
     seed: int = field(default=0, metadata={"help": "seed for sampling, distractors, random emoji, bootstrap"})
