@@ -1,4 +1,4 @@
-"""Model specs and the one way every stage loads models and applies the chat template.
+"""Model specs and the one way every stage loads models (the chat template: `lm/template.py`).
 
 A spec is a hub id (`Qwen/Qwen3.5-4B`), a local directory, or `embedded:NAME` for the small models
 that ship inside PyPI packages, so the whole pipeline runs offline on a CPU:

@@ -1,6 +1,7 @@
-"""What GRPO's processes share under `accelerate launch`: values gathered from every rank, the
-adapter's full weights, gathered before the main process saves them, and under FSDP the whole
-weights for the length of an in-process rollout (`whole_weights`).
+"""What a trainer's processes share under `accelerate launch`: values gathered from every rank, the
+adapter's full weights, gathered before the main process saves them, under FSDP the whole weights
+for the length of an in-process rollout (`whole_weights`); and a restored run's learning rate
+(`follow_schedule`, both trainers').
 
 Under FSDP a rank holds only its shard of each parameter (a DTensor): `save_pretrained` on the main
 process alone would write that shard. The adapter's parameters are gathered on every rank first (a

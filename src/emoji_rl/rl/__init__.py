@@ -1,1 +1,1 @@
-"""Reinforcement learning: the retrieval game, judges, reward, rollouts and the GRPO trainer."""
+"""The GRPO trainer: its math (`grpo`), collate and log-probs (`batch`), the update, the policy and its reference, checkpoints, the run's wiring, and the rollout engines (`rollout/`)."""
