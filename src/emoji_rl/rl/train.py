@@ -197,18 +197,20 @@ def train(
             services_before = game.seconds()
             rounds = cfg.max_resample_rounds if cfg.dynamic_sampling else 0
             with rollout_weights():
-                rollouts = collect(stream, game.make_game, sampler, share, cfg.group_size, rounds)
+                rollouts = collect(
+                    stream, game.make_game, sampler, share, cfg.group_size, cfg.scale_rewards, rounds
+                )
             services = {k: v - services_before.get(k, 0.0) for k, v in game.seconds().items()}
             everyone, slowest = _gather_rollouts(rollouts, services)
             game.observe(everyone.played)
             metrics = _step_metrics(everyone, slowest)
             if rollout_log is not None:
-                log_rollouts(rollout_log, step + 1, everyone.played, cfg.scale_rewards)
+                log_rollouts(rollout_log, step + 1, everyone.played)
             start = time.perf_counter()
             if everyone.kept:
                 # This process's groups; with none kept, its played ones stand in at weight 0.
                 groups = rollouts.kept or rollouts.played
-                batch = collate_groups(groups, cfg.scale_rewards, pad_id, game.constraint)
+                batch = collate_groups(groups, pad_id, game.constraint)
                 metrics.update(
                     update(
                         cfg,
