@@ -221,7 +221,7 @@ class _OurStep:
         )
         if rollouts.kept:
             batch = collate_groups(rollouts.kept, self.tokenizer.pad_token_id, None)
-            update(self.cfg, self.accelerator, self.model, self.optimizer, batch, False)
+            update(self.cfg.update_settings(), self.accelerator, self.model, self.optimizer, batch)
             self.optimizer.step()
         seconds = time.perf_counter() - start
         played = [e for g in rollouts.played for e in g.episodes]
@@ -396,7 +396,7 @@ def update_peak_rss(
     model, optimizer = accelerator.prepare(policy, optimizer)
     loaded = _peak_rss_mb()
     for _ in range(steps):
-        update(cfg, accelerator, model, optimizer, batch, use_importance_weights=False)
+        update(cfg.update_settings(), accelerator, model, optimizer, batch)
         optimizer.step()
     return loaded, _peak_rss_mb()
 

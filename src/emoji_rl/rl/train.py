@@ -182,6 +182,8 @@ def train(
     # The hf sampler decodes with the model being trained: under FSDP, on its whole weights.
     rollout_weights = (lambda: whole_weights(model)) if cfg.engine == "hf" else contextlib.nullcontext
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
+    # A vLLM sampler's numerics are not the trainer's: its tokens are weighed by the truncated ratio.
+    settings = cfg.update_settings(importance_weights=weight_sync is not None)
     if is_main:
         # The steps after the checkpoint are redone: drop their lines (MetricsWriter does the same for
         # metrics.jsonl), before the log is opened.
@@ -212,15 +214,7 @@ def train(
                 groups = rollouts.kept or rollouts.played
                 batch = collate_groups(groups, pad_id, game.constraint)
                 metrics.update(
-                    update(
-                        cfg,
-                        accelerator,
-                        model,
-                        optimizer,
-                        batch,
-                        weight_sync is not None,
-                        bool(rollouts.kept),
-                    )
+                    update(settings, accelerator, model, optimizer, batch, contributes=bool(rollouts.kept))
                 )
                 finite = math.isfinite(metrics["optim/loss"]) and math.isfinite(metrics["optim/grad_norm"])
             else:
