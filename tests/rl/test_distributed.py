@@ -86,10 +86,10 @@ def test_micro_batch_weights_split_the_whole_step_between_processes():
     mask = torch.tensor([[1, 1, 1, 0], [1, 0, 0, 0]], dtype=torch.bool)
     zeros = torch.zeros(2, 4)
     batch = Batch(zeros.long(), zeros.long(), mask, zeros, torch.zeros(2), [])
-    dapo = Config(per_device_train_batch_size=1, loss_type="dapo")
+    dapo = Config(per_device_train_batch_size=1, loss_type="dapo").update_settings()
     assert [w for _, w in _shares(batch, dapo, total=8.0)] == [3 / 8, 1 / 8]
     # grpo weighs episodes: 2 here of 5 in all
-    grpo = Config(per_device_train_batch_size=1, loss_type="grpo")
+    grpo = Config(per_device_train_batch_size=1, loss_type="grpo").update_settings()
     assert [w for _, w in _shares(batch, grpo, total=5.0)] == [1 / 5, 1 / 5]
 
 

@@ -39,6 +39,31 @@ def test_equal_rewards_give_zero_advantage_and_are_flagged():
     assert grpo.zero_spread_groups(rewards).tolist() == [True, False]
 
 
+def test_step_advantages_hand_worked():
+    # A step's three groups of 3: the middle one has no spread (not kept, zeros in every mode).
+    # A: mean 1, deviations -1 0 1, sample std 1; C: mean 3, deviations -1 -1 2, sample std sqrt(6/2).
+    rewards = [(0.0, 1.0, 2.0), (0.5, 0.5, 0.5), (2.0, 2.0, 5.0)]
+    none = grpo.step_advantages(rewards, "none")
+    assert none == [(-1.0, 0.0, 1.0), (0.0, 0.0, 0.0), (-1.0, -1.0, 2.0)]
+    group = grpo.step_advantages(rewards, "group")
+    s_c = math.sqrt(3)
+    assert group[0] == pytest.approx((-1.0, 0.0, 1.0), rel=1e-5)
+    assert group[1] == (0.0, 0.0, 0.0)
+    assert group[2] == pytest.approx((-1 / s_c, -1 / s_c, 2 / s_c), rel=1e-5)
+    # batch: one std over the kept groups' six rewards 0 1 2 2 2 5 (mean 2, squares 4+1+0+0+0+9 = 14,
+    # sample std sqrt(14/5)), not over the flat group's too, and not each group's own.
+    s_kept = math.sqrt(14 / 5)
+    batch = grpo.step_advantages(rewards, "batch")
+    assert batch[0] == pytest.approx((-1 / s_kept, 0.0, 1 / s_kept), rel=1e-5)
+    assert batch[1] == (0.0, 0.0, 0.0)
+    assert batch[2] == pytest.approx((-1 / s_kept, -1 / s_kept, 2 / s_kept), rel=1e-5)
+    # what the update trained on before advantages were stored: group_advantages over the kept rows
+    kept = torch.tensor([rewards[0], rewards[2]])
+    for mode, got in (("none", none), ("group", group), ("batch", batch)):
+        assert torch.equal(torch.tensor([got[0], got[2]]), grpo.group_advantages(kept, mode))
+    assert grpo.step_advantages([], "group") == []
+
+
 def test_group_of_one_is_rejected():
     with pytest.raises(ValueError, match="group >= 2"):
         grpo.group_advantages(torch.tensor([[1.0], [2.0]]))

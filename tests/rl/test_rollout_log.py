@@ -40,7 +40,9 @@ def test_each_rollout_record_names_its_target_and_debug_rollout_prints_it(tmp_pa
     records = [{"id": "p0", "target": "let's get pizza tonight"}, {"id": "p1", "answer": "crane"}]
     stream = PromptStream(records, seed=0, state=TrainState(), gather_counts=lambda n: [n])
     sampler = ListSampler([0, 1, 0, 1])
-    rollouts = collect(stream, lambda record: OneTurnGame(), sampler, batch_size=2, group_size=2)
+    rollouts = collect(
+        stream, lambda record: OneTurnGame(), sampler, batch_size=2, group_size=2, scale_rewards="group"
+    )
     assert {g.prompt_id: g.target for g in rollouts.played} == {
         "p0": "let's get pizza tonight",
         "p1": "crane",
@@ -48,11 +50,14 @@ def test_each_rollout_record_names_its_target_and_debug_rollout_prints_it(tmp_pa
 
     run = tmp_path / "grpo"
     with AppendLog(run / "rollouts.jsonl") as log:
-        log_rollouts(log, 1, rollouts.played, "group")
+        log_rollouts(log, 1, rollouts.played)
     logged = [json.loads(line) for line in (run / "rollouts.jsonl").read_text().splitlines()]
     assert [(r["prompt_id"], r["target"]) for r in logged] == [
         (g.prompt_id, g.target) for g in rollouts.played for _ in g.episodes
     ]
+    # each episode's advantage as collect stored it for the update: rewards 0, 1 in each group
+    assert [r["advantage"] for r in logged] == [a for g in rollouts.played for a in g.advantages]
+    assert [r["advantage"] for r in logged] == pytest.approx([-0.7071, 0.7071] * 2, abs=1e-4)
 
     assert cli.main(["debug-rollout", "--run", str(run)]) == 0
     grouped = capsys.readouterr().out
@@ -68,7 +73,9 @@ def test_step_metrics_count_the_emoji_sent():
     records = [{"id": "p0", "target": "let's get pizza tonight"}]
     stream = PromptStream(records, seed=0, state=TrainState(), gather_counts=lambda n: [n])
     sampler = ListSampler([0, 1, 0])  # rewards 0, 1, 0
-    rollouts = collect(stream, lambda record: OneTurnGame(), sampler, batch_size=1, group_size=3)
+    rollouts = collect(
+        stream, lambda record: OneTurnGame(), sampler, batch_size=1, group_size=3, scale_rewards="group"
+    )
     metrics = rollout_metrics(rollouts.played, len(rollouts.kept))
     # three messages of 🍕 🌙: 2 distinct emoji, used equally (1 bit), 2 a message
     assert (metrics["emoji/distinct"], metrics["emoji/entropy_bits"], metrics["emoji/per_message"]) == (
@@ -83,7 +90,9 @@ def test_step_metrics_average_each_groups_best_reward():
     records = [{"id": "p0", "target": "pizza"}, {"id": "p1", "target": "moon"}]
     stream = PromptStream(records, seed=0, state=TrainState(), gather_counts=lambda n: [n])
     sampler = ListSampler([0, 1, 0, 2, 3, 2])  # rewards: group 0, 1, 0 and group 2, 3, 2
-    rollouts = collect(stream, lambda record: OneTurnGame(), sampler, batch_size=2, group_size=3)
+    rollouts = collect(
+        stream, lambda record: OneTurnGame(), sampler, batch_size=2, group_size=3, scale_rewards="group"
+    )
     metrics = rollout_metrics(rollouts.played, len(rollouts.kept))
     # mean 8/6; the groups' best 1 and 3 average 2 (the best of all episodes would be 3)
     assert metrics["reward/mean"] == pytest.approx(8 / 6)

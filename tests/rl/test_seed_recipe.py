@@ -22,7 +22,7 @@ from emoji_rl.lm import models
 from emoji_rl.rl.batch import Batch, token_logprobs
 from emoji_rl.rl.policy import build_policy
 from emoji_rl.rl.train_config import Config
-from emoji_rl.rl.update import update
+from emoji_rl.rl.update import UpdateSettings, update
 
 ROOT = Path(__file__).resolve().parents[2]
 SEED_DOC = ROOT / "docs" / "SEED_RECIPE.md"
@@ -72,7 +72,7 @@ def gradient(policy, accelerator, batch, **settings):
     cfg = Config(**{"max_grad_norm": 0.0, **settings})
     trainable = [p for p in policy.parameters() if p.requires_grad]
     optimizer = torch.optim.SGD(trainable, lr=0.0)
-    metrics = update(cfg, accelerator, policy, optimizer, batch, use_importance_weights=False)
+    metrics = update(cfg.update_settings(), accelerator, policy, optimizer, batch)
     return torch.cat([p.grad.flatten() for p in trainable]), metrics
 
 
@@ -128,6 +128,38 @@ def test_max_grad_norm_0_measures_the_gradient_and_clips_nothing(policy, acceler
 def test_clip_range_follows_trl():
     assert Config().clip_range == (0.2, 0.2)  # epsilon_high unset: epsilon
     assert Config(epsilon=0.1, epsilon_high=0.28).clip_range == (0.1, 0.28)
+
+
+def test_update_settings_are_the_stages():
+    cfg = Config(
+        loss_type="dr_grpo",
+        epsilon_high=0.28,
+        beta=0.05,
+        kl_in="reward",
+        init_adapter="runs/sft/adapter",
+        temperature=0.8,
+        per_device_train_batch_size=4,
+        max_new_tokens=32,
+        max_turns=3,
+        max_grad_norm=0.0,
+        gradient_checkpointing=True,
+    )
+    assert cfg.update_settings(importance_weights=True) == UpdateSettings(
+        loss_type="dr_grpo",
+        clip_range=(0.2, 0.28),
+        beta=0.05,
+        kl_in="reward",
+        reference="init",
+        temperature=0.8,
+        micro_batch=4,
+        max_tokens=96,  # dr_grpo's normalizer: every turn's budget
+        max_grad_norm=0.0,
+        gradient_checkpointing=True,
+        importance_weights=True,
+    )
+    # a fresh adapter's reference is the base model (Config's own rule); no vLLM: no importance weights
+    assert Config(beta=0.01).update_settings().reference == "base"
+    assert not Config().update_settings().importance_weights
 
 
 def test_a_negative_max_grad_norm_is_refused():

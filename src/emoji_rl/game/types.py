@@ -84,6 +84,15 @@ class EpisodeGroup:
     target: str = ""
     """What the sender was trying to say (the retrieval target) or find (the Wordle answer), for the
     rollout log: a rollout read without it cannot be judged."""
+    advantages: tuple[float, ...] = ()
+    """Each episode's advantage, as the update trains on it (`rl.grpo.step_advantages`, set by the
+    trainer's `collect`); empty until then."""
+
+    def __post_init__(self) -> None:
+        if self.advantages and len(self.advantages) != len(self.episodes):
+            raise ValueError(
+                f"group {self.prompt_id!r}: {len(self.advantages)} advantages for {len(self.episodes)} episodes"
+            )
 
     @property
     def rewards(self) -> tuple[float, ...]:

@@ -94,15 +94,15 @@ def collate(
     return Batch(ids, attention, mask, sampler_logp, advantages_D.float(), allowed, support)
 
 
-def collate_groups(
-    groups: Sequence[EpisodeGroup],
-    scale_rewards: grpo.ScaleRewards,
-    pad_id: int,
-    constraint: EmojiConstraint | None,
-) -> Batch:
-    """A step's groups as one batch, each episode with its advantage within its group."""
-    rewards_P_G = torch.tensor([g.rewards for g in groups], dtype=torch.float)
-    advantages_D = grpo.group_advantages(rewards_P_G, scale_rewards).flatten()
+def collate_groups(groups: Sequence[EpisodeGroup], pad_id: int, constraint: EmojiConstraint | None) -> Batch:
+    """A step's groups as one batch, each episode with the advantage its group carries (`collect` set
+    them: `grpo.step_advantages`)."""
+    missing = [g.prompt_id for g in groups if len(g.advantages) != len(g.episodes)]
+    if missing:
+        raise ValueError(
+            f"groups {missing[:4]} carry no advantages: collect() sets them (grpo.step_advantages)"
+        )
+    advantages_D = torch.tensor([a for g in groups for a in g.advantages], dtype=torch.float)
     return collate([e for g in groups for e in g.episodes], advantages_D, pad_id, constraint)
 
 

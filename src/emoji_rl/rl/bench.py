@@ -113,7 +113,7 @@ def bench_rollout_throughput(
     def play_batched() -> tuple[float, int]:
         torch.manual_seed(0)
         rollouts = collect(
-            PromptStream(records, seed=0, state=TrainState()), builder, batched, prompts, group_size
+            PromptStream(records, seed=0, state=TrainState()), builder, batched, prompts, group_size, "group"
         )
         return rollouts.seconds, sum(len(e.turns) for g in rollouts.played for e in g.episodes)
 
@@ -217,10 +217,11 @@ class _OurStep:
             self.sampler,
             self.cfg.batch_size,
             self.cfg.group_size,
+            self.cfg.scale_rewards,
         )
         if rollouts.kept:
-            batch = collate_groups(rollouts.kept, self.cfg.scale_rewards, self.tokenizer.pad_token_id, None)
-            update(self.cfg, self.accelerator, self.model, self.optimizer, batch, False)
+            batch = collate_groups(rollouts.kept, self.tokenizer.pad_token_id, None)
+            update(self.cfg.update_settings(), self.accelerator, self.model, self.optimizer, batch)
             self.optimizer.step()
         seconds = time.perf_counter() - start
         played = [e for g in rollouts.played for e in g.episodes]
@@ -395,7 +396,7 @@ def update_peak_rss(
     model, optimizer = accelerator.prepare(policy, optimizer)
     loaded = _peak_rss_mb()
     for _ in range(steps):
-        update(cfg, accelerator, model, optimizer, batch, use_importance_weights=False)
+        update(cfg.update_settings(), accelerator, model, optimizer, batch)
         optimizer.step()
     return loaded, _peak_rss_mb()
 

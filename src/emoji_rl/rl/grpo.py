@@ -7,7 +7,7 @@ produced (the loss runs over these only) and 0 on prompts, observations and padd
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Literal
 
 import torch
@@ -43,6 +43,23 @@ def group_advantages(
 def zero_spread_groups(rewards_P_G: torch.Tensor, tol: float = 1e-8) -> torch.Tensor:
     """True for groups whose rewards are all equal: their advantages are 0, they carry no signal."""
     return (rewards_P_G.max(dim=1).values - rewards_P_G.min(dim=1).values) <= tol
+
+
+def step_advantages(
+    rewards: Sequence[Sequence[float]], scale_rewards: ScaleRewards
+) -> list[tuple[float, ...]]:
+    """Each of a step's groups' advantages (`rewards`: one row per group played by this process), as
+    the update trains on them: `group_advantages` in one call over the groups with reward spread (the
+    kept ones; under `batch`, the std is theirs together), and zeros for the others, which carry no
+    signal."""
+    if not rewards:
+        return []
+    rewards_P_G = torch.tensor(rewards, dtype=torch.float)
+    kept_P = ~zero_spread_groups(rewards_P_G)
+    advantages_P_G = torch.zeros_like(rewards_P_G)
+    if kept_P.any():
+        advantages_P_G[kept_P] = group_advantages(rewards_P_G[kept_P], scale_rewards)
+    return [tuple(row) for row in advantages_P_G.tolist()]
 
 
 def masked_token_logprobs(

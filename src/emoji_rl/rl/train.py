@@ -182,6 +182,8 @@ def train(
     # The hf sampler decodes with the model being trained: under FSDP, on its whole weights.
     rollout_weights = (lambda: whole_weights(model)) if cfg.engine == "hf" else contextlib.nullcontext
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
+    # A vLLM sampler's numerics are not the trainer's: its tokens are weighed by the truncated ratio.
+    settings = cfg.update_settings(importance_weights=weight_sync is not None)
     if is_main:
         # The steps after the checkpoint are redone: drop their lines (MetricsWriter does the same for
         # metrics.jsonl), before the log is opened.
@@ -197,28 +199,22 @@ def train(
             services_before = game.seconds()
             rounds = cfg.max_resample_rounds if cfg.dynamic_sampling else 0
             with rollout_weights():
-                rollouts = collect(stream, game.make_game, sampler, share, cfg.group_size, rounds)
+                rollouts = collect(
+                    stream, game.make_game, sampler, share, cfg.group_size, cfg.scale_rewards, rounds
+                )
             services = {k: v - services_before.get(k, 0.0) for k, v in game.seconds().items()}
             everyone, slowest = _gather_rollouts(rollouts, services)
             game.observe(everyone.played)
             metrics = _step_metrics(everyone, slowest)
             if rollout_log is not None:
-                log_rollouts(rollout_log, step + 1, everyone.played, cfg.scale_rewards)
+                log_rollouts(rollout_log, step + 1, everyone.played)
             start = time.perf_counter()
             if everyone.kept:
                 # This process's groups; with none kept, its played ones stand in at weight 0.
                 groups = rollouts.kept or rollouts.played
-                batch = collate_groups(groups, cfg.scale_rewards, pad_id, game.constraint)
+                batch = collate_groups(groups, pad_id, game.constraint)
                 metrics.update(
-                    update(
-                        cfg,
-                        accelerator,
-                        model,
-                        optimizer,
-                        batch,
-                        weight_sync is not None,
-                        bool(rollouts.kept),
-                    )
+                    update(settings, accelerator, model, optimizer, batch, contributes=bool(rollouts.kept))
                 )
                 finite = math.isfinite(metrics["optim/loss"]) and math.isfinite(metrics["optim/grad_norm"])
             else:

@@ -5,13 +5,16 @@ imports another only to know the settings' type."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
 from emoji_rl.decode.generate import MAX_NEW_TOKENS
 from emoji_rl.emoji.alphabet import MAX_EMOJI, MIN_EMOJI
 from emoji_rl.game.judge_config import JudgeConfig
 from emoji_rl.lm import models
 from emoji_rl.rl import grpo
+
+if TYPE_CHECKING:
+    from emoji_rl.rl.update import UpdateSettings
 
 
 @dataclass
@@ -219,3 +222,23 @@ class Config(JudgeConfig):
     def clip_range(self) -> tuple[float, float]:
         """(epsilon below 1, epsilon above 1) of the PPO clip; epsilon_high unset is epsilon, as in TRL."""
         return self.epsilon, self.epsilon if self.epsilon_high is None else self.epsilon_high
+
+    def update_settings(self, importance_weights: bool = False) -> UpdateSettings:
+        """What `update` reads of these settings; `importance_weights`: the sampler is not the trainer
+        (vLLM), so its tokens are weighed by the truncated probability ratio."""
+        # Here, not at the top: the settings load without the update's model and grammar imports.
+        from emoji_rl.rl.update import UpdateSettings
+
+        return UpdateSettings(
+            loss_type=self.loss_type,
+            clip_range=self.clip_range,
+            beta=self.beta,
+            kl_in=self.kl_in,
+            reference=self.reference,
+            temperature=self.temperature,
+            micro_batch=self.per_device_train_batch_size,
+            max_tokens=self.max_new_tokens * self.max_turns,
+            max_grad_norm=self.max_grad_norm,
+            gradient_checkpointing=self.gradient_checkpointing,
+            importance_weights=importance_weights,
+        )

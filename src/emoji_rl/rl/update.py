@@ -7,7 +7,8 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterator
-from typing import TYPE_CHECKING
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Literal
 
 import torch
 
@@ -19,40 +20,71 @@ from emoji_rl.rl.policy import reference_mode
 if TYPE_CHECKING:
     from accelerate import Accelerator
 
-    from emoji_rl.rl.train_config import Config
+
+@dataclass(frozen=True)
+class UpdateSettings:
+    """What `update` reads, and nothing else: the stage's `Config.update_settings()` makes one."""
+
+    loss_type: grpo.LossType
+    clip_range: tuple[float, float]
+    """(epsilon below 1, epsilon above 1) of the PPO clip."""
+    beta: float
+    """KL coefficient; 0: no KL, no reference pass."""
+    kl_in: Literal["loss", "reward"]
+    """Where the KL goes: k3 in the loss, or k1 per token subtracted from the advantages."""
+    reference: Literal["init", "base"]
+    """The KL reference: the starting adapter, frozen, or the base model (`reference_mode`)."""
+    temperature: float
+    """The sampler's, so that the log-probs are of the distribution it drew from."""
+    micro_batch: int
+    """Episodes per forward/backward pass (`per_device_train_batch_size`)."""
+    max_tokens: int
+    """Most sender tokens an episode can hold (max_new_tokens x max_turns): `dr_grpo`'s normalizer."""
+    max_grad_norm: float
+    """Gradient clipping norm; 0: no clipping."""
+    gradient_checkpointing: bool
+    """The policy recomputes its activations in the backward pass (no shared-prefix forward then)."""
+    importance_weights: bool = False
+    """Weigh each token by the truncated trainer/sampler probability ratio (a vLLM sampler)."""
 
 
-def _size(batch: Batch, cfg: Config) -> float:
+def _size(batch: Batch, settings: UpdateSettings) -> float:
     """What the loss aggregate averages over: tokens (dapo; sum, for its metrics) or episodes."""
-    return batch.mask_D_T.sum().item() if cfg.loss_type in ("dapo", "sum") else float(batch.size)
+    return batch.mask_D_T.sum().item() if settings.loss_type in ("dapo", "sum") else float(batch.size)
 
 
-def _shares(batch: Batch, cfg: Config, total: float) -> Iterator[tuple[Batch, float]]:
+def _shares(batch: Batch, settings: UpdateSettings, total: float) -> Iterator[tuple[Batch, float]]:
     """Micro-batches and the weight of each in the aggregate over `total` (`_size` of the whole step,
     on every process), so that accumulating micro-batch losses gives exactly the loss of the step."""
-    for start in range(0, batch.size, cfg.per_device_train_batch_size):
-        micro = batch.rows(start, start + cfg.per_device_train_batch_size)
-        yield micro, _size(micro, cfg) / total
+    for start in range(0, batch.size, settings.micro_batch):
+        micro = batch.rows(start, start + settings.micro_batch)
+        yield micro, _size(micro, settings) / total
 
 
 def _reference_logprobs(
-    cfg: Config, policy: torch.nn.Module, unwrapped: torch.nn.Module, micro: Batch, share_prefix: bool
+    settings: UpdateSettings,
+    policy: torch.nn.Module,
+    unwrapped: torch.nn.Module,
+    micro: Batch,
+    share_prefix: bool,
 ) -> torch.Tensor:
-    with torch.no_grad(), reference_mode(unwrapped, cfg.reference):
-        return token_logprobs(policy, micro, cfg.temperature, share_prefix)
+    with torch.no_grad(), reference_mode(unwrapped, settings.reference):
+        return token_logprobs(policy, micro, settings.temperature, share_prefix)
 
 
-def shares_prefix(cfg: Config, accelerator: Accelerator) -> bool:
+def shares_prefix(settings: UpdateSettings, accelerator: Accelerator) -> bool:
     """Whether a micro-batch's shared opening runs once (`shared_prefix`): where that is allowed (one
     process, no activation checkpointing) and measured, on a CPU. A micro-batch of one group shares its
     whole prompt: 8 one-turn SmolLM2 episodes, ~64 of their ~74 tokens."""
     return (
-        accelerator.num_processes == 1 and accelerator.device.type == "cpu" and not cfg.gradient_checkpointing
+        accelerator.num_processes == 1
+        and accelerator.device.type == "cpu"
+        and not settings.gradient_checkpointing
     )
 
 
 def _kl_in_reward(
-    cfg: Config,
+    settings: UpdateSettings,
     policy: torch.nn.Module,
     unwrapped: torch.nn.Module,
     micros: list[tuple[Batch, float]],
@@ -62,7 +94,9 @@ def _kl_in_reward(
     over every contributing process's sender tokens). Every process runs a reference pass for each of
     its micro-batches, padding included: under FSDP a forward pass is a collective."""
     kls = [
-        grpo.k1_kl(micro.sampler_logp_D_T, _reference_logprobs(cfg, policy, unwrapped, micro, share_prefix))
+        grpo.k1_kl(
+            micro.sampler_logp_D_T, _reference_logprobs(settings, policy, unwrapped, micro, share_prefix)
+        )
         for micro, _ in micros
     ]
     sums = [
@@ -72,19 +106,19 @@ def _kl_in_reward(
     totals = gather((sum(s for s, _ in sums), sum(n for _, n in sums)))
     mean_kl = sum(s for s, _ in totals) / max(sum(n for _, n in totals), 1.0)
     advantages = [
-        grpo.kl_penalized_advantages(micro.advantages_D, kl, micro.mask_D_T, cfg.beta, mean_kl)
+        grpo.kl_penalized_advantages(micro.advantages_D, kl, micro.mask_D_T, settings.beta, mean_kl)
         for (micro, _), kl in zip(micros, kls, strict=True)
     ]
     return advantages, mean_kl
 
 
 def update(
-    cfg: Config,
+    settings: UpdateSettings,
     accelerator: Accelerator,
     policy: torch.nn.Module,
     optimizer: torch.optim.Optimizer,
     batch: Batch,
-    use_importance_weights: bool,
+    *,
     contributes: bool = True,
 ) -> dict[str, float]:
     """One clipped policy-gradient step over the whole step's batch, of which this process holds
@@ -93,38 +127,37 @@ def update(
     all-reduce gradients at every backward and so need as many on every process."""
     unwrapped = accelerator.unwrap_model(policy)
     sums = {"loss": 0.0, "kl": 0.0, "clip_frac": 0.0, "sampler_kl": 0.0}
-    max_tokens = cfg.max_new_tokens * cfg.max_turns
-    micro_size = cfg.per_device_train_batch_size
-    counts = gather((_size(batch, cfg) if contributes else 0.0, math.ceil(batch.size / micro_size)))
+    micro_size = settings.micro_batch
+    counts = gather((_size(batch, settings) if contributes else 0.0, math.ceil(batch.size / micro_size)))
     total = sum(size for size, _ in counts)
-    shares = [(micro, weight if contributes else 0.0) for micro, weight in _shares(batch, cfg, total)]
+    shares = [(micro, weight if contributes else 0.0) for micro, weight in _shares(batch, settings, total)]
     shares += [(batch.rows(0, micro_size), 0.0)] * (max(n for _, n in counts) - len(shares))
     shares = [(micro.to(accelerator.device), weight) for micro, weight in shares]
-    share_prefix = shares_prefix(cfg, accelerator)
-    kl_in_loss = cfg.beta > 0 and cfg.kl_in == "loss"
-    kl_in_reward = cfg.beta > 0 and cfg.kl_in == "reward"
+    share_prefix = shares_prefix(settings, accelerator)
+    kl_in_loss = settings.beta > 0 and settings.kl_in == "loss"
+    kl_in_reward = settings.beta > 0 and settings.kl_in == "reward"
     advantages = [micro.advantages_D for micro, _ in shares]
     mean_kl = 0.0
     if kl_in_reward:
-        advantages, mean_kl = _kl_in_reward(cfg, policy, unwrapped, shares, share_prefix)
+        advantages, mean_kl = _kl_in_reward(settings, policy, unwrapped, shares, share_prefix)
     optimizer.zero_grad(set_to_none=True)
     for (micro, weight), advantage in zip(shares, advantages, strict=True):
-        logp = token_logprobs(policy, micro, cfg.temperature, share_prefix)
+        logp = token_logprobs(policy, micro, settings.temperature, share_prefix)
         # One update per batch: the policy that sampled is the policy being updated, so the old
         # log-probs are the current ones, detached (ratio 1, gradient of the ratio intact).
         old = logp.detach()
-        pg_loss, clipped = grpo.ppo_clip_loss(logp, old, advantage, *cfg.clip_range)
-        if use_importance_weights:
+        pg_loss, clipped = grpo.ppo_clip_loss(logp, old, advantage, *settings.clip_range)
+        if settings.importance_weights:
             pg_loss = pg_loss * grpo.truncated_importance_weights(old, micro.sampler_logp_D_T)
         per_token = pg_loss
         if kl_in_loss:
-            kl = grpo.k3_kl(logp, _reference_logprobs(cfg, policy, unwrapped, micro, share_prefix))
-            per_token = per_token + cfg.beta * kl
+            kl = grpo.k3_kl(logp, _reference_logprobs(settings, policy, unwrapped, micro, share_prefix))
+            per_token = per_token + settings.beta * kl
             sums["kl"] += weight * grpo.masked_mean(kl.detach(), micro.mask_D_T).item()
         # A sum counts every token once, whatever micro-batch holds it: the weight scales only the
         # metrics (and is 0 for a pass that must not count).
-        scale = float(weight > 0) if cfg.loss_type == "sum" else weight
-        loss = grpo.aggregate(per_token, micro.mask_D_T, cfg.loss_type, max_tokens) * scale
+        scale = float(weight > 0) if settings.loss_type == "sum" else weight
+        loss = grpo.aggregate(per_token, micro.mask_D_T, settings.loss_type, settings.max_tokens) * scale
         # The weights split the step's aggregate between the processes; DDP and FSDP average the
         # processes' gradients, so each contributes its part times their number.
         accelerator.backward(loss * accelerator.num_processes)
@@ -136,7 +169,7 @@ def update(
         sums["kl"] = mean_kl  # already the whole step's
     params = [p for p in policy.parameters() if p.requires_grad]
     # An infinite norm clips nothing and still measures the gradient, which the non-finite check needs.
-    grad_norm = float(accelerator.clip_grad_norm_(params, cfg.max_grad_norm or math.inf))
+    grad_norm = float(accelerator.clip_grad_norm_(params, settings.max_grad_norm or math.inf))
     return {
         **{f"optim/{k}": v for k, v in sums.items() if k != "sampler_kl"},
         "sampler/kl_vs_trainer": sums["sampler_kl"],

@@ -10,7 +10,7 @@ import asyncio
 import random
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 
@@ -104,16 +104,19 @@ def collect(
     sampler: Sampler,
     batch_size: int,
     group_size: int,
+    scale_rewards: grpo.ScaleRewards,
     resample_rounds: int = 0,
 ) -> Rollouts:
     """Play `group_size` games per prompt for `batch_size` prompts; groups whose rewards are all equal
     carry no signal and are not kept. `resample_rounds` > 0 draws new prompts to replace them.
-    Every round runs on every process, even one already full (it draws 0), as `take` is a collective."""
+    Every round runs on every process, even one already full (it draws 0), as `take` is a collective.
+    Each played group carries its advantages (`grpo.step_advantages`, over this process's kept groups):
+    the update trains on them and the rollout log shows them."""
     start = time.perf_counter()
-    kept: list[EpisodeGroup] = []
     played: list[EpisodeGroup] = []
+    kept_at: list[int] = []
     for _ in range(1 + resample_rounds):
-        records = stream.take(batch_size - len(kept))
+        records = stream.take(batch_size - len(kept_at))
         if not records:
             continue
         games = [make_game(record) for record in records for _ in range(group_size)]
@@ -124,7 +127,9 @@ def collect(
                 tuple(episodes[p * group_size : (p + 1) * group_size]),
                 target=str(record.get("target", record.get("answer", ""))),
             )
-            played.append(group)
             if not grpo.zero_spread_groups(torch.tensor([group.rewards], dtype=torch.float)).item():
-                kept.append(group)
-    return Rollouts(kept, played, time.perf_counter() - start)
+                kept_at.append(len(played))
+            played.append(group)
+    advantages = grpo.step_advantages([group.rewards for group in played], scale_rewards)
+    played = [replace(group, advantages=a) for group, a in zip(played, advantages, strict=True)]
+    return Rollouts([played[i] for i in kept_at], played, time.perf_counter() - start)

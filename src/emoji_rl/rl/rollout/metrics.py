@@ -12,7 +12,6 @@ import torch
 from emoji_rl.emoji.stats import reply_stats
 from emoji_rl.game.types import EpisodeGroup
 from emoji_rl.io.jsonl import AppendLog
-from emoji_rl.rl import grpo
 
 ROLLOUTS_FILE = "rollouts.jsonl"
 
@@ -50,15 +49,11 @@ def rollout_metrics(played: Sequence[EpisodeGroup], kept: int) -> dict[str, floa
     return metrics
 
 
-def log_rollouts(
-    log_file: AppendLog, step: int, groups: Sequence[EpisodeGroup], scale_rewards: grpo.ScaleRewards
-) -> None:
-    """One record per episode: the target its group played for, its reward, its advantage in its group,
-    and every turn's log and metrics."""
+def log_rollouts(log_file: AppendLog, step: int, groups: Sequence[EpisodeGroup]) -> None:
+    """One record per episode: the target its group played for, its reward, the advantage it trained
+    with (`group.advantages`; 0 in a group with no spread), and every turn's log and metrics."""
     for group in groups:
-        rewards = torch.tensor([group.rewards], dtype=torch.float)
-        advantages = grpo.group_advantages(rewards, scale_rewards)[0].tolist()
-        for g, (episode, advantage) in enumerate(zip(group.episodes, advantages, strict=True)):
+        for g, (episode, advantage) in enumerate(zip(group.episodes, group.advantages, strict=True)):
             log_file.append(
                 {
                     "step": step,
