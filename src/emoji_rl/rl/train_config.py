@@ -7,10 +7,12 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Literal
 
-from emoji_rl.decode.generate import MAX_NEW_TOKENS
-from emoji_rl.emoji.alphabet import MAX_EMOJI, MIN_EMOJI
+from emoji_rl.config import override
+from emoji_rl.decode.sampler import SamplingConfig
 from emoji_rl.game.judge_config import JudgeConfig
-from emoji_rl.lm import models
+from emoji_rl.game.retrieval import RetrievalConfig
+from emoji_rl.game.reward import SimilarityConfig
+from emoji_rl.lm.models import ModelConfig
 from emoji_rl.rl import grpo
 
 if TYPE_CHECKING:
@@ -18,11 +20,10 @@ if TYPE_CHECKING:
 
 
 @dataclass
-class Config(JudgeConfig):
+class Config(JudgeConfig, RetrievalConfig, SimilarityConfig, SamplingConfig, ModelConfig):
     """Multi-turn GRPO of the emoji sender on the retrieval game (the judge_* fields: retrieval only)."""
 
     # --- core ---
-    model: str = field(default=models.SMOLLM2, metadata={"help": "base model spec of the sender"})
     init_adapter: str | None = field(
         default=None, metadata={"help": "LoRA adapter to start from (the SFT output); none = a fresh adapter"}
     )
@@ -84,10 +85,6 @@ class Config(JudgeConfig):
     curriculum_window: int = field(
         default=64, metadata={"help": "wordle: episodes the format rate is taken over"}
     )
-    max_turns: int = field(default=5, metadata={"help": "sender turns before the game ends", "min": 1})
-    tau: float = field(default=0.85, metadata={"help": "similarity that ends the game as a success"})
-    min_emoji: int = field(default=MIN_EMOJI, metadata={"help": "fewest emoji in a valid turn"})
-    max_emoji: int = field(default=MAX_EMOJI, metadata={"help": "most emoji in a valid turn"})
     success_bonus: float = field(default=0.5, metadata={"help": "reward added when similarity >= tau"})
     turn_cost: float = field(default=0.1, metadata={"help": "reward subtracted per turn used"})
     format_penalty: float = field(default=0.5, metadata={"help": "reward subtracted for an invalid turn"})
@@ -104,14 +101,10 @@ class Config(JudgeConfig):
     contrast_messages: int = field(
         default=64, metadata={"help": "training targets drawn (seeded) to measure how generic a guess is"}
     )
-    similarity_model: str = field(
-        default=models.MINILM, metadata={"help": "sentence embedder for the reward"}
+    # --- sampling (and the min_emoji, max_emoji and max_new_tokens fields) ---
+    temperature: float = override(
+        SamplingConfig, "temperature", help="sender sampling temperature; 0 = greedy (the original: 0.8)"
     )
-    # --- sampling ---
-    temperature: float = field(
-        default=1.0, metadata={"help": "sampling temperature of the sender (the original: 0.8)"}
-    )
-    max_new_tokens: int = field(default=MAX_NEW_TOKENS, metadata={"help": "token budget of one sender turn"})
     engine: Literal["hf", "vllm"] = field(
         default="hf",
         metadata={
