@@ -5,10 +5,11 @@ subprocess). The rows themselves load models and TRL, minutes on 2 cores: `make 
 import pytest
 import torch
 
+from emoji_rl.bench.grpo import MAX_EMOJI, MAX_NEW_TOKENS, emoji_episodes
+from emoji_rl.bench.grpo_vs_trl import distinct_share
 from emoji_rl.emoji.alphabet import parse_message
 from emoji_rl.emoji.constraint import compile_emoji_grammar, replay_masks
 from emoji_rl.lm.template import stop_token_id
-from emoji_rl.rl.bench import MAX_EMOJI, MAX_NEW_TOKENS, distinct_share, emoji_episodes
 
 
 @pytest.mark.parametrize(("text", "share"), [("", 0.0), ("abc", 1.0), ("aab", 2 / 3), ("🍕🍕", 0.5)])

@@ -4,10 +4,7 @@ embedded SmolLM2:
 - `bench_rollout_throughput`: episodes/s of the hf engine playing B x G = 16 retrieval games in one
   batch (the collector) vs the same games one at a time, both through `HFSampler` with the grammar.
   The judge is the lexicon judge (emoji names, no LLM), so sampling is what is timed, not judging.
-- `bench_grpo_step_vs_trl`: one step (rollout + update) of our trainer vs one `trl.GRPOTrainer` step
-  on one single-turn setting: the same LoRA policy, prompts, B, G, token budget and reward function.
-  Both sample unconstrained: TRL cannot take our grammar processor, and the grammar changes how many
-  tokens are sampled, so only the unconstrained step compares like with like.
+- `bench_grpo_step_vs_trl` (`bench/grpo_vs_trl.py`): one step of our trainer vs one of TRL's.
 - `bench_kl_reference_memory`: peak RSS of the same update steps with the KL reference (the starting
   adapter frozen beside the trained one, as the configs ship) vs beta = 0, each in a fresh process.
 """
@@ -15,27 +12,24 @@ embedded SmolLM2:
 from __future__ import annotations
 
 import asyncio
-import statistics
 import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 import torch
-from transformers import TrainerCallback
 
 from emoji_rl.bench.row import Row
 from emoji_rl.decode.sampler import HFSampler
 from emoji_rl.emoji.alphabet import ALPHABET
 from emoji_rl.emoji.sender_prompts import sender_messages
-from emoji_rl.game.types import Episode, Game, StepResult, Turn
+from emoji_rl.game.types import Episode, StepResult, Turn
 from emoji_rl.lm import models, template
 from emoji_rl.lm.template import stop_token_id
 from emoji_rl.rl import grpo
-from emoji_rl.rl.batch import collate, collate_groups
+from emoji_rl.rl.batch import collate
 from emoji_rl.rl.checkpoint import TrainState
 from emoji_rl.rl.policy import build_policy
 from emoji_rl.rl.rollout.collect import PromptStream, collect, play
@@ -45,7 +39,6 @@ from emoji_rl.rl.update import update
 if TYPE_CHECKING:
     from peft import PeftModel
     from transformers import PreTrainedTokenizerBase
-    from trl import GRPOTrainer
 
 # Short prompts keep every measurement to seconds; four of them x G = 4 is the issue's B x G = 16.
 TARGETS = (
@@ -63,13 +56,13 @@ MICRO_BATCH = 8  # episodes per forward/backward pass, our default and TRL's per
 LEARNING_RATE = 1e-4
 
 
-def _records(prompts: int) -> list[dict[str, str]]:
+def target_records(prompts: int) -> list[dict[str, str]]:
     if not 1 <= prompts <= len(TARGETS):
         raise ValueError(f"prompts={prompts} must be between 1 and {len(TARGETS)} (the bench's TARGETS)")
     return [{"id": f"t{i}", "target": t} for i, t in enumerate(TARGETS[:prompts])]
 
 
-def _fresh_policy() -> PeftModel:
+def fresh_policy() -> PeftModel:
     torch.manual_seed(0)  # the fresh LoRA adapter's initialization draws from it
     return build_policy(models.SMOLLM2, models.pick_runtime("cpu"), None, None, LORA_R, LORA_ALPHA)
 
@@ -99,10 +92,10 @@ def bench_rollout_throughput(
     from emoji_rl.game.reward import Similarity
 
     tokenizer = models.load_tokenizer(models.SMOLLM2)
-    policy = _fresh_policy()
+    policy = fresh_policy()
     rules = RetrievalRules(max_turns=max_turns, max_emoji=MAX_EMOJI)
     builder = RetrievalBuilder(tokenizer, LexiconJudge(), Similarity(models.load_embedder()), rules)
-    records = _records(prompts)
+    records = target_records(prompts)
     episodes = prompts * group_size
 
     def sampler(batch_size: int) -> HFSampler:
@@ -144,189 +137,6 @@ def bench_rollout_throughput(
             ratio,
             ">= 4x",
             ratio >= 4,
-        )
-    ]
-
-
-# --- one GRPO step: ours vs TRL ------------------------------------------------------------------------
-
-
-def distinct_share(text: str) -> float:
-    """The toy reward of the step comparison: distinct characters / characters (0 for no text).
-    Continuous, so groups almost never have zero spread: our trainer skips such groups (less work),
-    TRL trains on them, and the comparison must not hinge on that."""
-    return len(set(text)) / len(text) if text else 0.0
-
-
-class OneTurnGame(Game):
-    """One sender turn on `target`, rewarded by `distinct_share` of what it wrote."""
-
-    def __init__(self, tokenizer: PreTrainedTokenizerBase, target: str) -> None:
-        self.tokenizer = tokenizer
-        self.target = target
-
-    async def start(self) -> tuple[int, ...]:
-        return tuple(template.chat_ids(self.tokenizer, sender_messages(self.target)))
-
-    async def step(self, action_ids: tuple[int, ...]) -> StepResult:
-        text = self.tokenizer.decode(action_ids, skip_special_tokens=True)
-        return StepResult(done=True, reward=distinct_share(text))
-
-
-def _trl_reward(completions: list[list[dict[str, str]]], **_: object) -> list[float]:
-    return [distinct_share(completion[0]["content"]) for completion in completions]
-
-
-class _OurStep:
-    """Each call takes one step of our trainer on the one-turn game, as `train.train` does (collect,
-    group advantages, collate, `update`, optimizer step) and returns its seconds. Metrics, logs and
-    checkpoints are left out, as the TRL side's timed step leaves out its logging."""
-
-    def __init__(self, records: list[dict[str, str]], group_size: int, max_new_tokens: int) -> None:
-        from accelerate import Accelerator
-
-        self.cfg = Config(
-            batch_size=len(records),
-            group_size=group_size,
-            max_new_tokens=max_new_tokens,
-            max_turns=1,
-            beta=0.0,
-            lora_r=LORA_R,
-            lora_alpha=LORA_ALPHA,
-            learning_rate=LEARNING_RATE,
-            per_device_train_batch_size=MICRO_BATCH,
-        )
-        self.tokenizer = models.load_tokenizer(self.cfg.model)
-        policy = _fresh_policy()
-        episodes = len(records) * group_size
-        self.sampler = HFSampler(
-            policy, self.tokenizer, "none", self.cfg.temperature, max_new_tokens, episodes
-        )
-        self.accelerator = Accelerator(cpu=True)
-        optimizer = torch.optim.AdamW([p for p in policy.parameters() if p.requires_grad], lr=LEARNING_RATE)
-        self.model, self.optimizer = self.accelerator.prepare(policy, optimizer)
-        self.stream = PromptStream(records, seed=0, state=TrainState())
-        self.tokens_per_episode: list[float] = []
-        self.groups_kept: list[int] = []
-
-    def __call__(self) -> float:
-        start = time.perf_counter()
-        rollouts = collect(
-            self.stream,
-            lambda record: OneTurnGame(self.tokenizer, record["target"]),
-            self.sampler,
-            self.cfg.batch_size,
-            self.cfg.group_size,
-            self.cfg.scale_rewards,
-        )
-        if rollouts.kept:
-            batch = collate_groups(rollouts.kept, self.tokenizer.pad_token_id, None)
-            update(self.cfg.update_settings(), self.accelerator, self.model, self.optimizer, batch)
-            self.optimizer.step()
-        seconds = time.perf_counter() - start
-        played = [e for g in rollouts.played for e in g.episodes]
-        self.tokens_per_episode.append(sum(len(e.turns[0].action_ids) for e in played) / len(played))
-        self.groups_kept.append(len(rollouts.kept))
-        return seconds
-
-
-class _Alternate(TrainerCallback):
-    """Times each TRL step (generation, reward, forward/backward, optimizer) and, after it, runs and
-    times one of ours: the steps alternate, so load that drifts on a shared machine weighs on both."""
-
-    def __init__(self, our_step: Callable[[], float]) -> None:
-        self.our_step = our_step
-        self.trl_seconds: list[float] = []
-        self.our_seconds: list[float] = []
-        self._start = 0.0
-
-    def on_step_begin(self, args, state, control, **kwargs):
-        self._start = time.perf_counter()
-
-    def on_step_end(self, args, state, control, **kwargs):
-        self.trl_seconds.append(time.perf_counter() - self._start)
-        self.our_seconds.append(self.our_step())
-
-
-def _trl_trainer(
-    records: list[dict[str, str]], group_size: int, max_new_tokens: int, steps: int, output_dir: str
-) -> GRPOTrainer:
-    """TRL's GRPOTrainer on the same setting as `_OurStep`, offline: a local model object, no hub, no
-    reporting, nothing saved."""
-    from datasets import Dataset
-    from trl import GRPOConfig, GRPOTrainer
-
-    episodes = len(records) * group_size
-    micro = min(MICRO_BATCH, episodes)
-    args = GRPOConfig(
-        output_dir=output_dir,
-        max_steps=steps,
-        per_device_train_batch_size=micro,
-        gradient_accumulation_steps=episodes // micro,  # one generation of B x G per optimizer step
-        num_generations=group_size,
-        max_completion_length=max_new_tokens,
-        temperature=1.0,
-        beta=0.0,
-        loss_type="dapo",  # ours too (the default)
-        scale_rewards="group",
-        learning_rate=LEARNING_RATE,
-        lr_scheduler_type="constant",
-        max_grad_norm=1.0,
-        # CPU: fp32 and no gradient checkpointing, as our trainer runs (TRL's defaults are bf16 and on).
-        bf16=False,
-        gradient_checkpointing=False,
-        use_cpu=True,
-        report_to="none",
-        save_strategy="no",
-        logging_steps=1,
-        disable_tqdm=True,
-        seed=0,
-    )
-    return GRPOTrainer(
-        model=_fresh_policy(),
-        reward_funcs=_trl_reward,
-        args=args,
-        train_dataset=Dataset.from_list([{"prompt": sender_messages(r["target"])} for r in records]),
-        processing_class=models.load_tokenizer(models.SMOLLM2),
-    )
-
-
-def bench_grpo_step_vs_trl(
-    prompts: int = len(TARGETS),
-    group_size: int = GROUP_SIZE,
-    max_new_tokens: int = MAX_NEW_TOKENS,
-    timed_steps: int = 3,
-) -> list[Row]:
-    """Median step time of ours vs TRL's after one warm-up step each (both unconstrained, beta 0,
-    the same fresh LoRA adapter, prompts, B, G, token budget, micro-batch and reward)."""
-    records = _records(prompts)
-    ours = _OurStep(records, group_size, max_new_tokens)
-    with tempfile.TemporaryDirectory() as tmp:
-        trainer = _trl_trainer(records, group_size, max_new_tokens, 1 + timed_steps, tmp)
-        timer = _Alternate(ours)
-        trainer.add_callback(timer)
-        trainer.train()
-    trl_tokens = [
-        log["completions/mean_length"]
-        for log in trainer.state.log_history
-        if "completions/mean_length" in log
-    ]
-    print(
-        f"  grpo step: ours {[round(s, 2) for s in timer.our_seconds]} s, "
-        f"{statistics.mean(ours.tokens_per_episode):.1f} tokens/episode, groups kept {ours.groups_kept}; "
-        f"TRL {[round(s, 2) for s in timer.trl_seconds]} s, {statistics.mean(trl_tokens):.1f} tokens/episode; "
-        "the first step of each is a warm-up"
-    )
-    ours_s, trl_s = statistics.median(timer.our_seconds[1:]), statistics.median(timer.trl_seconds[1:])
-    ratio = ours_s / trl_s
-    return [
-        Row(
-            f"GRPO step, BxG={prompts * group_size}, unconstrained: ours / TRL",
-            f"{ours_s:.2f} s",
-            f"{trl_s:.2f} s",
-            ratio,
-            "<= 1.0x",
-            ratio <= 1.0,
         )
     ]
 
@@ -407,7 +217,7 @@ def _in_fresh_process(
     """`update_peak_rss` in a new interpreter: a peak never goes down, and this process has loaded
     other models already."""
     call = (
-        "from emoji_rl.rl.bench import update_peak_rss; "
+        "from emoji_rl.bench.grpo import update_peak_rss; "
         f"print(*update_peak_rss({init_adapter!r}, {beta!r}, {episodes}, {group_size}, {steps}))"
     )
     done = subprocess.run([sys.executable, "-c", call], capture_output=True, text=True)
@@ -426,7 +236,7 @@ def bench_kl_reference_memory(
     """Peak RSS of `steps` updates on the same B x G episodes, from a starting adapter, with the KL
     reference (that adapter again, frozen) vs beta = 0."""
     with tempfile.TemporaryDirectory() as tmp:
-        _fresh_policy().save_pretrained(tmp)  # stands in for the SFT adapter
+        fresh_policy().save_pretrained(tmp)  # stands in for the SFT adapter
         with_kl = _in_fresh_process(tmp, beta, episodes, group_size, steps)
         without = _in_fresh_process(tmp, 0.0, episodes, group_size, steps)
     print(
