@@ -49,7 +49,7 @@ def test_one_grpo_step_never_calls_up_a_layer(tmp_path, capsys):
         "1",
     ]
     upward: set[str] = set()
-    files: set[str] = set()
+    called: set[str] = set()
 
     def profile(frame, event, _arg):
         if event != "call":
@@ -58,7 +58,7 @@ def test_one_grpo_step_never_calls_up_a_layer(tmp_path, capsys):
         if callee is None:
             return
         caller = _module(frame.f_back.f_code.co_filename) if frame.f_back else None
-        files.add(callee)
+        called.add(f"{callee}.{frame.f_code.co_name}")
         # cli.py hands over to the stage's main: the one call that starts above the layers it enters.
         if caller is None or caller == callee or caller == "emoji_rl.cli":
             return
@@ -71,5 +71,10 @@ def test_one_grpo_step_never_calls_up_a_layer(tmp_path, capsys):
     finally:
         sys.setprofile(None)
     assert code == 0, capsys.readouterr().err
-    assert "emoji_rl.rl.update" in files and "emoji_rl.game.judge" in files, "the step did not run"
+    # The step ran whole: the sender sampled, the hf judge guessed, the update took its gradient.
+    assert {
+        "emoji_rl.decode.sampler.sample",
+        "emoji_rl.game.judge.guess",
+        "emoji_rl.rl.update.update",
+    } <= called
     assert not upward, "calls that climb a layer:\n" + "\n".join(sorted(upward))
