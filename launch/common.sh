@@ -90,7 +90,7 @@ run() {
 }
 
 # >>> GPU layout
-# GPU layout (planned for 80 GB cards; the README's sizing table gives the reasons). The judge
+# GPU layout (planned for 80 GB cards; docs/gpu/README.md's sizing table gives the reasons). The judge
 # server, the policy server and the trainer each get their own GPUs: vLLM claims its
 # --gpu-memory-utilization share of a card when it starts and refuses to start if less is free, and
 # a trainer beside a server runs out of memory mid-run. Defaults, by GPUS (the box's GPU count):

@@ -3,7 +3,7 @@
 One decoder layer's activations are measured here, on this device with its kernels: the tensors that
 autograd keeps for the backward of a forward through Qwen3.5-4B's layers under LoRA, per layer and
 token. The rest is counted on the real 4B config (32 layers), as `make bench-scale`'s sizing table
-(README, "Sizing") counts it."""
+(docs/gpu/README.md, "Sizing") counts it."""
 
 from __future__ import annotations
 
@@ -25,7 +25,7 @@ LORA_R = 32  # configs/gpu: the stages' default rank
 MEASURED_LAYERS = 4
 # (rows, tokens a row) of the measured forward; activations grow with the tokens, the figure is per token.
 MEASURED = {"cuda": (2, 512), "cpu": (2, 64)}
-# The CUDA context, the allocator's slack and the log-probs of a micro-batch (README: a few GB).
+# The CUDA context, the allocator's slack and the log-probs of a micro-batch (docs/gpu/README.md, "Sizing": a few GB).
 OVERHEAD_GB = 3.0
 
 
