@@ -1,7 +1,9 @@
-"""The package's layers, read from its imports (docs/DESIGN.md, "Layers"): no two modules of
-emoji_rl import each other, directly or around a loop, and a game never reaches up into the samplers
-or the trainer. Read from the source with `ast`, so imports inside functions and under
-`TYPE_CHECKING` count too: a lazy or type-only import is still a dependency a reader has to follow."""
+"""The package's layers, read from its imports (docs/ARCHITECTURE.md, "Layers"): each folder imports
+only its rank or below, folders of one rank never import each other around a loop, nothing below the
+stages imports a stage, no two emoji_rl modules import each other (directly or around a loop), a game
+never reaches up into the samplers or the trainer, and no module is over 400 lines without a reason.
+Read from the source with `ast`, so imports inside functions and under `TYPE_CHECKING` count too: a
+lazy or type-only import is still a dependency a reader has to follow."""
 
 from __future__ import annotations
 
