@@ -20,15 +20,15 @@ if TYPE_CHECKING:
 logger = logging.getLogger(__name__)
 
 
-def _trainer_state(checkpoint: str | Path) -> dict:
-    """The checkpoint's trainer_state.json: its step and log history."""
+def trainer_state(checkpoint: str | Path) -> dict:
+    """The checkpoint's trainer_state.json: its step and log history (read once by a resumed run)."""
     return json.loads((Path(checkpoint) / "trainer_state.json").read_text())
 
 
 def _saved_whole(checkpoint: Path) -> bool:
     """Whether the Trainer finished saving `checkpoint`: it writes trainer_state.json last."""
     try:
-        return "global_step" in _trainer_state(checkpoint)
+        return "global_step" in trainer_state(checkpoint)
     except (OSError, ValueError):
         return False
 
@@ -81,29 +81,27 @@ def checkpoint_to_resume(output_dir: Path, resume: bool, is_main: bool = True) -
     return str(last) if last is not None else None
 
 
-def logged_lines(checkpoint: str | None) -> int:
-    """How many metrics lines a run keeps: those its checkpoint's log history holds (the JSONL callback
-    writes one per entry), or none for a fresh run (not even the step-0 eval of an earlier attempt
-    that died before its first checkpoint)."""
-    return 0 if checkpoint is None else len(_trainer_state(checkpoint)["log_history"])
+def logged_lines(saved: dict | None) -> int:
+    """How many metrics lines a run keeps: those its checkpoint's log history holds (`saved`: its
+    `trainer_state`; the JSONL callback writes one line per entry), or none for a fresh run (not even
+    the step-0 eval of an earlier attempt that died before its first checkpoint)."""
+    return 0 if saved is None else len(saved["log_history"])
 
 
-def restore_token_count(trainer: SFTTrainer, checkpoint: str) -> None:
+def restore_token_count(trainer: SFTTrainer, saved: dict) -> None:
     """TRL (1.16, pinned) counts `num_tokens` from the start of the process, not of the run, so a
     resumed run would log it from 0 again; start it at the count the checkpoint's log history ends with."""
     if not hasattr(trainer, "_total_train_tokens"):
         raise RuntimeError("TRL renamed SFTTrainer._total_train_tokens: update restore_token_count")
-    counts = [
-        entry["num_tokens"] for entry in _trainer_state(checkpoint)["log_history"] if "num_tokens" in entry
-    ]
+    counts = [entry["num_tokens"] for entry in saved["log_history"] if "num_tokens" in entry]
     if counts:
         trainer._total_train_tokens = counts[-1]
 
 
-def resume_point(checkpoint: str) -> tuple[int, float]:
-    """The checkpoint's step and the training loss summed over the steps up to it: what
-    `answer_loss_trainer`'s `resumed` takes to log the whole run's closing `train_loss`."""
-    saved = _trainer_state(checkpoint)
+def resume_point(saved: dict) -> tuple[int, float]:
+    """The checkpoint's step and the training loss summed over the steps up to it (`saved`: its
+    `trainer_state`): what `answer_loss_trainer`'s `resumed` takes to log the whole run's closing
+    `train_loss`."""
     return saved["global_step"], logged_loss_sum(saved["log_history"], saved["global_step"])
 
 

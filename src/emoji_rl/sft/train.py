@@ -38,6 +38,7 @@ from emoji_rl.sft.resume import (
     planned_steps,
     restore_token_count,
     resume_point,
+    trainer_state,
 )
 from emoji_rl.sft.trl_config import Config, build_sft_config, lora_config
 
@@ -53,6 +54,7 @@ def main(cfg: Config) -> None:
     world_size = int(os.environ.get("WORLD_SIZE", "1"))
     is_main = int(os.environ.get("RANK", "0")) == 0
     checkpoint = checkpoint_to_resume(output_dir, cfg.resume, is_main)
+    saved = trainer_state(checkpoint) if checkpoint is not None else None
     runtime = models.pick_runtime(dtype=cfg.dtype)
     args = build_sft_config(cfg, runtime, world_size)
     if runtime.device.startswith("cuda") and runtime.attn_implementation != "flash_attention_2":
@@ -70,7 +72,7 @@ def main(cfg: Config) -> None:
     if is_main:
         save_config(cfg, output_dir)
         # The steps after the checkpoint are redone, so the lines a dead run logged after it go.
-        keep_first_lines(output_dir / METRICS_FILE, logged_lines(checkpoint))
+        keep_first_lines(output_dir / METRICS_FILE, logged_lines(saved))
 
     # --- data: validated and tokenized up front, so a bad line fails before the model loads
     tokenizer = models.load_tokenizer(cfg.model)
@@ -118,9 +120,9 @@ def main(cfg: Config) -> None:
     )
 
     # --- train, evaluate, save
-    if checkpoint is not None:
-        restore_token_count(trainer, checkpoint)
-        trainer.resumed = resume_point(checkpoint)
+    if saved is not None:
+        restore_token_count(trainer, saved)
+        trainer.resumed = resume_point(saved)
     start = time.monotonic()
     if checkpoint is not None and trainer.resumed[0] >= planned_steps(trainer):
         result = finish_from(trainer, checkpoint)
