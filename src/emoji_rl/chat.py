@@ -19,11 +19,10 @@ from emoji_rl.emoji.alphabet import parse_message
 from emoji_rl.emoji.sender_prompts import sender_messages
 from emoji_rl.errors import UserError
 from emoji_rl.lm import models
-from emoji_rl.lm.models import ModelConfig
 
 
 @dataclass
-class Config(SamplingConfig, ModelConfig):
+class Config(SamplingConfig, models.ModelConfig):
     """Chat with a model in emoji."""
 
     adapter: str | None = field(default=None, metadata={"help": "PEFT adapter directory to load on top"})

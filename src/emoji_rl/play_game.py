@@ -25,13 +25,12 @@ from emoji_rl.game.retrieval import RetrievalBuilder, RetrievalConfig, Retrieval
 from emoji_rl.game.reward import Similarity
 from emoji_rl.io.jsonl import read_jsonl
 from emoji_rl.lm import models
-from emoji_rl.lm.models import ModelConfig
 from emoji_rl.lm.template import stop_token_id
 from emoji_rl.rl.rollout.collect import play
 
 
 @dataclass
-class Config(JudgeConfig, RetrievalConfig, ModelConfig):
+class Config(JudgeConfig, RetrievalConfig, models.ModelConfig):
     """Play the retrieval game against the model (the judge_* fields: role sender)."""
 
     role: Literal["sender", "judge"] = field(default="sender", metadata={"help": "the part you play"})

@@ -10,7 +10,6 @@ from emoji_rl.game.judge import LexiconJudge
 from emoji_rl.game.retrieval import RetrievalBuilder, RetrievalRules
 from emoji_rl.game.reward import Background, RewardWeights, Similarity, terminal_reward
 from emoji_rl.lm import models, template
-from emoji_rl.lm.template import stop_token_id
 from emoji_rl.rl.rollout.collect import play
 
 
@@ -27,7 +26,7 @@ class ScriptedSampler:
         text = self.script[len(self.prompts) - 1]
         ids = tuple(self.tokenizer(text, add_special_tokens=False)["input_ids"])
         if self.end_turn:
-            ids += (stop_token_id(self.tokenizer),)
+            ids += (template.stop_token_id(self.tokenizer),)
         self.samples.append([Sample(ids, tuple(-1.0 for _ in ids)) for _ in prompts])
         return self.samples[-1]
 

@@ -16,7 +16,6 @@ from emoji_rl.emoji.sender_prompts import sender_messages
 from emoji_rl.game.types import Game, StepResult
 from emoji_rl.io.metrics import read_metrics
 from emoji_rl.lm import models, template
-from emoji_rl.lm.template import stop_token_id
 from emoji_rl.rl import train as grpo_train
 from emoji_rl.rl.policy import build_policy
 from emoji_rl.rl.rollout.collect import play
@@ -42,7 +41,7 @@ class FavoriteEmojiGame(Game):
         return tuple(template.chat_ids(self.tokenizer, sender_messages(PROMPT)))
 
     async def step(self, action_ids):
-        ended = action_ids[-1] == stop_token_id(self.tokenizer)
+        ended = action_ids[-1] == template.stop_token_id(self.tokenizer)
         parsed = parse_message(
             self.tokenizer.decode(action_ids[:-1] if ended else action_ids), 2, self.max_emoji
         )
@@ -189,7 +188,9 @@ def test_vllm_engine_trains_through_versioned_adapters(tmp_path, monkeypatch):
     monkeypatch.setenv("EMOJI_RL_TEST_POLICY_KEY", "test-key")
     with FakeVLLMServer(FakeLM(tokenizer), logprobs_mode="processed_logprobs") as server:
         endpoint = Endpoint(server.url + "/v1", api_key_env="EMOJI_RL_TEST_POLICY_KEY", backoff_s=0.01)
-        sampler = VLLMSampler(endpoint, "policy", stop_token_id(tokenizer), max_new_tokens=16, max_emoji=4)
+        sampler = VLLMSampler(
+            endpoint, "policy", template.stop_token_id(tokenizer), max_new_tokens=16, max_emoji=4
+        )
         sync = AdapterSync(sampler, cfg.output_dir, "policy", keep=2, session="5e5")
         records = [{"id": "p0", "target": PROMPT}]
 

@@ -27,7 +27,6 @@ from emoji_rl.emoji.alphabet import ALPHABET
 from emoji_rl.emoji.sender_prompts import sender_messages
 from emoji_rl.game.types import Episode, StepResult, Turn
 from emoji_rl.lm import models, template
-from emoji_rl.lm.template import stop_token_id
 from emoji_rl.rl import grpo
 from emoji_rl.rl.batch import collate
 from emoji_rl.rl.checkpoint import TrainState
@@ -150,7 +149,7 @@ def emoji_episodes(tokenizer: PreTrainedTokenizerBase, count: int, group_size: i
     # One code point each (3 SmolLM2 tokens), so a turn is as long as a sampled one under the 24-token
     # budget; ZWJ sequences and skin tones take up to 27 tokens each.
     short = [e for e in ALPHABET if len(e) == 1]
-    stop = stop_token_id(tokenizer)
+    stop = template.stop_token_id(tokenizer)
     episodes = []
     for i in range(count):
         prompt = tuple(

@@ -41,7 +41,6 @@ from emoji_rl.game.judge_config import JudgeConfig
 from emoji_rl.game.reward import SimilarityConfig
 from emoji_rl.io.jsonl import Record, read_jsonl, write_json, write_jsonl
 from emoji_rl.lm import models
-from emoji_rl.lm.models import ModelConfig
 
 if TYPE_CHECKING:
     from emoji_rl.decode.generate import Reply
@@ -56,7 +55,7 @@ STATS_FILE = "rl_prompts_stats.json"
 
 
 @dataclass
-class Config(JudgeConfig, SimilarityConfig, SamplingConfig, ModelConfig):
+class Config(JudgeConfig, SimilarityConfig, SamplingConfig, models.ModelConfig):
     """Keep the prompts whose one-turn round trip (SFT sender -> judge) is similar enough; split them."""
 
     # --- core

@@ -19,7 +19,6 @@ from emoji_rl.emoji.stats import reply_stats
 from emoji_rl.errors import DataError, UserError
 from emoji_rl.io.jsonl import Record, read_jsonl
 from emoji_rl.lm import template
-from emoji_rl.lm.template import chat_ids
 
 if TYPE_CHECKING:
     import torch
@@ -186,5 +185,5 @@ def model_sender(
         max_emoji,
         num_beams,
         guidance_scale,
-        chat_ids(tokenizer, sender_messages("")),
+        template.chat_ids(tokenizer, sender_messages("")),
     )

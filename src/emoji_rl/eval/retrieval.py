@@ -79,7 +79,6 @@ from emoji_rl.io.jsonl import AppendLog, Record, read_jsonl, write_json
 from emoji_rl.io.report import bar_figure, format_table
 from emoji_rl.lm import models
 from emoji_rl.lm.adapters import active_system, load_systems
-from emoji_rl.lm.models import ModelConfig
 from emoji_rl.rl.rollout.collect import play
 
 Mode = Literal["single", "multi"]
@@ -90,7 +89,7 @@ RANDOM_LENGTH = 3
 
 
 @dataclass
-class Config(JudgeConfig, RetrievalConfig, SimilarityConfig, SamplingConfig, ModelConfig):
+class Config(JudgeConfig, RetrievalConfig, SimilarityConfig, SamplingConfig, models.ModelConfig):
     """Evaluate senders on the retrieval game, with paired intervals of their differences."""
 
     # Greedy: every system's emoji read the same way, so a difference between systems is the senders'.

@@ -40,13 +40,12 @@ from emoji_rl.game.judge_config import JudgeConfig
 from emoji_rl.game.reward import SimilarityConfig
 from emoji_rl.io.jsonl import read_jsonl, write_json
 from emoji_rl.lm import models
-from emoji_rl.lm.models import ModelConfig
 
 log = logging.getLogger(__name__)
 
 
 @dataclass
-class Config(JudgeConfig, SimilarityConfig, SamplingConfig, ModelConfig):
+class Config(JudgeConfig, SimilarityConfig, SamplingConfig, models.ModelConfig):
     """Measure the reward's spread inside GRPO groups against the judge's noise."""
 
     adapter: str | None = field(

@@ -33,7 +33,6 @@ from emoji_rl.io.jsonl import read_jsonl, write_json
 from emoji_rl.io.report import bar_figure, format_table
 from emoji_rl.lm import models, template
 from emoji_rl.lm.adapters import active_system, load_systems
-from emoji_rl.lm.models import ModelConfig
 from emoji_rl.rl.rollout.collect import play
 
 if TYPE_CHECKING:
@@ -55,7 +54,7 @@ SOLVER = "solver"
 
 
 @dataclass
-class Config(ModelConfig):
+class Config(models.ModelConfig):
     """Evaluate Wordle players on held-out answers: base vs SFT vs RL."""
 
     systems: list[str] = field(

@@ -16,7 +16,6 @@ import yaml
 
 from emoji_rl.errors import UserError
 from emoji_rl.lm import lora, models
-from emoji_rl.lm.models import ModelConfig
 from emoji_rl.sft.data import Overlong
 
 if TYPE_CHECKING:
@@ -26,7 +25,7 @@ if TYPE_CHECKING:
 
 
 @dataclass
-class Config(ModelConfig):
+class Config(models.ModelConfig):
     """LoRA SFT of the sender with TRL's SFTTrainer; field names follow TRL's SFTConfig."""
 
     # --- core ---

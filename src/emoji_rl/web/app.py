@@ -23,7 +23,6 @@ from emoji_rl.game.retrieval import RetrievalConfig
 from emoji_rl.game.reward import SimilarityConfig
 from emoji_rl.io.jsonl import read_jsonl
 from emoji_rl.lm import models
-from emoji_rl.lm.models import ModelConfig
 from emoji_rl.web.rounds import TURN_LIMIT, Rounds, target_ids
 from emoji_rl.web.runners import LoadedModels
 from emoji_rl.web.server import is_loopback, make_server
@@ -33,7 +32,7 @@ log = logging.getLogger(__name__)
 
 
 @dataclass
-class Config(JudgeConfig, RetrievalConfig, SimilarityConfig, ModelConfig):
+class Config(JudgeConfig, RetrievalConfig, SimilarityConfig, models.ModelConfig):
     """Serve the retrieval game to people in a browser; their answers are the human evaluation."""
 
     systems: list[str] = field(

@@ -20,7 +20,6 @@ from emoji_rl.game.judge import LexiconJudge
 from emoji_rl.game.retrieval import RetrievalBuilder, RetrievalRules
 from emoji_rl.io.endpoint import Endpoint, wait_for_server
 from emoji_rl.lm import template
-from emoji_rl.lm.template import stop_token_id
 from emoji_rl.rl import grpo
 from emoji_rl.rl.rollout.collect import play
 from emoji_rl.rl.rollout.vllm import AdapterSync, VLLMSampler
@@ -45,7 +44,9 @@ def endpoint(server, **kwargs):
 
 
 def sampler_for(server, tokenizer, **kwargs):
-    return VLLMSampler(endpoint(server), "policy", stop_token_id(tokenizer), max_new_tokens=64, **kwargs)
+    return VLLMSampler(
+        endpoint(server), "policy", template.stop_token_id(tokenizer), max_new_tokens=64, **kwargs
+    )
 
 
 class WordOverlap:
@@ -382,7 +383,7 @@ def test_retrieval_turns_play_end_to_end_through_the_vllm_sampler(server, smollm
     for e, episode in enumerate(episodes):
         assert len(episode.turns) == 2  # tau 0.99 is out of reach: both turns are played
         for turn in episode.turns:
-            assert turn.action_ids[-1] == stop_token_id(smollm2_tokenizer)
+            assert turn.action_ids[-1] == template.stop_token_id(smollm2_tokenizer)
             assert all(lp <= 0 for lp in turn.action_logprobs)
             replay_masks(constraint, turn.action_ids)  # the trainer can replay the grammar over them
         assert episode.turns[-1].result.metrics["format_violation"] == 0.0
