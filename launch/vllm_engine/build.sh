@@ -6,18 +6,21 @@
 # machine reuses them and an edit here builds afresh. A failure names its step and its log.
 #
 #   launch/vllm_engine/build.sh            # build or reuse; link .venv-vllm-engine to the venv
-#   launch/vllm_engine/build.sh --print-venv   # the venv's path for this recipe, nothing built
+#   launch/vllm_engine/build.sh --print-venv   # the venv's path for this recipe and CPU, nothing built
+#   launch/vllm_engine/build.sh --print-library   # the kernel library it builds for this CPU, nothing built
 #
 # Settings (environment, default):
 #   EMOJI_RL_CACHE   the project's cache                    (~/.cache/emoji-rl)
 #   MAX_JOBS         compile jobs                           (the machine's cores)
+#   EMOJI_RL_CPUINFO the CPU to build for, as a /proc/cpuinfo text (/proc/cpuinfo)
 #
 # What it takes (README.md beside this file says why each workaround is needed):
 #   - torch 2.14.1 from the registry (a CUDA build, used as a CPU library): vLLM's CPU requirements pin
 #     torch==2.14.0+cpu, which the registry does not carry; vLLM's tools/use_existing_torch.py unpins it.
-#   - vllm-cpu.patch: AVX2 extension only, oneDNN left out, gcc 12.2 accepted.
+#   - vllm-cpu.patch: only the kernel library this CPU loads (kernels.py), oneDNN left out, gcc 12.2.
 #   - torch-cmake-nocuda.patch: find_package(Torch) without a CUDA toolkit.
-# A cold build takes about 11 minutes on 2 cores (8 of them compiling) and 6.9 GB of disk.
+# The build ends by loading the kernels as vLLM's engine does (kernels.py check); a reused engine is
+# checked the same way, in a few seconds. Cold build times are in README.md beside this file.
 set -euo pipefail
 HERE=$(cd "$(dirname "$0")" && pwd)
 REPO=$(cd "$HERE/../.." && pwd)
@@ -27,15 +30,18 @@ SDIST_SHA256=f4c33c2503d52bb411146afa9618a4f48bed68912f617e6803ac8d76e4c74112
 TORCH_PINS=(torch==2.14.1 torchvision==0.29.1)
 PY=${PYTHON:-python3.11}
 
+# The one x86 kernel library vLLM loads on this CPU (_C, _C_AVX512 or _C_AVX2): the only one built, so
+# it is part of the key, and an engine built for another CPU is never reused here.
+LIBRARY=$(python3 "$HERE/kernels.py" library)
 # What the build is made of: the cache key. Comments and the steps' plumbing stay out of it, so that
 # editing them does not cost a 20-minute rebuild; change one of these and the engine is rebuilt.
-BUILD_ENV=(VLLM_TARGET_DEVICE=cpu VLLM_CPU_AVX2_ONLY=1 VLLM_CPU_DISABLE_ONEDNN=1 CMAKE_BUILD_TYPE=Release
+BUILD_ENV=(VLLM_TARGET_DEVICE=cpu "VLLM_CPU_EXTENSIONS=$LIBRARY" VLLM_CPU_DISABLE_ONEDNN=1 CMAKE_BUILD_TYPE=Release
   "CMAKE_ARGS=-DENABLE_AMX_FP8=OFF" CARGO_NET_OFFLINE=true SETUPTOOLS_SCM_PRETEND_VERSION=$VLLM_VERSION)
 DROPPED_REQUIREMENTS='^(triton @|torchaudio|torchcodec)'
 KEY=$( (echo "$VLLM_VERSION $SDIST_SHA256 ${TORCH_PINS[*]} ${BUILD_ENV[*]} $DROPPED_REQUIREMENTS $PY"
   cat "$HERE"/*.patch) | sha256sum | cut -c1-12)
 ROOT=${EMOJI_RL_CACHE:-$HOME/.cache/emoji-rl}/vllm-engine
-WORK=$ROOT/$KEY
+WORK=$ROOT/$KEY-vllm$LIBRARY
 VENV=$WORK/venv
 SRC=$WORK/src/vllm-$VLLM_VERSION
 WHEEL_DIR=$WORK/wheel
@@ -43,6 +49,7 @@ LOGS=$WORK/logs
 SDIST=$ROOT/sdist/vllm-$VLLM_VERSION.tar.gz
 
 if [[ "${1:-}" == --print-venv ]]; then echo "$VENV"; exit 0; fi
+if [[ "${1:-}" == --print-library ]]; then echo "$LIBRARY"; exit 0; fi
 [[ $# -eq 0 ]] || { sed -n '2,/^[^#]/p' "$0" | sed -e '/^[^#]/d' -e 's/^# \{0,1\}//'; exit 0; }
 
 export MAX_JOBS=${MAX_JOBS:-$(nproc)}
@@ -145,8 +152,17 @@ from vllm.platforms import current_platform
 assert current_platform.is_cpu(), current_platform
 print("vllm", vllm.__version__, "on", current_platform.device_name, "torch", torch.__version__)
 '
+  load_kernels
 }
 
+# The engine's kernels loaded by vLLM's own import_kernels, then the ops its CPU worker calls: part of
+# the install step (a build that fails it is never marked done) and run again on every reuse.
+load_kernels() {
+  (cd / && "$VENV/bin/python" "$HERE/kernels.py" check)
+}
+
+# An engine built by an earlier run is checked below; one built now was checked by its install step.
+REUSED=$([[ -e "$WORK/done/install" ]] && echo yes || true)
 step system-packages system_packages
 step sdist fetch_sdist
 step venv make_venv
@@ -155,6 +171,10 @@ step requirements requirements
 step torch-cmake torch_cmake
 step compile compile_wheel
 step install install_wheel
+if [[ -n "$REUSED" ]] && ! load_kernels; then
+  echo "vllm-engine: the cached engine at $WORK does not load here; remove that folder to build it again" >&2
+  exit 1
+fi
 
 ln -sfn "$VENV" "$REPO/.venv-vllm-engine"
 echo "vllm-engine: ready: $REPO/.venv-vllm-engine -> $VENV" >&2

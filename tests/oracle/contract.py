@@ -269,7 +269,42 @@ def op_grammar(
     }
 
 
-OPS = {"requests": op_requests, "serve": op_serve, "responses": op_responses, "grammar": op_grammar}
+def op_import_kernels(avx512: bool, avx512_bf16: bool) -> list[str]:
+    """The kernel libraries vLLM's `CpuPlatform.import_kernels` imports on this x86 machine when torch's
+    CPU probes answer so. Nothing is loaded: each `vllm._C*` import is recorded and refused."""
+    import importlib.abc
+
+    import torch
+    from vllm.platforms.cpu import CpuPlatform
+
+    tried: list[str] = []
+
+    class Refuse(importlib.abc.MetaPathFinder):
+        def find_spec(self, name: str, path: Any, target: Any = None) -> None:
+            if name.startswith("vllm._C"):
+                tried.append(name)
+                raise ImportError(f"{name} refused by the oracle")
+
+    loaded = {name: sys.modules.pop(name) for name in list(sys.modules) if name.startswith("vllm._C")}
+    finder = Refuse()
+    sys.meta_path.insert(0, finder)
+    with contextlib.ExitStack() as undo:
+        undo.callback(sys.modules.update, loaded)
+        undo.callback(sys.meta_path.remove, finder)
+        for probe, answer in (("_is_avx512_supported", avx512), ("_is_avx512_bf16_supported", avx512_bf16)):
+            undo.callback(setattr, torch.cpu, probe, getattr(torch.cpu, probe))
+            setattr(torch.cpu, probe, lambda answer=answer: answer)
+        CpuPlatform.import_kernels()
+    return tried
+
+
+OPS = {
+    "requests": op_requests,
+    "serve": op_serve,
+    "responses": op_responses,
+    "grammar": op_grammar,
+    "import_kernels": op_import_kernels,
+}
 
 
 def main() -> None:
