@@ -42,6 +42,9 @@ class Sample:
     resume: Any = field(default=None, repr=False, compare=False)
     """What the sampler can go on from in the episode's next turn instead of reading it all again
     (the hf engine's KV cache of the row), or None."""
+    version: int | None = None
+    """The adapter version that sampled it (the trainer step that published it, on a vLLM server);
+    None: the weights being trained, in-process."""
 
 
 class Sampler(Protocol):

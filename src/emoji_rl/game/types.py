@@ -50,6 +50,9 @@ class Turn:
     action_logprobs: tuple[float, ...]
     """The sampler's log-probs of `action_ids`, under the constraint it sampled with."""
     result: StepResult
+    sampler_version: int | None = None
+    """The adapter version that sampled this turn (`Sample.version`): the trainer step that published
+    it; None: the weights being trained."""
 
 
 @dataclass(frozen=True)

@@ -37,7 +37,9 @@ async def play(games: Sequence[Game], sampler: Sampler) -> list[Episode]:
         )
         still_live = []
         for i, sample, result in zip(live, samples, results, strict=True):
-            turns[i].append(Turn(tuple(observations[i]), sample.token_ids, sample.logprobs, result))
+            turns[i].append(
+                Turn(tuple(observations[i]), sample.token_ids, sample.logprobs, result, sample.version)
+            )
             if not result.done:
                 observations[i] = result.next_observation_ids
                 sequences[i] = (*sequences[i], *sample.token_ids, *result.next_observation_ids)
