@@ -20,7 +20,8 @@
 #   EVAL_CONFIG  config of the evaluation                               (configs/gpu/eval_retrieval.yaml)
 #   PYTHON       interpreter with emoji-rl installed                    (.venv/bin/python if present, else python3)
 #   and every setting of serve_judge.sh, serve_policy.sh, train_grpo.sh and eval_retrieval.sh
-#   (JUDGE_MODEL, POLICY_MODEL, JUDGE_PORT, POLICY_PORT, JUDGE_NAME, POLICY_NAME, *_API_KEY, ...).
+#   (JUDGE_MODEL, POLICY_MODEL, JUDGE_PORT, POLICY_PORT, JUDGE_NAME, POLICY_NAME, *_API_KEY, ...;
+#   MAX_OFF_POLICY_STEPS reaches the policy server and the GRPO stage alike).
 set -uo pipefail  # not -e: a failed stage is recorded and the summary still printed
 cd "$(dirname "$0")/.."
 source launch/common.sh

@@ -7,6 +7,9 @@
 # box's GPU count, by default what nvidia-smi lists); SFT runs alone on every GPU. These variables
 # reach the scripts as they are, since make exports its command-line variables.
 #   make serve-judge PROFILE=gpu      make rl PROFILE=gpu ARGS="--max_steps 100"      make eval PROFILE=gpu GPUS=8
+# Asynchronous GRPO: give the policy server and the trainer the same MAX_OFF_POLICY_STEPS (K; unset, the
+# server holds 2 adapter versions and the trainer takes its config's K):
+#   make serve-policy PROFILE=gpu MAX_OFF_POLICY_STEPS=2      make rl PROFILE=gpu MAX_OFF_POLICY_STEPS=2
 PROFILE ?= cpu
 ARGS ?=
 BIN ?= .venv/bin

@@ -12,6 +12,7 @@
 #   NNODES=2 NODE_RANK=1 MASTER_ADDR=10.0.0.1 JUDGE_GPUS= POLICY_GPUS= TRAIN_GPUS=0,1,2,3,4,5,6,7 \
 #     launch/train_grpo.sh --judge_url http://10.0.0.1:8001 --vllm_url http://10.0.0.1:8002   # node 1
 #   LAUNCHER=torchrun launch/train_grpo.sh
+#   MAX_OFF_POLICY_STEPS=2 launch/train_grpo.sh                # with serve_policy.sh started so too
 #   GPUS=0 CONFIG=configs/cpu/grpo.yaml launch/train_grpo.sh --engine vllm   # no GPU: one CPU process
 #   launch/train_grpo.sh --dry-run                             # print the command, run nothing
 #
@@ -26,6 +27,11 @@
 #   LAUNCHER     accelerate | torchrun                   (accelerate)
 #   STRATEGY     ddp | fsdp, for accelerate              (ddp: configs/accelerate/ddp.yaml)
 #   CONFIG       emoji-rl grpo config file               (configs/gpu/grpo.yaml)
+#   MAX_OFF_POLICY_STEPS  K, passed as --max_off_policy_steps (before the extra arguments): rollouts
+#                sample with adapters up to K updates old      (unset: the config file's value, 1 in
+#                configs/gpu/grpo.yaml). Give launch/serve_policy.sh the same: it holds K+1 adapter
+#                versions (--max-loras) and assumes K=1 when unset. Set, an explicit
+#                --max_off_policy_steps other than K is refused.
 #   JUDGE_GPUS, POLICY_GPUS  checked: none may share a GPU with TRAIN_GPUS; POLICY_GPUS empty = --engine hf
 #   PYTHON       interpreter with emoji-rl installed     (.venv/bin/python if present, else python3)
 set -euo pipefail
@@ -52,6 +58,23 @@ require_one_of LAUNCHER "$LAUNCHER" accelerate torchrun
 require_one_of STRATEGY "$STRATEGY" ddp fsdp
 
 stage=(-m emoji_rl.cli grpo --config "$CONFIG")
+# The policy server was sized for MAX_OFF_POLICY_STEPS (--max-loras K+1): a flag that says otherwise
+# would have the trainer sample with more adapter versions than the server batches at once.
+if [[ -n "${MAX_OFF_POLICY_STEPS:-}" ]]; then
+  require_int MAX_OFF_POLICY_STEPS "$MAX_OFF_POLICY_STEPS" 0
+  for ((i = 0; i < ${#ARGS[@]}; i++)); do
+    case "${ARGS[$i]}" in
+      --max_off_policy_steps) value=${ARGS[$((i + 1))]:-} ;;
+      --max_off_policy_steps=*) value=${ARGS[$i]#*=} ;;
+      *) continue ;;
+    esac
+    [[ "$value" =~ ^[0-9]+$ ]] || die "--max_off_policy_steps '$value' must be an integer >= 0"
+    (( 10#$value == 10#$MAX_OFF_POLICY_STEPS )) \
+      || die "--max_off_policy_steps $value disagrees with MAX_OFF_POLICY_STEPS=$MAX_OFF_POLICY_STEPS: the policy server holds MAX_OFF_POLICY_STEPS+1 adapter versions (--max-loras), and this trainer would sample with $((10#$value + 1)); set MAX_OFF_POLICY_STEPS=$value for launch/serve_policy.sh and this script both, and drop the flag"
+  done
+  # Before ARGS, as --engine below.
+  stage+=(--max_off_policy_steps "$MAX_OFF_POLICY_STEPS")
+fi
 # Before ARGS, so an explicit --engine still wins. Only on one node: another node's layout has no
 # policy server of its own, yet the job's rollouts may use node 0's.
 ! has_server POLICY && [[ "$NNODES" == 1 ]] && stage+=(--engine hf)

@@ -15,7 +15,8 @@
 # Settings (environment, default):
 #   SERVER_LOG_DIR  the servers' logs                                  (runs/servers)
 #   WAIT_S          seconds to wait for each server to answer /health  (900)
-#   JUDGE_PORT, POLICY_PORT, and every setting of serve_judge.sh and serve_policy.sh
+#   JUDGE_PORT, POLICY_PORT, and every setting of serve_judge.sh and serve_policy.sh; the command
+#                   sees them too (MAX_OFF_POLICY_STEPS: the policy server's and train_grpo.sh's K)
 #   GPUS, JUDGE_GPUS, POLICY_GPUS, TRAIN_GPUS   the layout (below), checked first
 #   PYTHON          interpreter with emoji-rl installed                (.venv/bin/python if present, else python3)
 set -euo pipefail

@@ -155,6 +155,43 @@ def test_policy_server_refuses_settings_vllm_would_refuse(env, message):
     assert result.returncode == 2 and message in result.stderr
 
 
+@pytest.mark.parametrize(
+    ("k", "loras", "cpu_loras"),
+    [(None, "2", "4"), ("0", "2", "4"), ("1", "2", "4"), ("3", "4", "5"), ("6", "7", "8")],
+)
+def test_policy_server_holds_an_adapter_version_per_update_the_rollouts_may_lag(k, loras, cpu_loras):
+    # MAX_OFF_POLICY_STEPS=K: the trainer samples with up to K+1 versions at once; unset, the gpu
+    # profile's K=1. The CPU cache also holds the version being published before the oldest unloads.
+    env = {"GPUS": "4"} if k is None else {"GPUS": "4", "MAX_OFF_POLICY_STEPS": k}
+    [argv] = dry_run("serve_policy.sh", **env)
+    assert flag(argv, "--max-loras") == loras and flag(argv, "--max-cpu-loras") == cpu_loras
+    # An explicit POLICY_MAX_LORAS raises the CPU cache's default with it (vLLM refuses it below).
+    [argv] = dry_run("serve_policy.sh", POLICY_MAX_LORAS="9", **env)
+    assert flag(argv, "--max-loras") == "9" and flag(argv, "--max-cpu-loras") == "9"
+
+
+@pytest.mark.parametrize(
+    ("env", "message"),
+    [
+        ({"POLICY_MAX_LORAS": "1"}, "POLICY_MAX_LORAS=1 is below MAX_OFF_POLICY_STEPS+1 = 2"),
+        (
+            {"MAX_OFF_POLICY_STEPS": "3", "POLICY_MAX_LORAS": "3"},
+            "POLICY_MAX_LORAS=3 is below MAX_OFF_POLICY_STEPS+1 = 4: a trainer with max_off_policy_steps=3 "
+            "samples with up to 4 adapter versions at once",
+        ),
+        ({"MAX_OFF_POLICY_STEPS": "-1"}, "MAX_OFF_POLICY_STEPS=-1 must be an integer >= 0"),
+    ],
+)
+def test_policy_server_refuses_fewer_loras_than_the_versions_in_use(env, message):
+    result = run("serve_policy.sh", "--dry-run", GPUS="4", **env)
+    assert result.returncode == 2 and result.stdout == "" and message in result.stderr
+
+
+def test_lockstep_may_serve_one_adapter():
+    [argv] = dry_run("serve_policy.sh", GPUS="4", MAX_OFF_POLICY_STEPS="0", POLICY_MAX_LORAS="1")
+    assert flag(argv, "--max-loras") == "1"
+
+
 # --- train_grpo.sh -------------------------------------------------------------------------------------
 
 
@@ -172,6 +209,47 @@ def test_grpo_single_node_accelerate():
     assert args.config_file == "configs/accelerate/ddp.yaml" and args.main_process_port == 29500
     assert args.module and args.training_script == "emoji_rl.cli"
     assert args.training_script_args == ["grpo", "--config", "configs/gpu/grpo.yaml", "--max_steps", "2"]
+
+
+def test_grpo_takes_max_off_policy_steps_from_the_environment_before_the_extra_arguments():
+    [argv] = dry_run("train_grpo.sh", "--max_steps", "2", GPUS="4", MAX_OFF_POLICY_STEPS="3")
+    args = accelerate_args(split_env(argv)[1]).training_script_args
+    assert args[3:] == ["--max_off_policy_steps", "3", "--max_steps", "2"]
+    # Unset (or empty): the config file's value stands.
+    for env in ({}, {"MAX_OFF_POLICY_STEPS": ""}):
+        [argv] = dry_run("train_grpo.sh", GPUS="4", **env)
+        assert "--max_off_policy_steps" not in accelerate_args(split_env(argv)[1]).training_script_args
+    # A flag that agrees is harmless; so is any flag with the variable unset (the config's field).
+    for env, flags in (
+        ({"MAX_OFF_POLICY_STEPS": "2"}, ["--max_off_policy_steps", "2"]),
+        ({}, ["--max_off_policy_steps=5"]),
+    ):
+        [argv] = dry_run("train_grpo.sh", *flags, GPUS="4", **env)
+        assert accelerate_args(split_env(argv)[1]).training_script_args[-len(flags) :] == flags
+
+
+@pytest.mark.parametrize("flags", [["--max_off_policy_steps", "2"], ["--max_off_policy_steps=2"]])
+def test_grpo_refuses_a_max_off_policy_steps_flag_the_policy_server_was_not_sized_for(flags):
+    result = run("train_grpo.sh", "--dry-run", *flags, GPUS="4", MAX_OFF_POLICY_STEPS="1")
+    assert result.returncode == 2 and result.stdout == ""
+    assert "--max_off_policy_steps 2 disagrees with MAX_OFF_POLICY_STEPS=1" in result.stderr
+    assert "set MAX_OFF_POLICY_STEPS=2 for launch/serve_policy.sh and this script both" in result.stderr
+
+
+@pytest.mark.parametrize("script", ["gpu_smoke.sh", "with_servers.sh"])
+def test_max_off_policy_steps_reaches_the_policy_server_and_the_trainer_alike(script):
+    args = (
+        ("judge,policy", "--dry-run", "--", "launch/train_grpo.sh")
+        if script == "with_servers.sh"
+        else ("--dry-run",)
+    )
+    result = run(script, *args, GPUS="8", MAX_OFF_POLICY_STEPS="3")
+    assert result.returncode == 0, result.stderr
+    commands = [shlex.split(line) for line in result.stdout.splitlines() if line and not line.startswith("#")]
+    [policy] = [argv for argv in commands if "--enable-lora" in argv]
+    [grpo] = [argv for argv in commands if "grpo" in argv and "emoji_rl.cli" in argv]
+    assert flag(policy, "--max-loras") == "4"
+    assert flag(accelerate_args(split_env(grpo)[1]).training_script_args, "--max_off_policy_steps") == "3"
 
 
 # A node without servers gives the trainer all its GPUs (empty settings: no judge, no policy here).
@@ -529,6 +607,18 @@ def test_make_rl_and_eval_run_on_train_gpus(target, gpus):
     [argv] = [shlex.split(line) for line in result.stdout.splitlines() if "emoji_rl.cli" in line]
     assert gpus_of(argv) == as_set(LAYOUTS[gpus][2])
     assert argv[-2:] == ["--max_steps", "3"]
+
+
+@pytest.mark.skipif(shutil.which("make") is None, reason="needs make")
+def test_make_passes_max_off_policy_steps_to_the_policy_server_and_the_trainer():
+    k = "MAX_OFF_POLICY_STEPS=3"
+    result = make("serve-policy", "PROFILE=gpu", "GPUS=4", k, "ARGS=--dry-run", VLLM="vllm")
+    assert result.returncode == 0, result.stderr
+    [policy] = [shlex.split(line) for line in result.stdout.splitlines() if " serve " in line]
+    assert flag(policy, "--max-loras") == "4"
+    result = make("rl", "PROFILE=gpu", "GPUS=4", k, "ARGS=--dry-run")
+    [grpo] = [shlex.split(line) for line in result.stdout.splitlines() if "emoji_rl.cli" in line]
+    assert flag(grpo, "--max_off_policy_steps") == "3"
 
 
 @pytest.mark.skipif(shutil.which("make") is None, reason="needs make")

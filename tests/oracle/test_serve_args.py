@@ -27,6 +27,9 @@ SERVERS = {
 # The headers' examples are read as on a 4-GPU box, unless they set GPUS themselves (GPUS=0: the CPU
 # layout). The interpreter is the suite's: the CPU layout resolves the embedded model's directory with it.
 HEADER_BOX = {"GPUS": "4", "PYTHON": sys.executable}
+# The policy server's size for asynchronous GRPO (MAX_OFF_POLICY_STEPS, K; unset: 1): lockstep and a
+# lag of several updates, on each layout with a policy server.
+OFF_POLICY_STEPS = ("0", "3")
 ASSIGNMENT = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*=")
 
 
@@ -47,15 +50,30 @@ def header_examples(script: str) -> list[tuple[dict[str, str], list[str]]]:
     return examples
 
 
-CASES = [
-    pytest.param(script, {"GPUS": str(gpus), "PYTHON": sys.executable}, [], id=f"{script}-GPUS={gpus}")
-    for gpus, scripts in SERVERS.items()
-    for script in scripts
-] + [
-    pytest.param(script, HEADER_BOX | env, args, id=f"{script}-header-{i}")
-    for script in SCRIPTS
-    for i, (env, args) in enumerate(header_examples(script))
-]
+CASES = (
+    [
+        pytest.param(script, {"GPUS": str(gpus), "PYTHON": sys.executable}, [], id=f"{script}-GPUS={gpus}")
+        for gpus, scripts in SERVERS.items()
+        for script in scripts
+    ]
+    + [
+        pytest.param(
+            script,
+            {"GPUS": str(gpus), "PYTHON": sys.executable, "MAX_OFF_POLICY_STEPS": k},
+            [],
+            id=f"{script}-GPUS={gpus}-K={k}",
+        )
+        for gpus, scripts in SERVERS.items()
+        if "serve_policy.sh" in scripts
+        for script in ("serve_policy.sh", "gpu_smoke.sh")
+        for k in OFF_POLICY_STEPS
+    ]
+    + [
+        pytest.param(script, HEADER_BOX | env, args, id=f"{script}-header-{i}")
+        for script in SCRIPTS
+        for i, (env, args) in enumerate(header_examples(script))
+    ]
+)
 
 
 def vllm_serve_argvs(stdout: str) -> list[list[str]]:
@@ -103,6 +121,11 @@ def test_each_printed_vllm_serve_command_parses_with_vllms_parser(parsed, reques
         if parsed_args["enable_lora"]:  # the policy server: what the rollout engine needs of it
             assert parsed_args["logprobs_mode"] == LOGPROBS_MODE
             assert parsed_args["structured_outputs_backend"] == "xgrammar"
+            # An adapter version per update the rollouts may lag, and vLLM's LoRAConfig check (which
+            # `vllm serve`'s validate does not run): the CPU cache holds at least a batch's adapters.
+            in_use = int(env.get("MAX_OFF_POLICY_STEPS", "1")) + 1
+            assert parsed_args["max_loras"] >= in_use
+            assert parsed_args["max_cpu_loras"] >= parsed_args["max_loras"]
 
 
 def test_the_executable_may_live_in_a_venv_and_unknown_flags_are_refused(vllm_oracle):
