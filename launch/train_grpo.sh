@@ -3,7 +3,7 @@
 # (default) or `torchrun`. Each process rolls out its share of the batch and gradients are
 # all-reduced. Start launch/serve_judge.sh and launch/serve_policy.sh first: the layout below gives
 # them other GPUs. A layout without a policy server (2 GPUs) rolls out in the trainer's processes:
-# this script then passes `--engine hf` (on one node). Extra arguments go to `emoji-rl grpo` and win
+# this script then passes `--engine hf --max_off_policy_steps 0` (on one node). Extra arguments go to `emoji-rl grpo` and win
 # over the config file.
 #
 #   launch/train_grpo.sh                                       # TRAIN_GPUS, configs/gpu/grpo.yaml
@@ -76,8 +76,9 @@ if [[ -n "${MAX_OFF_POLICY_STEPS:-}" ]]; then
   stage+=(--max_off_policy_steps "$MAX_OFF_POLICY_STEPS")
 fi
 # Before ARGS, so an explicit --engine still wins. Only on one node: another node's layout has no
-# policy server of its own, yet the job's rollouts may use node 0's.
-! has_server POLICY && [[ "$NNODES" == 1 ]] && stage+=(--engine hf)
+# policy server of its own, yet the job's rollouts may use node 0's. In-process rollouts use the
+# weights being trained, so they never run ahead of them (after any K above: the last flag wins).
+! has_server POLICY && [[ "$NNODES" == 1 ]] && stage+=(--engine hf --max_off_policy_steps 0)
 stage+=(${ARGS[@]+"${ARGS[@]}"})
 
 # Without GPUs: one process, beside the servers on the CPU.

@@ -264,20 +264,20 @@ def _grpo(run: Path) -> None:
         forwards[0] += max(len(tokens) for tokens, _, _ in rows)  # one forward per step of the longest row
         return rows
 
-    def collect_and_record(stream, *args, **kwargs):
+    async def collect_and_record(stream, *args, **kwargs):
         forwards[0] = 0
-        rollouts = collect(stream, *args, **kwargs)
+        rollouts = await collect(stream, *args, **kwargs)
         with open(run / f"decoded{dist.get_rank()}", "a") as f:
             f.write(json.dumps({"step": stream.state.step + 1, "forwards": forwards[0]}) + "\n")
         return rollouts
 
-    def record_then_save(accelerator, run_dir, state, model, optimizer, scheduler, game):
+    def record_then_save(accelerator, run_dir, state, model, optimizer, scheduler, game, behaviour):
         if game.state is not None:
             with open(run / f"curriculum{accelerator.process_index}", "a") as f:
                 f.write(json.dumps(game.state.state_dict()) + "\n")
         distributed = accelerator.distributed_type.value
         _record_and_maybe_die(run_dir, accelerator.process_index, state.step, model, optimizer, distributed)
-        save(accelerator, run_dir, state, model, optimizer, scheduler, game)
+        save(accelerator, run_dir, state, model, optimizer, scheduler, game, behaviour)
 
     generate.decode, train.collect, train._save = counted_decode, collect_and_record, record_then_save
 

@@ -345,8 +345,9 @@ def test_each_layout_gives_judge_policy_and_trainer_disjoint_gpus(gpus):
     for server in filter(None, (judge, policy)):
         size = int(flag(server, "--tensor-parallel-size")) * int(flag(server, "--data-parallel-size"))
         assert size == len(gpus_of(server))
-    if policy is None:  # no policy server: rollouts in the trainer's process
+    if policy is None:  # no policy server: rollouts in the trainer's process, which cannot run ahead
         assert flag(stage.training_script_args, "--engine") == "hf"
+        assert flag(stage.training_script_args, "--max_off_policy_steps") == "0"
     else:
         assert "--engine" not in stage.training_script_args  # the config's vllm
         # Runtime-loaded adapters live in one API process's table: vLLM refuses more than one.

@@ -246,8 +246,8 @@ def _run_stage_recording_each_rank() -> int:
     run = Path(sys.argv[sys.argv.index("--output_dir") + 1])
     collect, save = train.collect, train._save
 
-    def collect_and_record(stream, *args, **kwargs):
-        rollouts = collect(stream, *args, **kwargs)
+    async def collect_and_record(stream, *args, **kwargs):
+        rollouts = await collect(stream, *args, **kwargs)
         line = {"rank": dist.get_rank(), "step": stream.state.step + 1}
         line["prompts"] = [g.prompt_id for g in rollouts.played]
         with open(run / f"prompts{dist.get_rank()}", "a") as f:

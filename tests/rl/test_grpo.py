@@ -177,3 +177,53 @@ def test_truncated_importance_weights_cap_and_detach():
     w = grpo.truncated_importance_weights(trainer, sampler, cap=2.0)
     assert torch.allclose(w, torch.tensor([[2.0, 0.5]]))
     assert not w.requires_grad
+
+
+def test_policy_loss_weighs_each_token_by_its_truncated_ratio_hand_worked():
+    # Ratios p_trainer / p_sampler: e^0.2 = 1.2214, e^-1 = 0.3679, e^1.5 = 4.4817 (truncated to 2).
+    trainer = torch.tensor([[-1.0, -2.0, -0.5]], requires_grad=True)
+    sampler = torch.tensor([[-1.2, -1.0, -2.0]])
+    loss, clipped, truncated = grpo.policy_loss(trainer, sampler, torch.tensor([1.0]), (0.2, 0.2), cap=2.0)
+    # The ratio to the proximal policy is 1 (one update per batch): the loss is -A x weight.
+    assert loss.tolist()[0] == pytest.approx([-math.exp(0.2), -math.exp(-1.0), -2.0], abs=1e-6)
+    assert truncated.tolist() == [[0.0, 0.0, 1.0]] and clipped.tolist() == [[0.0, 0.0, 0.0]]
+    # d loss / d logp = -A x weight x ratio (ratio 1): the weight is a constant, not differentiated.
+    loss.sum().backward()
+    assert trainer.grad.tolist()[0] == pytest.approx([-math.exp(0.2), -math.exp(-1.0), -2.0], abs=1e-6)
+    # The trainer sampled (no behaviour log-probs): no weight, nothing truncated.
+    plain, _, none = grpo.policy_loss(trainer, None, torch.tensor([1.0]), (0.2, 0.2))
+    assert plain.tolist() == [[-1.0, -1.0, -1.0]] and none.sum() == 0
+
+
+def test_a_one_version_lag_is_corrected_to_the_on_policy_gradient():
+    """One-token episodes over 4 outcomes, sampled by the adapter one update behind the trainer's
+    weights (behaviour mu = softmax(theta_old)), each outcome in the batch as often as mu draws it.
+    The on-policy gradient of the expected advantage under the trainer's pi = softmax(theta) is
+    the reference: the corrected loss gives it exactly (no ratio reaches the cap), the loss that
+    takes the samples as on-policy gives another one."""
+    mu = torch.tensor([1 / 2, 1 / 4, 1 / 8, 1 / 8])
+    outcomes = torch.tensor([0, 0, 0, 0, 1, 1, 2, 3])  # 8 rows in mu's proportions
+    advantage = torch.tensor([1.0, -0.5, 0.25, -1.0])
+    theta_old = mu.log()
+
+    def loss_at(theta, behaviour):
+        logp = torch.log_softmax(theta, -1)[outcomes].unsqueeze(1)
+        per_token, _, _ = grpo.policy_loss(logp, behaviour, advantage[outcomes], (0.2, 0.2), cap=2.0)
+        return grpo.aggregate(per_token, torch.ones_like(logp, dtype=torch.bool), "dapo")
+
+    # The planted lag: one plain policy-gradient step from the behaviour's weights.
+    start = theta_old.clone().requires_grad_()
+    loss_at(start, None).backward()
+    theta = (theta_old - 2.0 * start.grad).requires_grad_()
+    pi = torch.softmax(theta.detach(), -1)
+    assert not torch.allclose(pi, mu, atol=1e-2) and (pi / mu).max() < 2.0
+
+    reference = torch.autograd.grad(-(torch.softmax(theta, -1) * advantage).sum(), theta)[0]
+    behaviour = mu.log()[outcomes].unsqueeze(1)
+    corrected = torch.autograd.grad(loss_at(theta, behaviour), theta)[0]
+    uncorrected = torch.autograd.grad(loss_at(theta, None), theta)[0]
+    assert torch.allclose(corrected, reference, atol=1e-6), (corrected, reference)
+    assert (uncorrected - reference).abs().max() > 0.01, (uncorrected, reference)
+    # At lag 0 (the behaviour is the trainer) the weights are 1: the two losses agree.
+    own = torch.log_softmax(theta.detach(), -1)[outcomes].unsqueeze(1)
+    assert torch.allclose(torch.autograd.grad(loss_at(theta, own), theta)[0], uncorrected, atol=1e-6)

@@ -3,6 +3,7 @@ sender was trying to say; metrics.jsonl counts the emoji sent."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 
 import pytest
@@ -26,6 +27,10 @@ class OneTurnGame(Game):
         return StepResult(True, float(action_ids[0]), metrics={"similarity": 0.1}, log={"emoji": "🍕 🌙"})
 
 
+def run_collect(*args, **kwargs):
+    return asyncio.run(collect(*args, **kwargs))
+
+
 class ListSampler:
     """Answers the i-th game of a call with token id `ids[i]`: rewards chosen per episode."""
 
@@ -40,7 +45,7 @@ def test_each_rollout_record_names_its_target_and_debug_rollout_prints_it(tmp_pa
     records = [{"id": "p0", "target": "let's get pizza tonight"}, {"id": "p1", "answer": "crane"}]
     stream = PromptStream(records, seed=0, state=TrainState(), gather_counts=lambda n: [n])
     sampler = ListSampler([0, 1, 0, 1])
-    rollouts = collect(
+    rollouts = run_collect(
         stream, lambda record: OneTurnGame(), sampler, batch_size=2, group_size=2, scale_rewards="group"
     )
     assert {g.prompt_id: g.target for g in rollouts.played} == {
@@ -73,7 +78,7 @@ def test_step_metrics_count_the_emoji_sent():
     records = [{"id": "p0", "target": "let's get pizza tonight"}]
     stream = PromptStream(records, seed=0, state=TrainState(), gather_counts=lambda n: [n])
     sampler = ListSampler([0, 1, 0])  # rewards 0, 1, 0
-    rollouts = collect(
+    rollouts = run_collect(
         stream, lambda record: OneTurnGame(), sampler, batch_size=1, group_size=3, scale_rewards="group"
     )
     metrics = rollout_metrics(rollouts.played, len(rollouts.kept))
@@ -90,7 +95,7 @@ def test_step_metrics_average_each_groups_best_reward():
     records = [{"id": "p0", "target": "pizza"}, {"id": "p1", "target": "moon"}]
     stream = PromptStream(records, seed=0, state=TrainState(), gather_counts=lambda n: [n])
     sampler = ListSampler([0, 1, 0, 2, 3, 2])  # rewards: group 0, 1, 0 and group 2, 3, 2
-    rollouts = collect(
+    rollouts = run_collect(
         stream, lambda record: OneTurnGame(), sampler, batch_size=2, group_size=3, scale_rewards="group"
     )
     metrics = rollout_metrics(rollouts.played, len(rollouts.kept))

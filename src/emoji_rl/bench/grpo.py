@@ -104,8 +104,15 @@ def bench_rollout_throughput(
 
     def play_batched() -> tuple[float, int]:
         torch.manual_seed(0)
-        rollouts = collect(
-            PromptStream(records, seed=0, state=TrainState()), builder, batched, prompts, group_size, "group"
+        rollouts = asyncio.run(
+            collect(
+                PromptStream(records, seed=0, state=TrainState()),
+                builder,
+                batched,
+                prompts,
+                group_size,
+                "group",
+            )
         )
         return rollouts.seconds, sum(len(e.turns) for g in rollouts.played for e in g.episodes)
 

@@ -6,6 +6,7 @@ changes how many tokens are sampled, so only the unconstrained step compares lik
 
 from __future__ import annotations
 
+import asyncio
 import statistics
 import tempfile
 import time
@@ -102,13 +103,15 @@ class _OurStep:
 
     def __call__(self) -> float:
         start = time.perf_counter()
-        rollouts = collect(
-            self.stream,
-            lambda record: OneTurnGame(self.tokenizer, record["target"]),
-            self.sampler,
-            self.cfg.batch_size,
-            self.cfg.group_size,
-            self.cfg.scale_rewards,
+        rollouts = asyncio.run(
+            collect(
+                self.stream,
+                lambda record: OneTurnGame(self.tokenizer, record["target"]),
+                self.sampler,
+                self.cfg.batch_size,
+                self.cfg.group_size,
+                self.cfg.scale_rewards,
+            )
         )
         if rollouts.kept:
             batch = collate_groups(rollouts.kept, self.tokenizer.pad_token_id, None)

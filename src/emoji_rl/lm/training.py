@@ -41,14 +41,15 @@ def warn_if_fsdp_ignored(distributed_type: str, logger: logging.Logger) -> None:
         logger.warning("FSDP was asked for, but accelerate runs %s here: no sharding", distributed_type)
 
 
-def gather(value: Any) -> list[Any]:
-    """Every rank's `value`, in rank order (a collective); `[value]` without a process group."""
+def gather(value: Any, group: Any = None) -> list[Any]:
+    """Every rank's `value`, in rank order (a collective over `group`, by default every process);
+    `[value]` without a process group."""
     import torch.distributed as dist
 
     if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() == 1:
         return [value]
     out: list[Any] = [None] * dist.get_world_size()
-    dist.all_gather_object(out, value)
+    dist.all_gather_object(out, value, group=group)
     return out
 
 

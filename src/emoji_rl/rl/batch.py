@@ -38,6 +38,9 @@ class Batch:
     over the ids of `support` (empty when unconstrained)."""
     support: torch.Tensor | None = None
     """The S vocabulary ids the grammar can ever allow (`EmojiConstraint.support`); None: unconstrained."""
+    lag_D_T: torch.Tensor | None = None
+    """[D, T] long: how many versions before the trained weights the target token's turn was
+    sampled (0 off the mask, and for turns sampled in-process); None: all 0."""
 
     def rows(self, start: int, stop: int) -> Batch:
         return Batch(
@@ -48,6 +51,7 @@ class Batch:
             self.advantages_D[start:stop],
             self.allowed_N_S[start:stop],
             self.support,
+            None if self.lag_D_T is None else self.lag_D_T[start:stop],
         )
 
     def to(self, device: torch.device | str) -> Batch:
@@ -59,6 +63,7 @@ class Batch:
             self.advantages_D.to(device),
             self.allowed_N_S,
             self.support,
+            None if self.lag_D_T is None else self.lag_D_T.to(device),
         )
 
     @property
@@ -67,18 +72,24 @@ class Batch:
 
 
 def collate(
-    episodes: Sequence[Episode], advantages_D: torch.Tensor, pad_id: int, constraint: EmojiConstraint | None
+    episodes: Sequence[Episode],
+    advantages_D: torch.Tensor,
+    pad_id: int,
+    constraint: EmojiConstraint | None,
+    step: int = 0,
 ) -> Batch:
     """Stack episodes into padded tensors; replay the grammar over each sender turn (if constrained),
     keeping its masks over the grammar's support only: at Qwen3.5's real shapes (a step of 128
     five-turn episodes, 24,739 sender tokens) full-width masks took 5.7 GiB of host memory
-    (`make bench-scale`)."""
+    (`make bench-scale`). Each sender token's lag is `step` (the version of the weights it trains)
+    minus the version that sampled its turn."""
     sequences = [episode.token_ids() for episode in episodes]
     width = max(map(len, sequences))
     ids = torch.full((len(episodes), width), pad_id, dtype=torch.long)
     attention = torch.zeros((len(episodes), width), dtype=torch.long)
     mask = torch.zeros((len(episodes), width - 1), dtype=torch.bool)
     sampler_logp = torch.zeros((len(episodes), width - 1))
+    lag = torch.zeros((len(episodes), width - 1), dtype=torch.long)
     allowed: list[torch.Tensor] = []
     for d, (episode, sequence) in enumerate(zip(episodes, sequences, strict=True)):
         ids[d, : len(sequence)] = torch.tensor(sequence)
@@ -88,22 +99,32 @@ def collate(
         sampler_logp[d, : len(sequence) - 1][target_mask] = torch.tensor(
             [lp for turn in episode.turns for lp in turn.action_logprobs]
         )
+        lag[d, : len(sequence) - 1][target_mask] = torch.tensor(
+            [
+                0 if turn.sampler_version is None else step - turn.sampler_version
+                for turn in episode.turns
+                for _ in turn.action_ids
+            ],
+            dtype=torch.long,
+        )
         if constraint is not None:
             allowed.append(torch.cat([support_masks(constraint, turn.action_ids) for turn in episode.turns]))
     support = constraint.support if constraint is not None else None
-    return Batch(ids, attention, mask, sampler_logp, advantages_D.float(), allowed, support)
+    return Batch(ids, attention, mask, sampler_logp, advantages_D.float(), allowed, support, lag)
 
 
-def collate_groups(groups: Sequence[EpisodeGroup], pad_id: int, constraint: EmojiConstraint | None) -> Batch:
+def collate_groups(
+    groups: Sequence[EpisodeGroup], pad_id: int, constraint: EmojiConstraint | None, step: int = 0
+) -> Batch:
     """A step's groups as one batch, each episode with the advantage its group carries (`collect` set
-    them: `grpo.step_advantages`)."""
+    them: `grpo.step_advantages`), trained at weights version `step`."""
     missing = [g.prompt_id for g in groups if len(g.advantages) != len(g.episodes)]
     if missing:
         raise ValueError(
             f"groups {missing[:4]} carry no advantages: collect() sets them (grpo.step_advantages)"
         )
     advantages_D = torch.tensor([a for g in groups for a in g.advantages], dtype=torch.float)
-    return collate([e for g in groups for e in g.episodes], advantages_D, pad_id, constraint)
+    return collate([e for g in groups for e in g.episodes], advantages_D, pad_id, constraint, step)
 
 
 def token_logprobs(

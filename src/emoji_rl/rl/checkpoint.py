@@ -73,17 +73,22 @@ def save_checkpoint(
     rng_states: list[dict[str, object]] | None = None,
     keep: int = 2,
     optimizer_state: dict[str, object] | None = None,
+    behaviour: dict[int, Path] | None = None,
 ) -> Path:
     """Write `checkpoints/step-NNNNNN` through a temporary directory, then point `latest` at it.
     `adapter_state`: the adapter's gathered weights (`distributed.adapter_state_dict`; default: the
     policy's own, right for one process); `rng_states`: every process's `rng_state()`, in rank order
     (default: this process's); `optimizer_state`: `whole_optimizer_state(model, optimizer)`, which
-    every process calls (default: this process's, right for one process)."""
+    every process calls (default: this process's, right for one process); `behaviour`: the adapter
+    directories, by version, that the steps after this one are sampled by (`max_off_policy_steps`),
+    copied into `behaviour/step-NNNNNN`."""
     root = checkpoint_dir(run_dir)
     name = f"step-{state.step:06d}"
     tmp, final = root / f".{name}.tmp", root / name
     shutil.rmtree(tmp, ignore_errors=True)
     policy.save_pretrained(str(tmp / "adapter"), selected_adapters=[ADAPTER], state_dict=adapter_state)
+    for version, path in (behaviour or {}).items():
+        shutil.copytree(path, tmp / "behaviour" / f"step-{version:06d}")
     torch.save(
         {
             "state": asdict(state),
@@ -130,6 +135,14 @@ def load_checkpoint(path: Path, policy: PeftModel, game: Stateful | None = None,
         )
     set_rng_state(rngs[rank])
     return TrainState(**saved["state"])
+
+
+def behaviour_adapters(path: Path) -> dict[int, Path]:
+    """The adapters a checkpoint kept for the steps after it, by version (none in lockstep)."""
+    return {
+        int(adapter.name.removeprefix("step-")): adapter
+        for adapter in sorted((path / "behaviour").glob("step-*"))
+    }
 
 
 def load_optimizer(

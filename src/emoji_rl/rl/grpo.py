@@ -183,9 +183,36 @@ def aggregate(
 def truncated_importance_weights(
     trainer_logp_D_T: torch.Tensor, sampler_logp_D_T: torch.Tensor, cap: float = 2.0
 ) -> torch.Tensor:
-    """min(p_trainer / p_sampler, cap), per token, without gradient: corrects for a sampler (vLLM)
-    whose numerics differ slightly from the trainer's, and caps the variance (truncated IS)."""
+    """min(p_trainer / p_sampler, cap), per token, without gradient: corrects for a sampler that is
+    not the trainer (a vLLM server: other numerics, and with `max_off_policy_steps` an older adapter),
+    and caps the variance (truncated IS, TRL's `vllm_importance_sampling_cap`)."""
     return torch.exp(trainer_logp_D_T - sampler_logp_D_T).clamp(max=cap).detach()
+
+
+def policy_loss(
+    logp_D_T: torch.Tensor,
+    sampler_logp_D_T: torch.Tensor | None,
+    advantages: torch.Tensor,
+    clip_range: tuple[float, float],
+    cap: float = 2.0,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Per-token loss of decoupled PPO, and 0/1 tensors of where the clip and the truncation acted.
+
+    Two old policies, kept apart (Hilton et al. 2021; AReaL): the *proximal* one, the trainer's
+    weights as the update starts (`logp_D_T` detached), which PPO's clip measures the step from; and
+    the *behaviour* one, whatever sampled the tokens, whose log-probs the sampler returned
+    (`sampler_logp_D_T`): the loss is weighed by min(proximal / behaviour, cap) per token
+    (`truncated_importance_weights`), so tokens sampled by an older adapter, or by a server with other
+    numerics, count as much as the trainer's policy would have sampled them, up to `cap`.
+    One update per batch, so the ratio to the proximal policy is 1 with its gradient intact, and the
+    clip binds only once there are more. `sampler_logp_D_T` None: the trainer sampled (no weight)."""
+    proximal = logp_D_T.detach()
+    loss, clipped = ppo_clip_loss(logp_D_T, proximal, advantages, *clip_range)
+    if sampler_logp_D_T is None:
+        return loss, clipped, torch.zeros_like(clipped)
+    weights = truncated_importance_weights(proximal, sampler_logp_D_T, cap)
+    truncated = (torch.exp(proximal - sampler_logp_D_T) > cap).float()
+    return loss * weights, clipped, truncated
 
 
 def masked_mean(values_D_T: torch.Tensor, mask_D_T: torch.Tensor) -> torch.Tensor:

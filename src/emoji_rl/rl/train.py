@@ -16,10 +16,14 @@ with which sampler is wired in `rl/setup.py`, and what a step's rollouts report 
 from __future__ import annotations
 
 import contextlib
+import functools
 import logging
 import math
 import random
+import shutil
 import time
+from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -43,6 +47,7 @@ from emoji_rl.lm.training import (
 from emoji_rl.rl.batch import collate_groups
 from emoji_rl.rl.checkpoint import (
     TrainState,
+    behaviour_adapters,
     latest_checkpoint,
     load_checkpoint,
     load_optimizer,
@@ -53,6 +58,7 @@ from emoji_rl.rl.checkpoint import (
 from emoji_rl.rl.policy import build_policy, checkpoint_layers
 from emoji_rl.rl.rollout.collect import PromptStream, Rollouts, collect
 from emoji_rl.rl.rollout.metrics import ROLLOUTS_FILE, log_rollouts, rollout_metrics
+from emoji_rl.rl.rollout.overlap import Played, RolloutsAhead, without_stale
 from emoji_rl.rl.setup import GameSetup, build_sampler, retrieval_setup, wordle_setup
 from emoji_rl.rl.train_config import Config
 from emoji_rl.rl.update import update
@@ -82,21 +88,27 @@ def prompts_per_process(batch_size: int, processes: int) -> int:
     return batch_size // processes
 
 
-def _sync_weights(
-    sync: AdapterSync | None, accelerator: Accelerator, model: torch.nn.Module, step: int
-) -> None:
-    """Save the adapter and load it on the vLLM server (main process); the others follow the name it
-    loaded it under (a collective, which also waits for the load). Every process gathers the adapter's
-    weights first: under FSDP each holds only a shard."""
+def _publish(
+    sync: AdapterSync | None, accelerator: Accelerator, version: int, save: Callable[[Path], None]
+) -> str | None:
+    """The main process saves version `version` with `save(directory)` and loads it on the vLLM
+    server; every process returns the name it is served under (a collective, which also waits for the
+    load). None without a server."""
     if sync is None:
-        return
+        return None
+    name = sync.publish(version, save) if accelerator.is_main_process else None
+    return sync.follow(gather(name)[0])
+
+
+def _publish_weights(
+    sync: AdapterSync | None, accelerator: Accelerator, model: torch.nn.Module, version: int
+) -> str | None:
+    """Publish the adapter being trained as version `version`. Every process gathers its weights
+    first: under FSDP each holds only a shard."""
+    if sync is None:
+        return None
     state = adapter_state_dict(model)
-    name = (
-        sync.publish(step, lambda path: save_adapter(model, path, state))
-        if accelerator.is_main_process
-        else None
-    )
-    sync.follow(gather(name)[0])
+    return _publish(sync, accelerator, version, lambda path: save_adapter(model, path, state))
 
 
 def _step_metrics(rollouts: Rollouts, services: dict[str, float]) -> dict[str, float]:
@@ -131,8 +143,10 @@ def train(
     weight_sync: AdapterSync | None = None,
 ) -> TrainState:
     """The GRPO loop, for any game; returns the final state. With `weight_sync` (a vLLM sampler),
-    every new adapter is published to the server before the next rollout, and the update uses
-    truncated importance weights for the sampler/trainer mismatch.
+    every adapter is published to the server as a version, each step's rollouts are played on a
+    thread of their own by the version `cfg.max_off_policy_steps` behind (`rl/rollout/overlap.py`),
+    while the trainer updates on the step before, and the update weighs each token by the truncated
+    ratio of the trainer's probability to the sampler's.
 
     Under `accelerate launch` every process plays its share of the step's `batch_size` prompts and the
     gradients are all-reduced; the main process logs metrics and rollouts of all processes and writes the
@@ -175,14 +189,97 @@ def train(
     model, optimizer = accelerator.prepare(policy, optimizer)
     if checkpoint is not None:
         load_optimizer(checkpoint, model, optimizer, scheduler)
-    if weight_sync is not None and is_main:
-        weight_sync.clear_stale()
-    _sync_weights(weight_sync, accelerator, model, state.step)
-    stream = PromptStream(game.records, cfg.seed, state, rank)
+    rollouts = _rollouts(cfg, game, sampler, weight_sync, state, rank, share, checkpoint)
+    try:
+        if weight_sync is not None and is_main:
+            weight_sync.clear_stale()
+        # The versions the first steps are sampled by: those the checkpoint kept, then the weights now.
+        for version, path in sorted(behaviour_adapters(checkpoint).items()) if checkpoint else []:
+            copy = functools.partial(shutil.copytree, path)
+            rollouts.publish(version, _publish(weight_sync, accelerator, version, copy))
+        name = _publish_weights(weight_sync, accelerator, model, state.step)
+        if name is not None:
+            rollouts.publish(state.step, name)
+        return _loop(
+            cfg, accelerator, model, optimizer, scheduler, tokenizer, game, weight_sync, rollouts, state
+        )
+    finally:
+        rollouts.close()
+
+
+def _rollouts(
+    cfg: Config,
+    game: GameSetup,
+    sampler: Sampler,
+    weight_sync: AdapterSync | None,
+    state: TrainState,
+    rank: int,
+    share: int,
+    checkpoint: Path | None,
+) -> RolloutsAhead:
+    """Steps `state.step` on, played in-process or, with a vLLM server, on a thread by the version K
+    behind, from a prompt stream of their own that starts where the checkpoint's stopped."""
+    background = weight_sync is not None
+    # The thread's prompt draws are a collective among the processes: on a group of their own, so
+    # that they never interleave with the update's.
+    group = _rollout_group() if background else None
+    stream = PromptStream(
+        game.records, cfg.seed, replace(state), rank, gather_counts=lambda n: gather(n, group)
+    )
+    rounds = cfg.max_resample_rounds if cfg.dynamic_sampling else 0
+    if background:
+        from emoji_rl.rl.rollout.vllm import request_seed
+
+    async def play(step: int, version: int, name: str | None) -> Played:
+        # On a server, each step's requests are seeded from (seed, rank, step): what a step samples
+        # does not depend on what ran before it, so a resume redraws a lost step exactly.
+        bound = sampler if name is None else sampler.at(version, name, request_seed(cfg.seed, rank, step))
+        stream.state.step = step  # the stream's own copy of the state: the step it draws for
+        before = game.seconds()
+        played = await collect(
+            stream, game.make_game, bound, share, cfg.group_size, cfg.scale_rewards, rounds
+        )
+        services = {k: v - before.get(k, 0.0) for k, v in game.seconds().items()}
+        return Played(step, version, played, services, (stream.state.epoch, stream.state.cursor))
+
+    kept = behaviour_adapters(checkpoint) if checkpoint is not None and background else {}
+    return RolloutsAhead(
+        play,
+        state.step,
+        cfg.max_steps,
+        cfg.max_off_policy_steps,
+        first_version=min(kept, default=state.step),
+        background=background,
+    )
+
+
+def _rollout_group():
+    """A gloo process group for the rollout thread's collectives; None with one process."""
+    import torch.distributed as dist
+
+    if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
+        return dist.new_group(backend="gloo")
+    return None
+
+
+def _loop(
+    cfg: Config,
+    accelerator: Accelerator,
+    model: torch.nn.Module,
+    optimizer: torch.optim.Optimizer,
+    scheduler: torch.optim.lr_scheduler.LRScheduler,
+    tokenizer,
+    game: GameSetup,
+    weight_sync: AdapterSync | None,
+    rollouts: RolloutsAhead,
+    state: TrainState,
+) -> TrainState:
+    is_main = accelerator.is_main_process
+    run_dir = Path(cfg.output_dir)
     # The hf sampler decodes with the model being trained: under FSDP, on its whole weights.
     rollout_weights = (lambda: whole_weights(model)) if cfg.engine == "hf" else contextlib.nullcontext
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
-    # A vLLM sampler's numerics are not the trainer's: its tokens are weighed by the truncated ratio.
+    # A vLLM sampler is not the trainer: its tokens are weighed by the truncated ratio.
     settings = cfg.update_settings(importance_weights=weight_sync is not None)
     if is_main:
         # The steps after the checkpoint are redone: drop their lines (MetricsWriter does the same for
@@ -196,25 +293,27 @@ def train(
         steps = range(state.step, cfg.max_steps)
         bar = tqdm(steps, initial=state.step, total=cfg.max_steps, desc="grpo", disable=not is_main)
         for step in bar:
-            services_before = game.seconds()
-            rounds = cfg.max_resample_rounds if cfg.dynamic_sampling else 0
+            start = time.perf_counter()
             with rollout_weights():
-                rollouts = collect(
-                    stream, game.make_game, sampler, share, cfg.group_size, cfg.scale_rewards, rounds
-                )
-            services = {k: v - services_before.get(k, 0.0) for k, v in game.seconds().items()}
-            everyone, slowest = _gather_rollouts(rollouts, services)
+                played = rollouts.take(step)
+            waited = time.perf_counter() - start
+            played, dropped = without_stale(played, cfg.max_off_policy_steps)
+            state.epoch, state.cursor = played.position
+            everyone, slowest = _gather_rollouts(played.rollouts, played.services)
             game.observe(everyone.played)
             metrics = _step_metrics(everyone, slowest)
+            metrics["async/version_lag"] = float(step - played.version)
+            metrics["async/dropped_episodes"] = float(sum(gather(dropped)))
+            metrics["time/wait_rollouts_s"] = waited
             if rollout_log is not None:
                 log_rollouts(rollout_log, step + 1, everyone.played)
-            start = time.perf_counter()
+            update_start = time.perf_counter()
+            mine = played.rollouts
             if everyone.kept:
                 # This process's groups; with none kept, its played ones stand in at weight 0.
-                groups = rollouts.kept or rollouts.played
-                batch = collate_groups(groups, pad_id, game.constraint)
+                batch = collate_groups(mine.kept or mine.played, pad_id, game.constraint, step)
                 metrics.update(
-                    update(settings, accelerator, model, optimizer, batch, contributes=bool(rollouts.kept))
+                    update(settings, accelerator, model, optimizer, batch, contributes=bool(mine.kept))
                 )
                 finite = math.isfinite(metrics["optim/loss"]) and math.isfinite(metrics["optim/grad_norm"])
             else:
@@ -225,6 +324,7 @@ def train(
             metrics["optim/skipped"] = float(not updated)
             if updated:
                 optimizer.step()
+                scheduler.step()  # the schedule counts updates, so skipped steps do not shorten it
                 state.nan_streak = 0
             elif not finite:
                 optimizer.zero_grad(set_to_none=True)
@@ -234,11 +334,13 @@ def train(
                     step + 1,
                     state.nan_streak,
                 )
-            if updated:
-                scheduler.step()  # the schedule counts updates, so skipped steps do not shorten it
-                _sync_weights(weight_sync, accelerator, model, step + 1)
+            metrics["time/update_s"] = time.perf_counter() - update_start
+            # Every step publishes a version, updated or not, so that version v is always step v's.
+            name = _publish_weights(weight_sync, accelerator, model, step + 1)
+            if name is not None:
+                rollouts.publish(step + 1, name)
             metrics["optim/lr"] = scheduler.get_last_lr()[0]
-            metrics["time/update_s"] = time.perf_counter() - start
+            metrics["time/step_s"] = time.perf_counter() - start
             state.step = step + 1
             if writer is not None:
                 writer.write(state.step, metrics)
@@ -255,7 +357,16 @@ def train(
                     f"{run_dir / 'checkpoints'} is intact."
                 )
             if state.step % cfg.save_steps == 0 or state.step == cfg.max_steps:
-                _save(accelerator, run_dir, state, model, optimizer, scheduler, game)
+                # The adapters the steps after this one are sampled by, for a resume to sample them alike.
+                behaviour = (
+                    {
+                        v: weight_sync.adapter_path(v)
+                        for v in range(rollouts.version_for(state.step), state.step)
+                    }
+                    if weight_sync is not None and is_main
+                    else {}
+                )
+                _save(accelerator, run_dir, state, model, optimizer, scheduler, game, behaviour)
     adapter = adapter_state_dict(model)
     if is_main:
         save_adapter(model, run_dir / "adapter", adapter)
@@ -271,9 +382,10 @@ def _save(
     optimizer: torch.optim.Optimizer,
     scheduler: torch.optim.lr_scheduler.LRScheduler,
     game: GameSetup,
+    behaviour: dict[int, Path],
 ) -> None:
     """A checkpoint: every process gathers the adapter, the optimizer's state and its RNG states, the
-    main process writes."""
+    main process writes, with the `behaviour` adapters (version: directory)."""
     adapter = adapter_state_dict(model)
     moments = whole_optimizer_state(model, optimizer)
     rngs = gather(rng_state())
@@ -289,6 +401,7 @@ def _save(
             adapter,
             rngs,
             optimizer_state=moments,
+            behaviour=behaviour,
         )
     accelerator.wait_for_everyone()
 

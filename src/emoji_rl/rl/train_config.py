@@ -128,6 +128,23 @@ class Config(JudgeConfig, RetrievalConfig, SimilarityConfig, SamplingConfig, Mod
         default=2, metadata={"help": "adapter versions kept loaded and on disk (>= 1, <= --max-cpu-loras)"}
     )
     vllm_timeout_s: float = field(default=300.0, metadata={"help": "seconds per request before a retry"})
+    max_off_policy_steps: int = field(
+        default=0,
+        metadata={
+            "help": "engine vllm: K, how many versions the rollouts may trail the weights they train: step "
+            "t is sampled by the adapter of step t-K on the server while the trainer updates on step t-1 "
+            "(0: lockstep; gpu: 1). The policy server needs --max-loras >= K+1 (MAX_OFF_POLICY_STEPS)",
+            "min": 0,
+        },
+    )
+    vllm_importance_sampling_cap: float = field(
+        default=2.0,
+        metadata={
+            "help": "engine vllm: each sampled token is weighed by min(p_trainer / p_sampler, this): the "
+            "correction for the server's numerics and for an older adapter (TRL's name and default)",
+            "min": 1.0,
+        },
+    )
     # --- advanced ---
     scale_rewards: grpo.ScaleRewards = field(
         default="group",
@@ -204,9 +221,21 @@ class Config(JudgeConfig, RetrievalConfig, SimilarityConfig, SamplingConfig, Mod
             )
         if self.max_grad_norm < 0:
             raise ValueError(f"max_grad_norm={self.max_grad_norm} must be >= 0 (0: no clipping)")
-        if self.vllm_adapter_keep < 1:
+        if self.vllm_adapter_keep < self.max_off_policy_steps + 1:
             raise ValueError(
-                f"vllm_adapter_keep={self.vllm_adapter_keep} must be >= 1: the sampler needs one adapter"
+                f"vllm_adapter_keep={self.vllm_adapter_keep} must be >= max_off_policy_steps + 1 = "
+                f"{self.max_off_policy_steps + 1}: the server keeps every version a step still samples by"
+            )
+        if self.max_off_policy_steps > 0 and self.engine != "vllm":
+            raise ValueError(
+                f"max_off_policy_steps={self.max_off_policy_steps} needs engine vllm: the in-process engine "
+                "samples with the weights being trained, so it cannot run ahead of them (set 0)"
+            )
+        if self.max_off_policy_steps > 0 and self.game == "wordle" and self.curriculum:
+            raise ValueError(
+                f"max_off_policy_steps={self.max_off_policy_steps} with Wordle's curriculum: the curriculum "
+                "learns from each step's games, which would then be built before it saw the last step's "
+                "(set curriculum false, or max_off_policy_steps 0)"
             )
         if self.reference == "init" and self.init_adapter is None and self.beta > 0:
             self.reference = "base"  # a fresh adapter starts equal to the base model
@@ -234,4 +263,5 @@ class Config(JudgeConfig, RetrievalConfig, SimilarityConfig, SamplingConfig, Mod
             max_grad_norm=self.max_grad_norm,
             gradient_checkpointing=self.gradient_checkpointing,
             importance_weights=importance_weights,
+            importance_sampling_cap=self.vllm_importance_sampling_cap,
         )

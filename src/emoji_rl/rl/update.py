@@ -46,6 +46,8 @@ class UpdateSettings:
     """The policy recomputes its activations in the backward pass (no shared-prefix forward then)."""
     importance_weights: bool = False
     """Weigh each token by the truncated trainer/sampler probability ratio (a vLLM sampler)."""
+    importance_sampling_cap: float = 2.0
+    """Where that ratio is truncated (TRL's `vllm_importance_sampling_cap`)."""
 
 
 def _size(batch: Batch, settings: UpdateSettings) -> float:
@@ -140,16 +142,17 @@ def update(
     mean_kl = 0.0
     if kl_in_reward:
         advantages, mean_kl = _kl_in_reward(settings, policy, unwrapped, shares, share_prefix)
+    by_lag: dict[int, list[float]] = {}
     optimizer.zero_grad(set_to_none=True)
     for (micro, weight), advantage in zip(shares, advantages, strict=True):
         logp = token_logprobs(policy, micro, settings.temperature, share_prefix)
-        # One update per batch: the policy that sampled is the policy being updated, so the old
-        # log-probs are the current ones, detached (ratio 1, gradient of the ratio intact).
         old = logp.detach()
-        pg_loss, clipped = grpo.ppo_clip_loss(logp, old, advantage, *settings.clip_range)
-        if settings.importance_weights:
-            pg_loss = pg_loss * grpo.truncated_importance_weights(old, micro.sampler_logp_D_T)
-        per_token = pg_loss
+        behaviour = micro.sampler_logp_D_T if settings.importance_weights else None
+        per_token, clipped, truncated = grpo.policy_loss(
+            logp, behaviour, advantage, settings.clip_range, settings.importance_sampling_cap
+        )
+        if behaviour is not None and weight > 0:
+            _count_by_lag(by_lag, micro, old, truncated)
         if kl_in_loss:
             kl = grpo.k3_kl(logp, _reference_logprobs(settings, policy, unwrapped, micro, share_prefix))
             per_token = per_token + settings.beta * kl
@@ -164,7 +167,8 @@ def update(
         sums["loss"] += loss.item()
         sums["clip_frac"] += weight * grpo.masked_mean(clipped, micro.mask_D_T).item()
         sums["sampler_kl"] += weight * grpo.masked_mean(micro.sampler_logp_D_T - old, micro.mask_D_T).item()
-    sums = {key: sum(part[key] for part in gather(sums)) for key in sums}
+    parts = gather((sums, by_lag))
+    sums = {key: sum(part[key] for part, _ in parts) for key in sums}
     if kl_in_reward:
         sums["kl"] = mean_kl  # already the whole step's
     params = [p for p in policy.parameters() if p.requires_grad]
@@ -174,4 +178,38 @@ def update(
         **{f"optim/{k}": v for k, v in sums.items() if k != "sampler_kl"},
         "sampler/kl_vs_trainer": sums["sampler_kl"],
         "optim/grad_norm": grad_norm,
+        **lag_metrics([lags for _, lags in parts]),
     }
+
+
+def _count_by_lag(
+    by_lag: dict[int, list[float]], micro: Batch, trainer_logp: torch.Tensor, truncated: torch.Tensor
+) -> None:
+    """Add a micro-batch's sender tokens to `by_lag`: per version lag, [tokens, truncated, sum of
+    |log ratio|, sum of sampler minus trainer log-prob]."""
+    lags = micro.lag_D_T if micro.lag_D_T is not None else torch.zeros_like(micro.mask_D_T, dtype=torch.long)
+    gap = micro.sampler_logp_D_T - trainer_logp
+    for lag in lags[micro.mask_D_T].unique().tolist():
+        tokens = micro.mask_D_T & (lags == lag)
+        sums = by_lag.setdefault(int(lag), [0.0, 0.0, 0.0, 0.0])
+        sums[0] += float(tokens.sum())
+        sums[1] += float(truncated[tokens].sum())
+        sums[2] += float(gap[tokens].abs().sum())
+        sums[3] += float(gap[tokens].sum())
+
+
+def lag_metrics(parts: list[dict[int, list[float]]]) -> dict[str, float]:
+    """Per version lag L over every process's tokens (`_count_by_lag`): `sampler/lagL/tokens`, the
+    fraction whose importance weight was truncated, the mean |log(p_trainer / p_sampler)| and
+    `kl_vs_trainer` (the mean of log p_sampler - log p_trainer, as `sampler/kl_vs_trainer` is)."""
+    totals: dict[int, list[float]] = {}
+    for part in parts:
+        for lag, sums in part.items():
+            totals[lag] = [a + b for a, b in zip(totals.get(lag, [0.0] * 4), sums, strict=True)]
+    metrics = {}
+    for lag, (tokens, truncated, abs_gap, gap) in sorted(totals.items()):
+        metrics[f"sampler/lag{lag}/tokens"] = tokens
+        metrics[f"sampler/lag{lag}/truncated"] = truncated / tokens
+        metrics[f"sampler/lag{lag}/log_ratio_abs"] = abs_gap / tokens
+        metrics[f"sampler/lag{lag}/kl_vs_trainer"] = gap / tokens
+    return metrics

@@ -100,7 +100,7 @@ class Rollouts:
     seconds: float
 
 
-def collect(
+async def collect(
     stream: PromptStream,
     make_game: Callable[[dict[str, str]], Game],
     sampler: Sampler,
@@ -122,7 +122,7 @@ def collect(
         if not records:
             continue
         games = [make_game(record) for record in records for _ in range(group_size)]
-        episodes = asyncio.run(play(games, sampler))
+        episodes = await play(games, sampler)
         for p, record in enumerate(records):
             group = EpisodeGroup(
                 str(record.get("id", p)),

@@ -10,7 +10,7 @@ from collections.abc import Sequence
 import torch
 
 from emoji_rl.emoji.stats import reply_stats
-from emoji_rl.game.types import EpisodeGroup
+from emoji_rl.game.types import EpisodeGroup, Turn
 from emoji_rl.io.jsonl import AppendLog
 
 ROLLOUTS_FILE = "rollouts.jsonl"
@@ -51,7 +51,8 @@ def rollout_metrics(played: Sequence[EpisodeGroup], kept: int) -> dict[str, floa
 
 def log_rollouts(log_file: AppendLog, step: int, groups: Sequence[EpisodeGroup]) -> None:
     """One record per episode: the target its group played for, its reward, the advantage it trained
-    with (`group.advantages`; 0 in a group with no spread), and every turn's log and metrics."""
+    with (`group.advantages`; 0 in a group with no spread), and every turn's log and metrics, with the
+    adapter version that sampled it on a server."""
     for group in groups:
         for g, (episode, advantage) in enumerate(zip(group.episodes, group.advantages, strict=True)):
             log_file.append(
@@ -62,6 +63,13 @@ def log_rollouts(log_file: AppendLog, step: int, groups: Sequence[EpisodeGroup])
                     "rollout": g,
                     "reward": episode.reward,
                     "advantage": advantage,
-                    "turns": [{**turn.result.log, **turn.result.metrics} for turn in episode.turns],
+                    "turns": [_turn_record(turn) for turn in episode.turns],
                 }
             )
+
+
+def _turn_record(turn: Turn) -> dict[str, object]:
+    record: dict[str, object] = {**turn.result.log, **turn.result.metrics}
+    if turn.sampler_version is not None:
+        record["sampler_version"] = turn.sampler_version
+    return record

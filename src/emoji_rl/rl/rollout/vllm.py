@@ -254,6 +254,10 @@ class AdapterSync:
     def adapter_name(self, step: int) -> str:
         return f"{self.base_name}-{self.session}-v{step}"
 
+    def adapter_path(self, step: int) -> Path:
+        """Where version `step` is saved while it is kept (the server reads it from there)."""
+        return self.root / self.session / f"step-{step:06d}"
+
     def _client(self) -> httpx.Client:
         return httpx.Client(timeout=self.endpoint.timeout_s)
 
@@ -276,7 +280,7 @@ class AdapterSync:
         """Save the adapter with `save(directory)` (e.g. PEFT `save_pretrained`), load it, switch
         the sampler to it, and retire versions beyond `keep`. Returns the adapter name."""
         name = self.adapter_name(step)
-        path = self.root / self.session / f"step-{step:06d}"
+        path = self.adapter_path(step)
         path.parent.mkdir(parents=True, exist_ok=True)
         # Saved beside the final path and renamed, so the server never reads a half-written adapter.
         tmp = path.with_name(f".{path.name}.tmp")
