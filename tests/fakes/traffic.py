@@ -54,7 +54,10 @@ class RecordingServer(FakeVLLMServer):
 
     def dispatch(self, method: str, path: str, headers: dict[str, str], raw: bytes) -> tuple[int, Payload]:
         status, payload = super().dispatch(method, path, headers, raw)
-        self.exchanges.append(Exchange(self.source, path, self.requests[-1].body, status, payload))
+        # The body parsed here, not `self.requests[-1]`: the rollout's requests arrive at once, and
+        # another may be recorded between this one's answer and this line.
+        body = _parse(raw.decode("utf-8", errors="replace"))
+        self.exchanges.append(Exchange(self.source, path, body, status, payload))
         return status, payload
 
 
