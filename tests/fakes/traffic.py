@@ -162,7 +162,9 @@ def play_clients(
     for step in range(2):
         sync.publish(step, save_adapter)
     prompts = [tuple(chat_ids(tokenizer, sender_messages(t))) for t in ("Pizza tonight?", "Beach!")]
-    asyncio.run(sampler.sample(prompts))
+    # a turn batch as the trainer samples it, through a copy bound to the version: one seeded request
+    # per prompt, sent at once
+    asyncio.run(sampler.at(1, sampler.model, seed=3).sample(prompts))
     # a free-text game's batch (Wordle): no grammar
     free = VLLMSampler(
         endpoint, "policy", stop_token_id(tokenizer), temperature=0.7, max_new_tokens=32, grammar=False
