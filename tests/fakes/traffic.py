@@ -54,7 +54,10 @@ class RecordingServer(FakeVLLMServer):
 
     def dispatch(self, method: str, path: str, headers: dict[str, str], raw: bytes) -> tuple[int, Payload]:
         status, payload = super().dispatch(method, path, headers, raw)
-        self.exchanges.append(Exchange(self.source, path, self.requests[-1].body, status, payload))
+        # The body parsed here, not `self.requests[-1]`: the rollout's requests arrive at once, and
+        # another may be recorded between this one's answer and this line.
+        body = _parse(raw.decode("utf-8", errors="replace"))
+        self.exchanges.append(Exchange(self.source, path, body, status, payload))
         return status, payload
 
 
@@ -159,7 +162,9 @@ def play_clients(
     for step in range(2):
         sync.publish(step, save_adapter)
     prompts = [tuple(chat_ids(tokenizer, sender_messages(t))) for t in ("Pizza tonight?", "Beach!")]
-    asyncio.run(sampler.sample(prompts))
+    # a turn batch as the trainer samples it, through a copy bound to the version: one seeded request
+    # per prompt, sent at once
+    asyncio.run(sampler.at(1, sampler.model, seed=3).sample(prompts))
     # a free-text game's batch (Wordle): no grammar
     free = VLLMSampler(
         endpoint, "policy", stop_token_id(tokenizer), temperature=0.7, max_new_tokens=32, grammar=False

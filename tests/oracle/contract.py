@@ -128,6 +128,7 @@ def _sampling(request: Any, kind: str) -> dict[str, Any]:
         "max_tokens": params.max_tokens,
         "logprobs": params.logprobs,
         "stop_token_ids": sorted(params.stop_token_ids or []),
+        "seed": params.seed,
         "structured_output_key": None if so is None else [str(k) for k in V.get_structured_output_key(so)],
     }
 

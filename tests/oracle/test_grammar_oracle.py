@@ -85,7 +85,7 @@ def sides(model_dir, vllm_oracle):
     assert len(byte_id) == 256
     sequences += [[*by_byte, IM_END], [*encode(messages[1]), IM_START]]
     sampler = VLLMSampler(Endpoint("http://127.0.0.1:9"), "policy", stop_token_id(tokenizer))
-    request = sampler.request_body([[1, 2, 3]])
+    request = sampler.request_body([1, 2, 3], 0)
     answer = vllm_oracle(
         "grammar", model_dir=str(model_dir), vocab_size=WIDTH, request=request, sequences=sequences
     )

@@ -26,7 +26,9 @@ def checked(traffic, vllm_oracle):
 def test_our_clients_send_every_kind_of_request(checked):
     kinds = [item["kind"] for item, _ in checked]
     assert {k: kinds.count(k) for k in KINDS.values()} == {
-        "completion": 4,  # verify's two log-probs probes, one emoji and one free-text rollout batch
+        # verify's two log-probs probes, an emoji rollout batch of two prompts (a request each), and
+        # a free-text one of one prompt
+        "completion": 5,
         "chat": 2,
         "load_lora": 2,
         "unload_lora": 2,  # the version keep=1 retires, then the last, cleared at the end
@@ -43,27 +45,30 @@ def test_every_body_validates_with_no_field_vllm_ignores(checked):
 
 
 def test_the_rollout_request_becomes_the_sampling_vllm_is_meant_to_run(checked):
-    [(item, answer)] = [
-        (i, a) for i, a in checked if i["kind"] == "completion" and "structured_outputs" in i["body"]
-    ]
-    sampling = answer["sampling"]
-    assert sampling["structured_output_key"] == ["StructuredOutputOptions.GRAMMAR", grammar_ebnf()]
-    assert (sampling["temperature"], sampling["logprobs"]) == (0.7, 0)
-    neutral = ("top_p", "top_k", "min_p", "presence_penalty", "frequency_penalty", "repetition_penalty")
-    assert [sampling[k] for k in neutral] == [1.0, 0, 0.0, 0.0, 0.0, 1.0]
-    assert sampling["stop_token_ids"] == item["body"]["stop_token_ids"]
-    assert sampling["max_tokens"] == item["body"]["max_tokens"]
+    rollouts = [(i, a) for i, a in checked if i["kind"] == "completion" and "structured_outputs" in i["body"]]
+    assert len(rollouts) == 2
+    for item, answer in rollouts:
+        sampling = answer["sampling"]
+        assert sampling["structured_output_key"] == ["StructuredOutputOptions.GRAMMAR", grammar_ebnf()]
+        assert (sampling["temperature"], sampling["logprobs"]) == (0.7, 0)
+        neutral = ("top_p", "top_k", "min_p", "presence_penalty", "frequency_penalty", "repetition_penalty")
+        assert [sampling[k] for k in neutral] == [1.0, 0, 0.0, 0.0, 0.0, 1.0]
+        assert sampling["stop_token_ids"] == item["body"]["stop_token_ids"]
+        assert sampling["max_tokens"] == item["body"]["max_tokens"]
+        # The request's own seed is the one vLLM samples with: its samples are a function of it.
+        assert sampling["seed"] == item["body"]["seed"]
+    assert len({answer["sampling"]["seed"] for _, answer in rollouts}) == 2
 
 
 def test_a_free_text_rollout_is_the_same_sampling_with_no_grammar(checked):
     """Wordle on the vllm engine: vLLM samples unconstrained, stopping on our stop ids, as the
-    trainer scores it (no logit mask for a free-text game)."""
+    trainer scores it (no logit mask for a free-text game); only the seed, a request's own, differs."""
     rollouts = [
         a["sampling"] for i, a in checked if i["kind"] == "completion" and i["body"].get("logprobs") == 0
     ]
-    [emoji] = [s for s in rollouts if s["structured_output_key"] is not None]
+    emoji = next(s for s in rollouts if s["structured_output_key"] is not None)
     [free] = [s for s in rollouts if s["structured_output_key"] is None]
-    assert {**free, "structured_output_key": emoji["structured_output_key"]} == emoji
+    assert {**free, "structured_output_key": emoji["structured_output_key"], "seed": emoji["seed"]} == emoji
 
 
 def test_the_oracle_sees_a_field_vllm_would_ignore(vllm_oracle):

@@ -214,7 +214,9 @@ def test_vllm_engine_trains_through_versioned_adapters(tmp_path, monkeypatch):
     assert completions[-1]["model"] == before_step_2[-1]
     assert completions[0]["model"] == "policy-5e5-v0"
     assert all(body["structured_outputs"] == {"grammar": constraint_ebnf()} for body in completions)
-    assert all(isinstance(p, list) and all(isinstance(t, int) for t in p) for p in completions[0]["prompt"])
+    # One prompt per request, as token ids, each with a seed of its own.
+    assert all(isinstance(t, int) for body in completions for t in body["prompt"])
+    assert len({body["seed"] for body in completions}) == len(completions)
 
 
 def constraint_ebnf():

@@ -5,14 +5,16 @@ from __future__ import annotations
 
 import asyncio
 import json
+import threading
 import time
 
 import httpx
 import pytest
 import torch
-from tests.fakes.fake_lm import FakeLM, SamplingParams
+from tests.fakes.fake_lm import FakeLM
 from tests.fakes.vllm_server import FakeVLLMServer
 
+from emoji_rl.decode.sampler import Sample
 from emoji_rl.emoji.constraint import compile_emoji_grammar, grammar_ebnf, replay_masks
 from emoji_rl.emoji.sender_prompts import sender_messages
 from emoji_rl.errors import UserError
@@ -22,7 +24,7 @@ from emoji_rl.io.endpoint import Endpoint, wait_for_server
 from emoji_rl.lm import template
 from emoji_rl.rl import grpo
 from emoji_rl.rl.rollout.collect import play
-from emoji_rl.rl.rollout.vllm import AdapterSync, VLLMSampler
+from emoji_rl.rl.rollout.vllm import AdapterSync, VLLMSampler, request_seed
 
 KEY_ENV = "EMOJI_RL_TEST_POLICY_KEY"
 
@@ -71,15 +73,11 @@ def save_adapter(rank=8):
 # --- requests and samples ----------------------------------------------------------------------------
 
 
-def test_one_turn_batch_is_one_request_with_every_field(server, smollm2_tokenizer):
-    sampler = sampler_for(server, smollm2_tokenizer, temperature=1.0)
-    prompts = [(1, 2, 3), (4, 5)]
-    samples = asyncio.run(sampler.sample(prompts))
-    [request] = server.requests
-    assert request.path == "/v1/completions" and request.headers["authorization"] == "Bearer test-key"
-    assert request.body == {
+def rollout_body(prompt, seed, **changes):
+    """What the sampler of `sampler_for` sends for one prompt: every field, the seed included."""
+    return {
         "model": "policy",
-        "prompt": [[1, 2, 3], [4, 5]],
+        "prompt": list(prompt),
         "max_tokens": 64,
         "temperature": 1.0,
         "top_p": 1.0,
@@ -91,12 +89,27 @@ def test_one_turn_batch_is_one_request_with_every_field(server, smollm2_tokenize
         "logprobs": 0,
         "return_token_ids": True,
         "stop_token_ids": [2],
+        "seed": seed,
         "structured_outputs": {"grammar": grammar_ebnf(2, 8)},
+        **changes,
     }
-    assert len(samples) == 2
+
+
+def test_each_prompt_is_one_request_with_every_field_and_its_seed(server, smollm2_tokenizer):
+    sampler = sampler_for(server, smollm2_tokenizer, temperature=1.0, seed=11)
+    prompts = [(1, 2, 3), (4, 5), (1, 2, 3)]
+    samples = asyncio.run(sampler.sample(prompts))
+    assert all(r.path == "/v1/completions" for r in server.requests)
+    assert all(r.headers["authorization"] == "Bearer test-key" for r in server.requests)
+    # Sent at once, they reach the server in any order.
+    sent = sorted(server.bodies("/v1/completions"), key=lambda body: body["seed"])
+    expected = [rollout_body(p, request_seed(11, 0, i)) for i, p in enumerate(prompts)]
+    assert sent == sorted(expected, key=lambda body: body["seed"])
+    assert len(samples) == 3
     for sample in samples:
         assert sample.token_ids[-1] == 2 and len(sample.logprobs) == len(sample.token_ids)
         assert all(lp <= 0 for lp in sample.logprobs)
+        assert sample.version is None
 
 
 def test_a_free_text_game_sends_no_grammar(server, smollm2_tokenizer):
@@ -106,47 +119,135 @@ def test_a_free_text_game_sends_no_grammar(server, smollm2_tokenizer):
         sampler_for(server, smollm2_tokenizer),
         sampler_for(server, smollm2_tokenizer, grammar=False),
     )
-    body = free.request_body([(1, 2, 3)])
+    body = free.request_body((1, 2, 3), 5)
     assert "structured_outputs" not in body
-    assert body == {k: v for k, v in emoji.request_body([(1, 2, 3)]).items() if k != "structured_outputs"}
+    assert body == {k: v for k, v in emoji.request_body((1, 2, 3), 5).items() if k != "structured_outputs"}
     [sample] = asyncio.run(free.sample([(1, 2, 3)]))
     assert "structured_outputs" not in server.requests[-1].body and sample.token_ids
 
 
-def test_choices_are_mapped_by_index_not_by_position(server, smollm2_tokenizer):
+FIRST = 10  # prompt i of the reversed server's call is (1, FIRST + i)
+
+
+class AnswersInReverse(FakeVLLMServer):
+    """Answers the rollout requests of one call last prompt first: each waits until the request of the
+    prompt after it has been answered. Records (prompt, token ids) in the order it answered."""
+
+    def __init__(self, lm, n_prompts, **kwargs):
+        super().__init__(lm, **kwargs)
+        self.answered = [threading.Event() for _ in range(n_prompts)]
+        self.answers = []
+
+    def dispatch(self, method, path, headers, raw):
+        if path != "/v1/completions":
+            return super().dispatch(method, path, headers, raw)
+        prompt = json.loads(raw)["prompt"]
+        i = prompt[-1] - FIRST
+        if i + 1 < len(self.answered):
+            self.answered[i + 1].wait(timeout=30)
+        status, payload = super().dispatch(method, path, headers, raw)
+        self.answers.append((tuple(prompt), tuple(payload["choices"][0]["token_ids"])))
+        self.answered[i].set()
+        return status, payload
+
+
+def test_samples_come_back_in_prompt_order_when_answers_do_not(lm, smollm2_tokenizer, monkeypatch):
+    monkeypatch.setenv(KEY_ENV, "test-key")
+    prompts = [(1, FIRST + i) for i in range(4)]
+    with AnswersInReverse(lm, len(prompts)) as reversing:
+        samples = asyncio.run(sampler_for(reversing, smollm2_tokenizer).sample(prompts))
+    assert [prompt for prompt, _ in reversing.answers] == prompts[::-1]
+    answered = dict(reversing.answers)
+    assert [s.token_ids for s in samples] == [answered[p] for p in prompts]
+
+
+def test_samples_are_a_function_of_the_seed_the_call_and_the_row(server, smollm2_tokenizer):
+    """Two copies bound with the same seed sample alike; identical prompts in one call (a group's
+    first turns) do not, nor does another seed, nor the copy's next call."""
+    base = sampler_for(server, smollm2_tokenizer, temperature=1.0)
+    prompts = [(1, 2, 3)] * 4 + [(4, 5), (6, 7, 8)]
+
+    def draw(sampler):
+        return [(s.token_ids, s.logprobs) for s in asyncio.run(sampler.sample(prompts))]
+
+    first = base.at(3, "policy", seed=7)
+    once = draw(first)
+    assert draw(base.at(3, "policy", seed=7)) == once
+    assert len(set(once[:4])) == 4  # the four identical prompts: four different samples
+    other = draw(base.at(3, "policy", seed=8))
+    assert all(a != b for a, b in zip(other, once, strict=True))
+    again = draw(first)  # the same copy's second call
+    assert all(a != b for a, b in zip(again, once, strict=True))
+    seeds = [body["seed"] for body in server.bodies("/v1/completions")]
+    by_call = [set(seeds[k : k + len(prompts)]) for k in range(0, len(seeds), len(prompts))]
+    n = len(prompts)
+    assert by_call[0] == by_call[1] == {request_seed(7, 0, i) for i in range(n)}
+    assert by_call[3] == {request_seed(7, 1, i) for i in range(n)}
+    assert len(set().union(*by_call)) == 3 * n  # seed 7's two calls and seed 8's: no seed twice
+
+
+def test_at_binds_a_copy_to_a_version_and_leaves_the_original(server, smollm2_tokenizer, tmp_path):
+    base = sampler_for(server, smollm2_tokenizer, seed=5)
+    sync = AdapterSync(base, tmp_path, "policy", session="1")
+    older, newer = sync.publish(4, save_adapter()), sync.publish(5, save_adapter())
+    asyncio.run(base.sample([(1, 2)]))  # the original's call 0
+    bound = base.at(4, older, seed=9)
+    samples = asyncio.run(bound.sample([(1, 2), (3, 4)]))
+    assert [s.version for s in samples] == [4, 4]
+    assert (base.model, base.version, base.seed) == (newer, None, 5)
+    [unbound] = asyncio.run(base.sample([(1, 2)]))  # the original's call 1: the copy's calls are its own
+    assert unbound.version is None
+    sent = [(b["model"], b["seed"]) for b in server.bodies("/v1/completions")]
+    assert sent[0] == (newer, request_seed(5, 0, 0)) and sent[-1] == (newer, request_seed(5, 1, 0))
+    assert set(sent[1:3]) == {(older, request_seed(9, 0, 0)), (older, request_seed(9, 0, 1))}
+
+
+def test_an_empty_call_sends_nothing_but_counts(server, smollm2_tokenizer):
+    sampler = sampler_for(server, smollm2_tokenizer, seed=3)
+    assert asyncio.run(sampler.sample([])) == [] and not server.requests
+    asyncio.run(sampler.sample([(1, 2)]))
+    assert server.bodies("/v1/completions")[0]["seed"] == request_seed(3, 1, 0)
+
+
+def test_request_seeds_are_pinned_distinct_and_in_range():
+    # These values pin the derivation: a change to it changes every run's samples, and must be seen.
+    assert request_seed(0, 0, 0) == 3218101674565419774
+    assert request_seed(1234, 5, 7) == 2510123244013290608
+    assert request_seed(-1, 0, 3) == 2975999435544127493
+    grid = [request_seed(seed, call, index) for seed in (0, 1) for call in range(20) for index in range(64)]
+    assert len(set(grid)) == len(grid)
+    assert all(0 <= s < 2**62 for s in grid)
+
+
+def test_requests_in_flight_are_bounded(server, smollm2_tokenizer, monkeypatch):
+    answer = server._completions
+
+    def slow(body):  # each answer takes long enough for the next requests to queue up behind it
+        time.sleep(0.05)
+        return answer(body)
+
+    monkeypatch.setattr(server, "_completions", slow)
+    sampler = sampler_for(server, smollm2_tokenizer, max_concurrent_requests=3)
+    assert len(asyncio.run(sampler.sample([(1, i) for i in range(3, 13)]))) == 10
+    assert len(server.bodies("/v1/completions")) == 10
+    assert server.max_in_flight == 3
+
+
+def test_one_prompts_answer_is_checked(server, smollm2_tokenizer):
     sampler = sampler_for(server, smollm2_tokenizer)
-    choices = [
-        {"index": i, "token_ids": [10 + i, 2], "logprobs": {"token_logprobs": [-0.5 - i, -0.1]}}
-        for i in (1, 0)
-    ]
-    samples = sampler._samples({"choices": choices}, 2)
-    assert [s.token_ids for s in samples] == [(10, 2), (11, 2)]
-    assert samples[1].logprobs == (-1.5, -0.1)
+    choice = {"index": 0, "token_ids": [10, 2], "logprobs": {"token_logprobs": [-0.5, -0.1]}}
+    assert sampler._sample({"choices": [choice]}) == Sample((10, 2), (-0.5, -0.1))
+    with pytest.raises(UserError, match="returned 2 choices for one prompt"):
+        sampler._sample({"choices": [choice, {**choice, "index": 1}]})
+    with pytest.raises(UserError, match="log-probs"):
+        sampler._sample({"choices": [{**choice, "logprobs": {"token_logprobs": [-0.5]}}]})
 
 
 def test_a_server_without_token_ids_is_refused(server, smollm2_tokenizer):
     sampler = sampler_for(server, smollm2_tokenizer)
     choice = {"index": 0, "token_ids": None, "logprobs": {"token_logprobs": [-0.1]}}
     with pytest.raises(UserError, match=r"vLLM >= 0\.10\.2"):
-        sampler._samples({"choices": [choice]}, 1)
-
-
-def test_large_batches_are_split_and_kept_in_order(server, lm, smollm2_tokenizer):
-    # Near-greedy sampling makes each prompt's answer known in advance, whichever request it went in.
-    sampler = sampler_for(server, smollm2_tokenizer, max_prompts_per_request=2, temperature=1e-6)
-    prompts = [(1, i) for i in range(3, 8)]
-    samples = asyncio.run(sampler.sample(prompts))
-    sent = server.bodies("/v1/completions")
-    assert sorted(len(b["prompt"]) for b in sent) == [1, 2, 2]
-    grammar = lm.compile("grammar", grammar_ebnf(2, 8))
-    greedy = SamplingParams(max_tokens=64, temperature=0, stop_token_ids=frozenset({2}))
-    expected = [lm.generate("base:policy", p, greedy, grammar, torch.Generator()).token_ids for p in prompts]
-    assert [list(s.token_ids) for s in samples] == expected
-
-
-def test_more_prompts_per_request_than_vllm_allows_is_refused(server, smollm2_tokenizer):
-    with pytest.raises(UserError, match=r"1\.\.1024"):
-        sampler_for(server, smollm2_tokenizer, max_prompts_per_request=1025)
+        sampler._sample({"choices": [choice]})
 
 
 # --- failures ---------------------------------------------------------------------------------------------
@@ -369,24 +470,28 @@ def test_wait_for_server_stops_at_a_dead_engine(server):
 
 def test_retrieval_turns_play_end_to_end_through_the_vllm_sampler(server, smollm2_tokenizer, tmp_path):
     sampler = sampler_for(server, smollm2_tokenizer)
-    AdapterSync(sampler, tmp_path, "policy", session="1").publish(0, save_adapter())
+    name = AdapterSync(sampler, tmp_path, "policy", session="1").publish(0, save_adapter())
     rules = RetrievalRules(max_turns=2, tau=0.99)
     builder = RetrievalBuilder(smollm2_tokenizer, LexiconJudge(), WordOverlap(), rules)
     target = "Let's get pizza and watch a movie tonight"
     games = [builder({"target": target}) for _ in range(2)]
-    episodes = asyncio.run(play(games, sampler))
+    episodes = asyncio.run(play(games, sampler.at(0, name, seed=1)))
     sent = server.bodies("/v1/completions")
     assert all(body["model"] == "policy-1-v0" for body in sent)
     first_prompt = template.chat_ids(smollm2_tokenizer, sender_messages(target))
-    assert sent[0]["prompt"] == [first_prompt, first_prompt]
+    assert [body["prompt"] for body in sent[:2]] == [first_prompt, first_prompt]
     constraint = compile_emoji_grammar(smollm2_tokenizer, 2, 8, vocab_size=len(smollm2_tokenizer))
-    for e, episode in enumerate(episodes):
+    for episode in episodes:
         assert len(episode.turns) == 2  # tau 0.99 is out of reach: both turns are played
         for turn in episode.turns:
+            assert turn.sampler_version == 0
             assert turn.action_ids[-1] == template.stop_token_id(smollm2_tokenizer)
             assert all(lp <= 0 for lp in turn.action_logprobs)
             replay_masks(constraint, turn.action_ids)  # the trainer can replay the grammar over them
         assert episode.turns[-1].result.metrics["format_violation"] == 0.0
-        # Turn 2's prompt is turn 1's prompt + action + observation, as token ids.
-        turn1 = episode.turns[0]
-        assert sent[1]["prompt"][e] == [*first_prompt, *turn1.action_ids, *turn1.result.next_observation_ids]
+    # Turn 2's prompts are turn 1's prompt + action + observation, as token ids: one request each,
+    # in whichever order they reached the server.
+    assert sorted(body["prompt"] for body in sent[2:]) == sorted(
+        [*first_prompt, *turn1.action_ids, *turn1.result.next_observation_ids]
+        for turn1 in (episode.turns[0] for episode in episodes)
+    )

@@ -1,10 +1,10 @@
 """The `vllm` rollout engine: sender turns sampled by a vLLM server that hot-loads every new LoRA
 adapter (docs/DESIGN.md §7; requests and answers as in docs/VLLM.md §2, §4, §7).
 
-- `VLLMSampler` sends each turn batch as one `/v1/completions` request with token-id prompts and
-  the emoji grammar as top-level `structured_outputs` (none for a free-text game such as Wordle,
-  whose trainer masks no logits either), and keeps the returned token ids as sampled
-  (stop token included) with their log-probs: never re-tokenized text.
+- `VLLMSampler` sends each prompt of a turn batch as its own seeded `/v1/completions` request, all
+  at once, with a token-id prompt and the emoji grammar as top-level `structured_outputs` (none for
+  a free-text game such as Wordle, whose trainer masks no logits either), and keeps the returned
+  token ids as sampled (stop token included) with their log-probs: never re-tokenized text.
 - `AdapterSync` saves the adapter after each update, loads it under a versioned name, points the
   sampler at it and unloads stale versions.
 - `wait_for_server` (in `rl.endpoint`) waits for the server before training starts.
@@ -17,13 +17,21 @@ other sampling transform to neutral (top_p 1, top_k 0, min_p 0, no penalties: wh
 generation config says), launch/serve_policy.sh runs `--logprobs-mode processed_logprobs`, and
 `VLLMSampler.verify()` refuses a raw-mode server unless the temperature is 1, where the modes agree.
 
-No `seed` is sent: one seed per batch request would give identical prompts (the G rollouts of a group
-on their first turn) identical samples.
+Seeds. Every sampled turn is a function of (run seed, step, call, row): the trainer binds the sampler
+to each adapter version with a seed of its own (`at`), and prompt i of its c-th `sample()` call is
+sampled with `request_seed(seed, c, i)`. vLLM applies a request's `seed` to every prompt of a batch
+request, so identical prompts in one batch (the G rollouts of a group on their first turn) would get
+identical samples and different ones would share their noise: each prompt goes as its own request.
+The server's prefix cache still computes a shared prefix once, and its scheduler batches the requests.
+(The seed fixes the draws; the logits drawn from can still differ in their last bits with the batch
+the server computes them in.)
 """
 
 from __future__ import annotations
 
 import asyncio
+import copy
+import hashlib
 import logging
 import re
 import secrets
@@ -45,8 +53,6 @@ log = logging.getLogger("emoji_rl.rollout.vllm")
 
 LOGPROBS_MODE = "processed_logprobs"
 """The `--logprobs-mode` launch/serve_policy.sh starts the policy server with (see the module docstring)."""
-MAX_PROMPTS_PER_REQUEST = 1024
-"""vLLM 0.33 answers 400 to a completions batch of more prompts (VLLM_MAX_COMPLETION_PROMPTS)."""
 # The logprobs-mode probe: the same one-token request at T=1 and T=0.25. Raw log-probs do not depend
 # on T; processed ones at T=0.25 are log_softmax(4 z), which moves every top-5 value but a sure top-1.
 _PROBE_TEMPERATURE = 0.25
@@ -54,8 +60,23 @@ _PROBE_TOP = 5
 _PROBE_TOLERANCE = 0.1  # bf16 numerics differ a little between two requests; the T effect is far larger
 
 
+def request_seed(seed: int, call: int, index: int) -> int:
+    """A stable 62-bit seed for prompt `index` of the sampler's `call`-th sample() call.
+
+    A hash, not arithmetic such as seed + index: vLLM draws sample j of an `n > 1` request from
+    seed + j (v1/engine/parallel_sampling.py), and so does the fake server, so nearby seeds would
+    repeat each other's streams. blake2b rather than Python's hash(), which is salted per process for
+    strings: the next run would not see the same seeds. 62 bits: vLLM takes a signed 64-bit seed, and
+    this leaves room for the + j."""
+    digest = hashlib.blake2b(f"{seed}:{call}:{index}".encode(), digest_size=8).digest()
+    return int.from_bytes(digest, "big") >> 2
+
+
 class VLLMSampler:
-    """A `Sampler` backed by a vLLM server; `model` is the adapter (or base) name it samples from."""
+    """A `Sampler` backed by a vLLM server; `model` is the adapter (or base) name it samples from.
+
+    Its samples are a function of `seed` and how many `sample()` calls came before (module docstring):
+    the trainer samples through `at(version, name, seed)` copies, one per adapter version."""
 
     def __init__(
         self,
@@ -68,14 +89,10 @@ class VLLMSampler:
         min_emoji: int = MIN_EMOJI,
         max_emoji: int = MAX_EMOJI,
         grammar: bool = True,
-        max_prompts_per_request: int = MAX_PROMPTS_PER_REQUEST,
-        max_concurrent_requests: int = 4,
+        seed: int = 0,
+        version: int | None = None,
+        max_concurrent_requests: int = 256,
     ) -> None:
-        if not 1 <= max_prompts_per_request <= MAX_PROMPTS_PER_REQUEST:
-            raise UserError(
-                f"max_prompts_per_request={max_prompts_per_request} must be in 1..{MAX_PROMPTS_PER_REQUEST}: "
-                "vLLM 0.33 rejects larger completion batches"
-            )
         if max_concurrent_requests < 1:
             raise UserError(f"max_concurrent_requests={max_concurrent_requests} must be >= 1")
         if temperature <= 0:
@@ -87,15 +104,25 @@ class VLLMSampler:
         self.stop_token_id = stop_token_id
         self.temperature = temperature
         self.max_new_tokens = max_new_tokens
-        self.max_prompts_per_request = max_prompts_per_request
+        self.seed = seed
+        self.version = version
         self.max_concurrent_requests = max_concurrent_requests
         self._structured_outputs = vllm_structured_outputs(min_emoji, max_emoji) if grammar else None
+        self._calls = 0  # sample() calls so far: the `call` of the next one's request seeds
 
-    def request_body(self, prompts: Sequence[Sequence[int]]) -> dict[str, object]:
-        """The `/v1/completions` body for one batch of token-id prompts."""
+    def at(self, version: int, model: str, seed: int) -> VLLMSampler:
+        """A copy bound to one adapter version: it samples from `model` (the adapter's served name),
+        stamps every Sample with `version`, and seeds its requests from `seed`, its call count
+        starting at 0. The original is left as it is."""
+        bound = copy.copy(self)
+        bound.model, bound.version, bound.seed, bound._calls = model, version, seed, 0
+        return bound
+
+    def request_body(self, prompt: Sequence[int], seed: int) -> dict[str, object]:
+        """The `/v1/completions` body for one token-id prompt, sampled with `seed`."""
         body: dict[str, object] = {
             "model": self.model,
-            "prompt": [list(prompt) for prompt in prompts],
+            "prompt": list(prompt),
             "max_tokens": self.max_new_tokens,
             "temperature": self.temperature,
             "top_p": 1.0,
@@ -107,6 +134,7 @@ class VLLMSampler:
             "logprobs": 0,
             "return_token_ids": True,
             "stop_token_ids": [self.stop_token_id],
+            "seed": seed,
         }
         if self._structured_outputs is not None:
             body["structured_outputs"] = self._structured_outputs
@@ -119,28 +147,41 @@ class VLLMSampler:
     async def sample(
         self, prompts: Sequence[tuple[int, ...]], previous: Sequence[Sample | None] | None = None
     ) -> list[Sample]:
+        """One request per prompt, all sent concurrently (at most `max_concurrent_requests` open),
+        prompt i of this call seeded with `request_seed(self.seed, call, i)`; answers in prompt order,
+        each stamped with `self.version`.
+
+        Every call counts, an empty one too (it sends nothing): the seeds of a call depend only on how
+        many calls came before, never on what they held. The count is taken before the first await, so
+        calls running at once get distinct counts, in the order they were made."""
         # `previous` is not needed: the server's prefix cache already holds each episode's last turn.
-        step = self.max_prompts_per_request
-        chunks = [prompts[start : start + step] for start in range(0, len(prompts), step)]
+        call = self._calls
+        self._calls += 1
         gate = asyncio.Semaphore(self.max_concurrent_requests)
         async with self._client() as client:
-            answers = await asyncio.gather(*(self._sample_chunk(client, gate, chunk) for chunk in chunks))
-        return [sample for answer in answers for sample in answer]
+            return list(
+                await asyncio.gather(
+                    *(
+                        self._sample_one(client, gate, prompt, request_seed(self.seed, call, i))
+                        for i, prompt in enumerate(prompts)
+                    )
+                )
+            )
 
-    async def _sample_chunk(
-        self, client: httpx.AsyncClient, gate: asyncio.Semaphore, prompts: Sequence[tuple[int, ...]]
-    ) -> list[Sample]:
+    async def _sample_one(
+        self, client: httpx.AsyncClient, gate: asyncio.Semaphore, prompt: Sequence[int], seed: int
+    ) -> Sample:
         async with gate:
             try:
                 response = await request(
-                    client, self.endpoint, "POST", "/v1/completions", self.request_body(prompts)
+                    client, self.endpoint, "POST", "/v1/completions", self.request_body(prompt, seed)
                 )
             except ServerError as err:
                 hint = self._hint(err)
                 if hint is None:
                     raise
                 raise UserError(f"{err}; {hint}") from err
-        return self._samples(response.json(), len(prompts))
+        return self._sample(response.json())
 
     def _hint(self, err: ServerError) -> str | None:
         if err.param == "model":
@@ -155,25 +196,23 @@ class VLLMSampler:
             )
         return None
 
-    def _samples(self, body: Any, n_prompts: int) -> list[Sample]:
+    def _sample(self, body: Any) -> Sample:
         url = self.endpoint.url + "/v1/completions"
-        choices = sorted(body["choices"], key=lambda choice: choice["index"])
-        if len(choices) != n_prompts:
-            raise UserError(f"{url} returned {len(choices)} choices for {n_prompts} prompts")
-        samples = []
-        for choice in choices:
-            ids = choice.get("token_ids")
-            if ids is None:
-                raise UserError(
-                    f"{url} returned no token_ids: `return_token_ids` needs vLLM >= 0.10.2 (use 0.33.0)"
-                )
-            logprobs = (choice.get("logprobs") or {}).get("token_logprobs")
-            if logprobs is None or len(logprobs) != len(ids):
-                raise UserError(
-                    f"{url} returned {len(ids)} token ids but log-probs {logprobs!r}: expected one per token"
-                )
-            samples.append(Sample(tuple(ids), tuple(float(lp) for lp in logprobs)))
-        return samples
+        choices = body["choices"]
+        if len(choices) != 1:
+            raise UserError(f"{url} returned {len(choices)} choices for one prompt")
+        [choice] = choices
+        ids = choice.get("token_ids")
+        if ids is None:
+            raise UserError(
+                f"{url} returned no token_ids: `return_token_ids` needs vLLM >= 0.10.2 (use 0.33.0)"
+            )
+        logprobs = (choice.get("logprobs") or {}).get("token_logprobs")
+        if logprobs is None or len(logprobs) != len(ids):
+            raise UserError(
+                f"{url} returned {len(ids)} token ids but log-probs {logprobs!r}: expected one per token"
+            )
+        return Sample(tuple(ids), tuple(float(lp) for lp in logprobs), version=self.version)
 
     async def verify(self) -> None:
         """Check, before training, that the server serves `model` and returns the log-probs of the
