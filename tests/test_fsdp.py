@@ -254,9 +254,9 @@ def _grpo(run: Path) -> None:
     import torch.distributed as dist
 
     from emoji_rl.decode import generate
-    from emoji_rl.rl import train
+    from emoji_rl.rl import setup, train
 
-    decode, collect, save = generate.decode, train.collect, train._save
+    decode, collect, save = generate.decode, setup.collect, train._save
     forwards = [0]
 
     def counted_decode(model, ids, mask, cache, *args, **kwargs):
@@ -279,7 +279,7 @@ def _grpo(run: Path) -> None:
         _record_and_maybe_die(run_dir, accelerator.process_index, state.step, model, optimizer, distributed)
         save(accelerator, run_dir, state, model, optimizer, scheduler, game, behaviour)
 
-    generate.decode, train.collect, train._save = counted_decode, collect_and_record, record_then_save
+    generate.decode, setup.collect, train._save = counted_decode, collect_and_record, record_then_save
 
 
 if __name__ == "__main__":

@@ -188,7 +188,7 @@ def test_publishing_under_fsdp_sends_the_whole_adapter_not_a_shard(tmp_path, mon
 
 
 def _publish_under_fsdp(url: str, out: Path) -> int:
-    """Shard a tiny PEFT model over the ranks with FSDP2, then `_sync_weights` it to the server at `url`;
+    """Shard a tiny PEFT model over the ranks with FSDP2, then `_publish_weights` it to the server at `url`;
     the main process writes the unsharded adapter to `out/full.safetensors` first, for the test."""
     from accelerate import PartialState
     from peft import LoraConfig, get_peft_model, get_peft_model_state_dict
@@ -199,7 +199,7 @@ def _publish_under_fsdp(url: str, out: Path) -> int:
 
     from emoji_rl.io.endpoint import Endpoint
     from emoji_rl.rl.rollout.vllm import AdapterSync, VLLMSampler
-    from emoji_rl.rl.train import _sync_weights
+    from emoji_rl.rl.train import _publish_weights
 
     processes = PartialState(cpu=True)
     torch.manual_seed(0)  # the same model on every rank
@@ -222,7 +222,7 @@ def _publish_under_fsdp(url: str, out: Path) -> int:
         isinstance(p, DTensor) and p.to_local().numel() < p.numel() for p in lora_params
     ), "the adapter is not sharded: the test would not tell a gathered save from a local one"
     sampler = VLLMSampler(Endpoint(url + "/v1", api_key_env="EMOJI_RL_TEST_POLICY_KEY"), "policy", 0)
-    _sync_weights(AdapterSync(sampler, out, "policy"), processes, model, 1)
+    _publish_weights(AdapterSync(sampler, out, "policy"), processes, model, 1)
     (out / f"sampler{processes.process_index}").write_text(sampler.model)
     # Leave the group before exiting: a gloo thread still running when the interpreter exits aborts
     # the rank ("terminate called without an active exception", once in CI on a loaded machine).
@@ -241,10 +241,10 @@ def _run_stage_recording_each_rank() -> int:
 
     from emoji_rl import cli
     from emoji_rl.lm.training import adapter_state_dict
-    from emoji_rl.rl import train
+    from emoji_rl.rl import setup, train
 
     run = Path(sys.argv[sys.argv.index("--output_dir") + 1])
-    collect, save = train.collect, train._save
+    collect, save = setup.collect, train._save
 
     async def collect_and_record(stream, *args, **kwargs):
         rollouts = await collect(stream, *args, **kwargs)
@@ -259,7 +259,7 @@ def _run_stage_recording_each_rank() -> int:
         save_file(weights, str(run_dir / f"rank{accelerator.process_index}-step{state.step}.safetensors"))
         save(accelerator, run_dir, state, model, *args)
 
-    train.collect, train._save = collect_and_record, save_and_record
+    setup.collect, train._save = collect_and_record, save_and_record
     return cli.main()
 
 

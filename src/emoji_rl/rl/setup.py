@@ -1,19 +1,25 @@
-"""The wiring of a GRPO run: which game it plays (records, judge, embedder, constraint, curriculum) and
-which sampler plays it (in-process, or a vLLM server kept current by an adapter sync). The loop in
-`rl/train.py` receives what is built here and knows no game or engine."""
+"""The wiring of a GRPO run: which game it plays (records, judge, embedder, constraint, curriculum),
+which sampler plays it (in-process, or a vLLM server kept current by an adapter sync), and how each
+step's rollouts are played (in the loop's thread, or ahead of it on a thread of their own). The loop
+in `rl/train.py` receives what is built here and knows no game or engine."""
 
 from __future__ import annotations
 
 import asyncio
 import random
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 from emoji_rl.decode.generate import Constraint
 from emoji_rl.errors import UserError
 from emoji_rl.io.jsonl import read_jsonl
 from emoji_rl.lm import models, template
+from emoji_rl.lm.training import gather
+from emoji_rl.rl.checkpoint import TrainState, behaviour_adapters
+from emoji_rl.rl.rollout.collect import PromptStream, collect
+from emoji_rl.rl.rollout.overlap import Played, RolloutsAhead
 
 if TYPE_CHECKING:
     from peft import PeftModel
@@ -144,3 +150,58 @@ def build_sampler(
     )
     asyncio.run(sampler.verify())
     return sampler, AdapterSync(sampler, cfg.output_dir, cfg.vllm_served_name, cfg.vllm_adapter_keep)
+
+
+def rollouts_ahead(
+    cfg: Config,
+    game: GameSetup,
+    sampler: Sampler,
+    weight_sync: AdapterSync | None,
+    state: TrainState,
+    rank: int,
+    share: int,
+    checkpoint: Path | None,
+) -> RolloutsAhead:
+    """Steps `state.step` on, played in-process or, with a vLLM server, on a thread by the version K
+    behind, from a prompt stream of their own that starts where the checkpoint's stopped."""
+    background = weight_sync is not None
+    # The thread's prompt draws are a collective among the processes: on a group of their own, so
+    # that they never interleave with the update's.
+    group = rollout_group() if background else None
+    stream = PromptStream(
+        game.records, cfg.seed, replace(state), rank, gather_counts=lambda n: gather(n, group)
+    )
+    rounds = cfg.max_resample_rounds if cfg.dynamic_sampling else 0
+    if background:
+        from emoji_rl.rl.rollout.vllm import request_seed
+
+    async def play(step: int, version: int, name: str | None) -> Played:
+        # On a server, each step's requests are seeded from (seed, rank, step): what a step samples
+        # does not depend on what ran before it, so a resume redraws a lost step exactly.
+        bound = sampler if name is None else sampler.at(version, name, request_seed(cfg.seed, rank, step))
+        stream.state.step = step  # the stream's own copy of the state: the step it draws for
+        before = game.seconds()
+        played = await collect(
+            stream, game.make_game, bound, share, cfg.group_size, cfg.scale_rewards, rounds
+        )
+        services = {k: v - before.get(k, 0.0) for k, v in game.seconds().items()}
+        return Played(step, version, played, services, (stream.state.epoch, stream.state.cursor))
+
+    kept = behaviour_adapters(checkpoint) if checkpoint is not None and background else {}
+    return RolloutsAhead(
+        play,
+        state.step,
+        cfg.max_steps,
+        cfg.max_off_policy_steps,
+        first_version=min(kept, default=state.step),
+        background=background,
+    )
+
+
+def rollout_group():
+    """A gloo process group for the rollout thread's collectives; None with one process."""
+    import torch.distributed as dist
+
+    if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
+        return dist.new_group(backend="gloo")
+    return None

@@ -23,7 +23,6 @@ import random
 import shutil
 import time
 from collections.abc import Callable
-from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -56,10 +55,10 @@ from emoji_rl.rl.checkpoint import (
     whole_optimizer_state,
 )
 from emoji_rl.rl.policy import build_policy, checkpoint_layers
-from emoji_rl.rl.rollout.collect import PromptStream, Rollouts, collect
+from emoji_rl.rl.rollout.collect import Rollouts
 from emoji_rl.rl.rollout.metrics import ROLLOUTS_FILE, log_rollouts, rollout_metrics
-from emoji_rl.rl.rollout.overlap import Played, RolloutsAhead, without_stale
-from emoji_rl.rl.setup import GameSetup, build_sampler, retrieval_setup, wordle_setup
+from emoji_rl.rl.rollout.overlap import RolloutsAhead, without_stale
+from emoji_rl.rl.setup import GameSetup, build_sampler, retrieval_setup, rollouts_ahead, wordle_setup
 from emoji_rl.rl.train_config import Config
 from emoji_rl.rl.update import update
 
@@ -189,7 +188,7 @@ def train(
     model, optimizer = accelerator.prepare(policy, optimizer)
     if checkpoint is not None:
         load_optimizer(checkpoint, model, optimizer, scheduler)
-    rollouts = _rollouts(cfg, game, sampler, weight_sync, state, rank, share, checkpoint)
+    rollouts = rollouts_ahead(cfg, game, sampler, weight_sync, state, rank, share, checkpoint)
     try:
         if weight_sync is not None and is_main:
             weight_sync.clear_stale()
@@ -205,61 +204,6 @@ def train(
         )
     finally:
         rollouts.close()
-
-
-def _rollouts(
-    cfg: Config,
-    game: GameSetup,
-    sampler: Sampler,
-    weight_sync: AdapterSync | None,
-    state: TrainState,
-    rank: int,
-    share: int,
-    checkpoint: Path | None,
-) -> RolloutsAhead:
-    """Steps `state.step` on, played in-process or, with a vLLM server, on a thread by the version K
-    behind, from a prompt stream of their own that starts where the checkpoint's stopped."""
-    background = weight_sync is not None
-    # The thread's prompt draws are a collective among the processes: on a group of their own, so
-    # that they never interleave with the update's.
-    group = _rollout_group() if background else None
-    stream = PromptStream(
-        game.records, cfg.seed, replace(state), rank, gather_counts=lambda n: gather(n, group)
-    )
-    rounds = cfg.max_resample_rounds if cfg.dynamic_sampling else 0
-    if background:
-        from emoji_rl.rl.rollout.vllm import request_seed
-
-    async def play(step: int, version: int, name: str | None) -> Played:
-        # On a server, each step's requests are seeded from (seed, rank, step): what a step samples
-        # does not depend on what ran before it, so a resume redraws a lost step exactly.
-        bound = sampler if name is None else sampler.at(version, name, request_seed(cfg.seed, rank, step))
-        stream.state.step = step  # the stream's own copy of the state: the step it draws for
-        before = game.seconds()
-        played = await collect(
-            stream, game.make_game, bound, share, cfg.group_size, cfg.scale_rewards, rounds
-        )
-        services = {k: v - before.get(k, 0.0) for k, v in game.seconds().items()}
-        return Played(step, version, played, services, (stream.state.epoch, stream.state.cursor))
-
-    kept = behaviour_adapters(checkpoint) if checkpoint is not None and background else {}
-    return RolloutsAhead(
-        play,
-        state.step,
-        cfg.max_steps,
-        cfg.max_off_policy_steps,
-        first_version=min(kept, default=state.step),
-        background=background,
-    )
-
-
-def _rollout_group():
-    """A gloo process group for the rollout thread's collectives; None with one process."""
-    import torch.distributed as dist
-
-    if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
-        return dist.new_group(backend="gloo")
-    return None
 
 
 def _loop(
