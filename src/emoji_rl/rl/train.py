@@ -190,15 +190,14 @@ def train(
         load_optimizer(checkpoint, model, optimizer, scheduler)
     rollouts = rollouts_ahead(cfg, game, sampler, weight_sync, state, rank, share, checkpoint)
     try:
-        if weight_sync is not None and is_main:
-            weight_sync.clear_stale()
-        # The versions the first steps are sampled by: those the checkpoint kept, then the weights now.
-        for version, path in sorted(behaviour_adapters(checkpoint).items()) if checkpoint else []:
-            copy = functools.partial(shutil.copytree, path)
-            rollouts.publish(version, _publish(weight_sync, accelerator, version, copy))
-        name = _publish_weights(weight_sync, accelerator, model, state.step)
-        if name is not None:
-            rollouts.publish(state.step, name)
+        if weight_sync is not None:
+            if is_main:
+                weight_sync.clear_stale()
+            # The versions the first steps are sampled by: those the checkpoint kept, then the weights now.
+            for version, path in sorted(behaviour_adapters(checkpoint).items()) if checkpoint else []:
+                copy = functools.partial(shutil.copytree, path)
+                rollouts.publish(version, _publish(weight_sync, accelerator, version, copy))
+            rollouts.publish(state.step, _publish_weights(weight_sync, accelerator, model, state.step))
         return _loop(
             cfg, accelerator, model, optimizer, scheduler, tokenizer, game, weight_sync, rollouts, state
         )
