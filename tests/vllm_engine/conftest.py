@@ -7,18 +7,13 @@ from __future__ import annotations
 
 import json
 import os
-import signal
-import subprocess
-import sys
-import time
-from dataclasses import dataclass
 from pathlib import Path
 
-import httpx
 import pytest
-from tests.launching import ROOT, free_port
 
-ENGINE_VENV = ROOT / ".venv-vllm-engine"
+from emoji_rl.bench import engine as launched
+from emoji_rl.bench.engine import ENGINE_VENV, Server
+
 KEY_ENV = "EMOJI_RL_TEST_ENGINE_KEY"
 KEY = "engine-key"
 MAX_LORA_RANK = 16
@@ -26,20 +21,11 @@ MAX_MODEL_LEN = 1024
 # The CPU engine's default block is 128 tokens, longer than a one-turn prompt (~65): nothing would be
 # cached. 32, as GPU servers' small blocks, puts whole blocks of every prompt in the prefix cache.
 BLOCK_SIZE = 32
-START_S = 600
 
 
 def engine_env(**extra: str) -> dict[str, str]:
     """The environment the launch scripts get: the CPU layout, the engine's venv, fp32 on 2 threads."""
-    return {
-        **os.environ,
-        "GPUS": "0",
-        "PYTHON": sys.executable,
-        "VLLM": str(ENGINE_VENV / "bin" / "vllm"),
-        "OMP_NUM_THREADS": "2",
-        KEY_ENV: KEY,
-        **extra,
-    }
+    return launched.engine_env(OMP_NUM_THREADS="2", **{KEY_ENV: KEY}, **extra)
 
 
 def require_engine() -> None:
@@ -51,61 +37,12 @@ def require_engine() -> None:
     pytest.skip(message)
 
 
-@dataclass
-class Server:
-    """A `vllm serve` started by a launch script, in its own process group."""
-
-    url: str
-    log: Path
-    process: subprocess.Popen
-
-    def log_tail(self, chars: int = 4000) -> str:
-        return self.log.read_text(errors="replace")[-chars:]
-
-    def kill(self) -> None:
-        """SIGKILL to the whole group: the API server and the engine die at once, as in a crash."""
-        os.killpg(self.process.pid, signal.SIGKILL)
-        self.process.wait()
-
-    def stop(self) -> None:
-        if self.process.poll() is None:
-            os.killpg(self.process.pid, signal.SIGTERM)
-            try:
-                self.process.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                os.killpg(self.process.pid, signal.SIGKILL)
-                self.process.wait()
-
-
-def start_server(
-    script: str, log: Path, env: dict[str, str], *args: str, port_var: str = "POLICY_PORT", port: int = 0
-) -> Server:
-    """`launch/<script> args` with `env` on `port` (0: a free one), waited for until /health answers
-    (or it dies: its log then)."""
-    port = port or free_port()
-    log.parent.mkdir(parents=True, exist_ok=True)
-    with log.open("w") as out:
-        process = subprocess.Popen(
-            ["bash", str(ROOT / "launch" / script), *args],
-            cwd=ROOT,
-            env={**env, port_var: str(port)},
-            stdout=out,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
-        )
-    server = Server(f"http://127.0.0.1:{port}", log, process)
-    start = time.monotonic()
-    while time.monotonic() - start < START_S:
-        if process.poll() is not None:
-            pytest.fail(f"{script} exited ({process.returncode}) before answering:\n{server.log_tail()}")
-        try:
-            if httpx.get(server.url + "/health", timeout=5).status_code == 200:
-                return server
-        except httpx.TransportError:
-            pass
-        time.sleep(2)
-    server.stop()
-    pytest.fail(f"{script} gave no answer at {server.url}/health in {START_S} s:\n{server.log_tail()}")
+def start_server(script: str, log: Path, env: dict[str, str], *args: str, **kwargs) -> Server:
+    """`bench.engine.start_server`, its failure a test failure with the server's log."""
+    try:
+        return launched.start_server(script, log, env, *args, **kwargs)
+    except launched.ServerFailed as failed:
+        pytest.fail(str(failed), pytrace=False)
 
 
 @pytest.fixture(scope="session")

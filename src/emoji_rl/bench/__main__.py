@@ -170,6 +170,7 @@ BENCHMARKS: dict[str, Callable[[], list[Row]]] = {
     "grpo_rollout": _grpo("grpo", "bench_rollout_throughput"),
     "grpo_step_vs_trl": _grpo("grpo_vs_trl", "bench_grpo_step_vs_trl"),
     "grpo_kl_memory": _grpo("grpo", "bench_kl_reference_memory"),
+    "grpo_overlap": _grpo("overlap", "bench_overlap"),
 }
 
 

@@ -15,7 +15,8 @@ class Row:
     baseline: str
     ratio: float
     goal: str
-    met: bool
+    met: bool | None
+    """None: a figure reported without a goal to meet (printed as -)."""
 
 
 def print_rows(rows: list[Row]) -> None:
@@ -24,7 +25,7 @@ def print_rows(rows: list[Row]) -> None:
     for r in rows:
         print(
             f"{r.name:<{width}}  {r.measured:>14}  {r.baseline:>14}  {r.ratio:>6.2f}x  {r.goal:>8}  "
-            f"{'yes' if r.met else 'NO'}"
+            f"{'-' if r.met is None else 'yes' if r.met else 'NO'}"
         )
 
 
