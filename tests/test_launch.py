@@ -429,6 +429,8 @@ def test_two_gpu_layout_has_no_policy_server_unless_asked():
 CPU = {
     "GPUS": "0",
     "PYTHON": sys.executable,
+    # The cache this process resolves embedded models in (EMOJI_RL_CACHE, when set), for the script's.
+    **{k: v for k, v in os.environ.items() if k == "EMOJI_RL_CACHE"},
 }  # the CPU layout resolves embedded models with emoji-rl's Python
 
 
