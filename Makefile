@@ -95,10 +95,12 @@ eval-human: $(STAMP) ## Report on what people played in play-web (PLAY_DB): tabl
 	$(ER) eval-human --db $(PLAY_DB) --output_dir reports/human
 
 # The real-engine tests share one vLLM server per pytest process, so they run in one process, after the
-# rest; EMOJI_RL_VLLM_ENGINE=required turns a missing engine into a failure instead of a skip.
+# rest; EMOJI_RL_VLLM_ENGINE=required turns a missing engine into a failure instead of a skip. The
+# trainer (pytest) and the server share the cores: OpenMP threads that spin while they wait would take
+# them from each other (measured: the one-version-behind learning test 179 s spinning, 37 s passive).
 test: $(STAMP) $(VLLM_CPU_STAMP) setup-vllm-engine ## Run the whole test suite (offline, CPU; builds both vLLM venvs first)
 	$(OFFLINE) $(BIN)/python -m pytest -q -n $(TEST_WORKERS) --dist worksteal --durations=15 -m "not vllm_engine"
-	$(OFFLINE) EMOJI_RL_VLLM_ENGINE=required $(BIN)/python -m pytest -q --durations=10 -m vllm_engine
+	$(OFFLINE) EMOJI_RL_VLLM_ENGINE=required OMP_WAIT_POLICY=PASSIVE $(BIN)/python -m pytest -q --durations=10 -m vllm_engine
 
 test-fast: $(STAMP) $(VLLM_CPU_STAMP) ## Run the tests not marked slow (nor vllm_engine)
 	$(OFFLINE) $(BIN)/python -m pytest -q -n $(TEST_WORKERS) --dist worksteal -m "not slow and not vllm_engine"

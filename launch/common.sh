@@ -213,8 +213,9 @@ has_server() {  # PREFIX
 server_device() {  # PREFIX (JUDGE or POLICY)
   local gpus="$1_GPUS" tp="$1_TP" dp="$1_DP" memory="$1_GPU_MEMORY"
   if on_cpu; then
-    # nobind: vLLM would pin its threads to cores another server or the trainer also uses.
-    DEVICE_ENV=("VLLM_CPU_KVCACHE_SPACE=$CPU_KVCACHE_GIB" VLLM_CPU_OMP_THREADS_BIND=nobind)
+    # nobind: vLLM would pin its threads to cores another server or the trainer also uses. PASSIVE:
+    # OpenMP threads that spin while they wait take those shared cores from the other processes.
+    DEVICE_ENV=("VLLM_CPU_KVCACHE_SPACE=$CPU_KVCACHE_GIB" VLLM_CPU_OMP_THREADS_BIND=nobind OMP_WAIT_POLICY=PASSIVE)
     DEVICE_FLAGS=(--dtype float32)
   else
     DEVICE_ENV=("CUDA_VISIBLE_DEVICES=${!gpus}")

@@ -84,7 +84,7 @@ stage+=(${ARGS[@]+"${ARGS[@]}"})
 # Without GPUs: one process, beside the servers on the CPU.
 if on_cpu; then
   (( NNODES == 1 )) || die "GPUS=0 trains in one process on this machine: NNODES=$NNODES needs GPUs"
-  run env CUDA_VISIBLE_DEVICES= "$PYTHON" "${stage[@]}"
+  run env CUDA_VISIBLE_DEVICES= OMP_WAIT_POLICY=PASSIVE "$PYTHON" "${stage[@]}"  # as the servers (common.sh)
 fi
 check_ngpus "$TRAIN_GPUS" "TRAIN_GPUS=$TRAIN_GPUS"
 NGPUS=$(count_list "$TRAIN_GPUS")

@@ -443,7 +443,12 @@ def test_the_cpu_layout_serves_the_embedded_model_on_vllms_cpu_engine(script, en
 
     [argv] = dry_run(script, **CPU)
     served_env, cmd = split_env(argv)
-    assert served_env == {**env, "VLLM_CPU_KVCACHE_SPACE": "1", "VLLM_CPU_OMP_THREADS_BIND": "nobind"}
+    cpu_env = {
+        "VLLM_CPU_KVCACHE_SPACE": "1",
+        "VLLM_CPU_OMP_THREADS_BIND": "nobind",
+        "OMP_WAIT_POLICY": "PASSIVE",
+    }
+    assert served_env == {**env, **cpu_env}
     assert cmd[:3] == ["vllm", "serve", models.resolve(models.SMOLLM2)]
     assert flag(cmd, "--dtype") == "float32"
     assert not {"--tensor-parallel-size", "--data-parallel-size", "--gpu-memory-utilization"} & set(cmd)
@@ -478,7 +483,7 @@ def test_the_cpu_layout_refuses_gpu_ids():
 def test_grpo_on_the_cpu_layout_is_one_process_beside_the_policy_server():
     [argv] = dry_run("train_grpo.sh", "--max_steps", "2", CONFIG="configs/cpu/grpo.yaml", **CPU)
     assert argv == [
-        "env", "CUDA_VISIBLE_DEVICES=", sys.executable, "-m", "emoji_rl.cli", "grpo",
+        "env", "CUDA_VISIBLE_DEVICES=", "OMP_WAIT_POLICY=PASSIVE", sys.executable, "-m", "emoji_rl.cli", "grpo",
         "--config", "configs/cpu/grpo.yaml", "--max_steps", "2",
     ]  # fmt: skip
     result = run("train_grpo.sh", "--dry-run", NNODES="2", **CPU)
