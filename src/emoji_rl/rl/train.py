@@ -255,7 +255,9 @@ def _loop(
             mine = played.rollouts
             if everyone.kept:
                 # This process's groups; with none kept, its played ones stand in at weight 0.
-                batch = collate_groups(mine.kept or mine.played, pad_id, game.constraint, step)
+                batch = collate_groups(
+                    mine.kept or mine.played, pad_id, game.constraint, step, len(tokenizer)
+                )
                 metrics.update(
                     update(settings, accelerator, model, optimizer, batch, contributes=bool(mine.kept))
                 )
