@@ -48,6 +48,23 @@ def tiny_qwen(tmp_path_factory):
     return save_tiny_qwen3_5(tmp_path_factory.mktemp("qwen3_5") / "model")
 
 
+@pytest.fixture(scope="session")
+def padded_qwen3_5():
+    """A tiny Qwen3.5 with the real vocabulary, its lm_head as wide as Qwen3.5's (248,320 rows for
+    248,077 tokens), and the padding rows set to win: their logits dwarf every token's."""
+    import torch
+    from tests.tiny import QWEN3_5_LOGITS, qwen3_5_vocabulary, tiny_qwen3_5
+
+    tokenizer = qwen3_5_vocabulary()
+    ids = {name: getattr(tokenizer, name) for name in ("eos_token_id", "pad_token_id")}
+    model = tiny_qwen3_5(vocab_size=QWEN3_5_LOGITS, tie_word_embeddings=False, **ids).eval()
+    assert len(tokenizer) == 248077 < QWEN3_5_LOGITS
+    with torch.no_grad():
+        head = model.get_output_embeddings().weight
+        head[len(tokenizer) :] = 1000 * torch.randn(QWEN3_5_LOGITS - len(tokenizer), head.shape[1])
+    return model, tokenizer
+
+
 # Tiny HF tokenizers built in memory, for compiling the grammar without loading a model.
 TEMPLATE = "{% for m in messages %}{{ m['content'] }}<|im_end|>{% endfor %}"
 

@@ -18,6 +18,7 @@ import pytest
 import yaml
 
 from emoji_rl import cli
+from emoji_rl.errors import UserError
 from emoji_rl.pipeline import Stage
 
 PY = shlex.quote(sys.executable)
@@ -323,6 +324,71 @@ def alive(pid: int) -> bool:
     except FileNotFoundError:
         return False
     return stat.rsplit(")", 1)[1].split()[0] != "Z"
+
+
+# --- one run per directory ---------------------------------------------------------------------------
+
+# A stage that says it runs, then waits until the test lets it finish.
+WAIT = """
+import os, sys, time
+open(sys.argv[1], "w").write(str(os.getpid()))
+while not os.path.exists(sys.argv[2]):
+    time.sleep(0.02)
+"""
+
+
+def test_a_second_run_on_a_directory_is_refused_naming_the_pid_and_a_killed_ones_lock_blocks_nothing(
+    tmp_path,
+):
+    from types import SimpleNamespace
+
+    run_dir, started, go = tmp_path / "r", tmp_path / "started", tmp_path / "go"
+    stage = f"{PY} -c {shlex.quote(WAIT)} {started} {go}"
+    config = write_config(tmp_path / "p.yaml", [("wait", stage)], run_dir)
+    first = start_runner(config, child_env())
+    second = [sys.executable, "-m", "emoji_rl.cli", "pipeline", "--config", str(config)]
+    try:
+        deadline = time.monotonic() + 30
+        while not started.exists():
+            assert first.poll() is None and time.monotonic() < deadline, "the first run's stage did not start"
+            time.sleep(0.02)
+        refused = subprocess.run(
+            second, cwd=ROOT, env=child_env(), capture_output=True, text=True, timeout=30
+        )
+        assert refused.returncode == 2, refused.stderr
+        assert (
+            f"emoji-rl pipeline: error: run_dir={run_dir}: {run_dir} is in use by another run "
+            f"(PID {first.pid} holds {run_dir / '.lock'})" in refused.stderr
+        ), refused.stderr
+        assert first.poll() is None  # refused at once, with the first run untouched
+        # Under accelerate or torchrun the ranks share the directory: only the global main process locks.
+        outputs = SimpleNamespace(output_dir=str(run_dir))
+        with cli.one_run_per_directory(outputs, {"RANK": "1", "WORLD_SIZE": "2"}):
+            pass
+        with (
+            pytest.raises(UserError, match=f"PID {first.pid} holds"),
+            cli.one_run_per_directory(outputs, {"RANK": "0", "WORLD_SIZE": "2"}),
+        ):
+            pass
+    finally:
+        os.killpg(first.pid, signal.SIGKILL)  # the runner and its stage, as a crash would
+        first.wait()
+    assert (run_dir / ".lock").read_text().split()[0] == str(first.pid)  # left behind by the killed run
+    go.touch()
+    resumed = subprocess.run(second, cwd=ROOT, env=child_env(), capture_output=True, text=True, timeout=60)
+    assert resumed.returncode == 0, resumed.stderr
+    assert (run_dir / "stages" / "wait.done").is_file()
+
+
+def test_a_stage_the_pipeline_runs_in_its_own_run_dir_is_not_refused(tmp_path, capfd):
+    # The experiment's last stage, `experiment-report --run_dir {run_dir}`, writes where the pipeline
+    # runs: it fails on the empty run directory, but for want of an evaluation, not of the lock.
+    run_dir = tmp_path / "r"
+    config = write_config(tmp_path / "p.yaml", [("report", "experiment-report --run_dir {run_dir}")], run_dir)
+    assert pipeline(config) == 2
+    log = (run_dir / "pipeline.log").read_text()
+    assert "retrieval.json does not exist: run `emoji-rl eval-retrieval" in log, log
+    assert "in use by another run" not in log
 
 
 # --- the experiment configs ------------------------------------------------------------------------------

@@ -6,16 +6,18 @@ their stage runs, so `emoji-rl --help` answers without loading torch.
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import importlib
 import logging
 import os
 import sys
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 
 from emoji_rl.config import parse_config
 from emoji_rl.errors import UserError, stop_signal
+from emoji_rl.io.run_lock import run_lock
 
 # stage -> (module, one-line description). Order is the pipeline's order.
 STAGES: dict[str, tuple[str, str]] = {
@@ -74,10 +76,16 @@ def _usage() -> str:
     )
 
 
+def process_rank(environ: Mapping[str, str]) -> int:
+    """This process's global rank: `accelerate launch` and torchrun set RANK in every process they
+    start, over all nodes; a process started alone is the main one."""
+    return int(environ.get("RANK", "0"))
+
+
 def logging_options(environ: Mapping[str, str]) -> dict[str, object]:
     """Under `accelerate launch` or torchrun every process runs the stage: info from the main
     process only, so each line shows once; warnings from every process, tagged with its rank."""
-    rank = int(environ.get("RANK", "0"))
+    rank = process_rank(environ)
     tag = f"[rank {rank}] " if rank else ""
     return {
         "level": logging.INFO if rank == 0 else logging.WARNING,
@@ -92,16 +100,21 @@ OUTPUT_KEYS = ("output_dir", "out_dir", "run_dir")
 """The config fields that name where a stage writes: checked before the stage starts."""
 
 
-def check_writable(cfg: object) -> None:
-    """Each output directory of `cfg` is, or can be made, one this process writes into, so that a
-    stage does not work for minutes and then lose it all to a path that is a file or read-only.
-    Nothing is created: a stage that fails its own checks leaves no directory behind."""
+def output_dirs(cfg: object) -> Iterator[tuple[str, str]]:
+    """(key, directory) for each output directory `cfg` names; none for a dry run, which writes nothing."""
     if getattr(cfg, "dry_run", False):
         return
     for key in OUTPUT_KEYS:
         value = getattr(cfg, key, None)
-        if not isinstance(value, str) or not value:
-            continue
+        if isinstance(value, str) and value:
+            yield key, value
+
+
+def check_writable(cfg: object) -> None:
+    """Each output directory of `cfg` is, or can be made, one this process writes into, so that a
+    stage does not work for minutes and then lose it all to a path that is a file or read-only.
+    Nothing is created: a stage that fails its own checks leaves no directory behind."""
+    for key, value in output_dirs(cfg):
         existing = Path(value)
         while not existing.exists() and existing != existing.parent:
             existing = existing.parent
@@ -111,6 +124,19 @@ def check_writable(cfg: object) -> None:
             raise UserError(
                 f"{key}={value}: {existing} cannot be written to (read-only?); choose another --{key}"
             )
+
+
+@contextlib.contextmanager
+def one_run_per_directory(cfg: object, environ: Mapping[str, str]) -> Iterator[None]:
+    """Each output directory of `cfg` locked for this run (io/run_lock.py), so that two runs on one
+    directory do not both write it: the second is refused at once, naming the PID of the first. Under
+    `accelerate launch` or torchrun the ranks share the directory and the global main process holds it
+    for them all."""
+    with contextlib.ExitStack() as locks:
+        if process_rank(environ) == 0:
+            for key, value in output_dirs(cfg):
+                locks.enter_context(run_lock(Path(value), f"{key}={value}"))
+        yield
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -127,9 +153,10 @@ def main(argv: list[str] | None = None) -> int:
         module = importlib.import_module(STAGES[stage][0])
         cfg = parse_config(module.Config, rest, prog=f"emoji-rl {stage}")
         check_writable(cfg)
-        if hasattr(cfg, "wait_for_judge"):  # the stages that ask a judge (`JudgeConfig`)
-            cfg.wait_for_judge()
-        status = module.main(cfg)  # None, or an exit status (selftest: 1 when a check failed)
+        with one_run_per_directory(cfg, os.environ):
+            if hasattr(cfg, "wait_for_judge"):  # the stages that ask a judge (`JudgeConfig`)
+                cfg.wait_for_judge()
+            status = module.main(cfg)  # None, or an exit status (selftest: 1 when a check failed)
     except UserError as err:
         print(f"emoji-rl {stage}: error: {err}", file=sys.stderr)
         return 2

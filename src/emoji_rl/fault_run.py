@@ -39,6 +39,8 @@ import sys
 import time
 from pathlib import Path
 
+from emoji_rl.io.run_lock import LOCK_FILE
+
 CONFIG = "configs/cpu/fault.yaml"
 EXCLUDED = (
     "pipeline.log",
@@ -48,6 +50,8 @@ EXCLUDED = (
     "*training_args.bin",
     "sft/checkpoint-*",
     "grpo/checkpoints/*",
+    LOCK_FILE,  # each holds the PID of the run that last locked its directory
+    f"*/{LOCK_FILE}",
 )
 TIMING_KEY = re.compile(r"^(time/|throughput/)|runtime$|_per_second$|_time$")
 TIMINGS_SECTION = re.compile(r"^## Stage timings\n.*?(?=^## |\Z)", re.M | re.S)

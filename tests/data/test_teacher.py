@@ -305,6 +305,36 @@ def test_a_dead_server_stops_the_stage_naming_its_url_and_a_rerun_asks_again(tmp
     assert len(server.bodies) == N + 2  # every prompt asked, the one answered in words three times
 
 
+def test_a_dead_server_is_named_at_the_first_failure_then_retried_quietly(
+    tmp_path, prompts, caplog, monkeypatch
+):
+    import socket
+    import time
+
+    with socket.socket() as probe:  # a port nothing listens on: bound, then closed
+        probe.bind(("127.0.0.1", 0))
+        url = f"http://127.0.0.1:{probe.getsockname()[1]}/v1"
+    backoffs: list[float] = []
+    monkeypatch.setattr(time, "sleep", backoffs.append)
+    cfg = config(tmp_path, teacher="openai", model="qwen-test", base_url=url, max_retries=3, concurrency=4)
+    caplog.set_level(logging.INFO)  # as the CLI logs
+    with pytest.raises(UserError) as err:
+        stage.run(cfg, stage.build_teacher(cfg, prompts), prompts)
+    assert str(err.value).startswith(
+        f"cannot reach the OpenAI-compatible server at {url}/ (ConnectError: [Errno 111] Connection refused, "
+        "after 3 retries): start it"
+    ), err.value
+    assert len(backoffs) >= 3  # the client did retry: each request 3 times
+    lines = [r.getMessage() for r in caplog.records]
+    first = next(r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING)
+    assert first.startswith(
+        f"cannot connect to the OpenAI-compatible server at {url} (POST {url}/chat/completions: "
+        "[Errno 111] Connection refused); retrying quietly, up to 3 times per request"
+    ), lines
+    assert not any("Retrying request" in line for line in lines), lines
+    assert sum(url in line for line in lines) == 1, lines
+
+
 def test_connection_failures_an_earlier_version_logged_spend_no_attempt(tmp_path, prompts):
     with AppendLog(tmp_path / stage.ANSWERS_LOG) as log:
         for p in prompts:

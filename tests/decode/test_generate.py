@@ -160,3 +160,20 @@ def test_a_reply_ends_at_its_first_sentence_end_and_keeps_its_text(smollm2_model
         if reply.token_ids[-1] in ends:  # unlike end of turn, the stop token's text is the reply's end
             assert reply.text == smollm2_tokenizer.decode(reply.token_ids)
             assert any(c in reply.text for c in ".!?\n")
+
+
+@pytest.mark.parametrize("constraint", ["none", "static"])
+def test_sampling_without_the_grammar_never_draws_a_padding_id(padded_qwen3_5, constraint):
+    from emoji_rl.decode.generate import generate_from_ids
+
+    model, tokenizer = padded_qwen3_5
+    prompts = [tokenizer.encode("Guess the word"), tokenizer.encode("Hello")]
+    with torch.no_grad():
+        logits = model(torch.tensor([prompts[1]])).logits[0, -1]
+    assert logits.argmax() >= len(tokenizer)  # unmasked, a padding id would win
+    replies = generate_from_ids(
+        model, tokenizer, prompts * 4, constraint, temperature=1.0, max_new_tokens=4, seed=0
+    )
+    sampled = [i for reply in replies for i in reply.token_ids]
+    assert len(sampled) >= len(replies) and max(sampled) < len(tokenizer)
+    assert all(math.isfinite(p) for reply in replies for p in reply.logprobs)

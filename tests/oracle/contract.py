@@ -108,14 +108,20 @@ def unknown_keys(value: Any, data: Any, where: str = "") -> list[str]:
     return found
 
 
-def _sampling(request: Any, kind: str) -> dict[str, Any]:
+def _sampling(request: Any, kind: str, vocab_size: int | None) -> dict[str, Any]:
     """The SamplingParams vLLM's serving code builds from the request (to_sampling_params), which
-    runs vLLM's own checks on the values, reported by the fields we rely on."""
+    runs vLLM's own checks on the values, reported by the fields we rely on. With `vocab_size` (the
+    model's logits width), also the checks vLLM's engine runs against the model on the token ids a
+    request names (SamplingParams.verify, which needs a whole ModelConfig, calls these)."""
     if kind == "completion":
         max_tokens = request.max_tokens or 16
     else:
         max_tokens = request.max_completion_tokens or request.max_tokens or 16
     params = request.to_sampling_params(max_tokens, {})
+    if vocab_size is not None:
+        model = SimpleNamespace(get_vocab_size=lambda: vocab_size)
+        params._validate_logit_bias(model)
+        params._validate_stop_token_ids(model)
     so = params.structured_outputs
     return {
         "temperature": params.temperature,
@@ -130,6 +136,7 @@ def _sampling(request: Any, kind: str) -> dict[str, Any]:
         "stop_token_ids": sorted(params.stop_token_ids or []),
         "seed": params.seed,
         "structured_output_key": None if so is None else [str(k) for k in V.get_structured_output_key(so)],
+        "logit_bias": None if params.logit_bias is None else sorted(params.logit_bias.items()),
     }
 
 
@@ -141,8 +148,8 @@ def _validated(classes: dict[str, str], item: dict[str, Any]) -> tuple[Any, str 
         return None, str(err)
 
 
-def op_requests(items: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Validate each {kind, body} with vLLM's request class for that route."""
+def op_requests(items: list[dict[str, Any]], vocab_size: int | None = None) -> list[dict[str, Any]]:
+    """Validate each {kind, body} with vLLM's request class for that route (and `_sampling`)."""
     out = []
     for item in items:
         request, error = _validated(REQUESTS, item)
@@ -152,7 +159,7 @@ def op_requests(items: list[dict[str, Any]]) -> list[dict[str, Any]]:
         sampling = None
         if item["kind"] in ("completion", "chat"):
             try:
-                sampling = _sampling(request, item["kind"])
+                sampling = _sampling(request, item["kind"], vocab_size)
             except Exception as err:  # vLLM's own validators raise ValueError subclasses
                 out.append({"error": f"to_sampling_params: {err!r}", "unknown": [], "sampling": None})
                 continue

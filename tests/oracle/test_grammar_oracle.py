@@ -7,11 +7,9 @@ set that gives, and XgrammarBackend (which blanks special tokens in the vocabula
 with) compiling the grammar with those stop tokens. The trainer's side: `compile_emoji_grammar` on
 the tokenizer loaded from the same directory, and `replay_masks`.
 
-The model directory: the real Qwen3.5 vocabulary (`qwen_vocab`: token bytes by id, specials after
-them, logits 248,320 wide) as an HF byte-level tokenizer, the form Qwen3.5's tokenizer.json has
-(without its merges: masks depend on the token strings only). No package here ships Qwen3.5's
-generation_config.json, so its `eos_token_id` is QWEN35_LIKE_EOS: the Qwen3 chat models' list,
-[<|im_end|>, <|endoftext|>], at their Qwen3.5 ids.
+The model directory: the real Qwen3.5 vocabulary as an HF byte-level tokenizer (`tests.tiny`),
+logits 248,320 wide. No package here ships Qwen3.5's generation_config.json, so its `eos_token_id`
+is QWEN35_LIKE_EOS: the Qwen3 chat models' list, [<|im_end|>, <|endoftext|>], at their Qwen3.5 ids.
 """
 
 from __future__ import annotations
@@ -22,36 +20,25 @@ import random
 
 import numpy as np
 import pytest
-from tokenizers import AddedToken, Tokenizer, decoders, pre_tokenizers
-from tokenizers import models as token_models
-from transformers import AutoTokenizer, PreTrainedTokenizerFast
+from tests.tiny import QWEN3_5_LOGITS, qwen3_5_vocabulary
+from transformers import AutoTokenizer
 from transformers.convert_slow_tokenizer import bytes_to_unicode
 
 from emoji_rl.decode.logits import allowed_positions
 from emoji_rl.emoji.alphabet import ALPHABET
 from emoji_rl.emoji.constraint import compile_emoji_grammar, replay_bitmask
-from emoji_rl.emoji.qwen_vocab import qwen_raw_vocab, qwen_tokenizer
+from emoji_rl.emoji.qwen_vocab import qwen_tokenizer
 from emoji_rl.io.endpoint import Endpoint
 from emoji_rl.lm.template import end_of_turn_ids, stop_token_id
 from emoji_rl.rl.rollout.vllm import VLLMSampler
 
-REGULAR, ENDOFTEXT, IM_START, IM_END, WIDTH = 248044, 248044, 248045, 248046, 248320
+ENDOFTEXT, IM_START, IM_END, WIDTH = 248044, 248045, 248046, QWEN3_5_LOGITS
 QWEN35_LIKE_EOS = [IM_END, ENDOFTEXT]  # labelled above: not read from a real Qwen3.5 checkpoint
 
 
 @pytest.fixture(scope="module")
 def model_dir(tmp_path_factory):
-    vocab = qwen_raw_vocab("qwen3.5")
-    to_char = bytes_to_unicode()
-    pieces = {"".join(to_char[b] for b in vocab.token_bytes[i]): i for i in range(REGULAR)}
-    backend = Tokenizer(token_models.BPE(vocab=pieces, merges=[]))
-    backend.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
-    backend.decoder = decoders.ByteLevel()
-    specials = [token.decode() for token in vocab.token_bytes[REGULAR:]]
-    backend.add_special_tokens([AddedToken(s, special=True, normalized=False) for s in specials])
-    tokenizer = PreTrainedTokenizerFast(
-        tokenizer_object=backend, eos_token="<|im_end|>", pad_token="<|endoftext|>"
-    )
+    tokenizer = qwen3_5_vocabulary()
     assert tokenizer.convert_tokens_to_ids(["<|endoftext|>", "<|im_start|>", "<|im_end|>"]) == [
         ENDOFTEXT,
         IM_START,

@@ -7,6 +7,8 @@ from __future__ import annotations
 import pytest
 
 from emoji_rl.emoji.constraint import grammar_ebnf
+from emoji_rl.io.endpoint import Endpoint
+from emoji_rl.rl.rollout.vllm import PADDING_BIAS, VLLMSampler
 
 KINDS = {
     "/v1/completions": "completion",
@@ -69,6 +71,25 @@ def test_a_free_text_rollout_is_the_same_sampling_with_no_grammar(checked):
     emoji = next(s for s in rollouts if s["structured_output_key"] is not None)
     [free] = [s for s in rollouts if s["structured_output_key"] is None]
     assert {**free, "structured_output_key": emoji["structured_output_key"], "seed": emoji["seed"]} == emoji
+
+
+def test_a_free_text_rollout_on_a_padded_head_biases_exactly_the_padding_ids_off(vllm_oracle):
+    """Qwen3.5: 248,077 token ids, 248,320 logits. Without the grammar the request gives each padding
+    id vLLM's lowest bias, as vLLM reads it and checks it against the model's width; with the grammar,
+    which allows none of them, nothing is added."""
+    tokens, width = 248077, 248320
+    bodies = [
+        VLLMSampler(
+            Endpoint("http://127.0.0.1:9"), "policy", 248046, grammar=grammar, padding=range(tokens, width)
+        ).request_body([1, 2, 3], 7)
+        for grammar in (False, True)
+    ]
+    items = [{"kind": "completion", "body": body} for body in bodies]
+    free, emoji = vllm_oracle("requests", items=items, vocab_size=width)
+    assert (free["error"], free["unknown"], emoji["error"], emoji["unknown"]) == (None, [], None, [])
+    assert free["sampling"]["logit_bias"] == [[i, PADDING_BIAS] for i in range(tokens, width)]
+    assert PADDING_BIAS == -100.0  # vLLM's floor: a lower bias is clamped to it
+    assert emoji["sampling"]["logit_bias"] is None and "logit_bias" not in bodies[1]
 
 
 def test_the_oracle_sees_a_field_vllm_would_ignore(vllm_oracle):

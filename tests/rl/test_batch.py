@@ -175,3 +175,21 @@ def test_logprobs_without_a_grammar_chunk_by_chunk_are_the_whole_vocabularys(
     # SmolLM2's 49K ids, an entry of the LoRA gradient made of cancelling terms moves by ~1e-4 of the largest.
     for ours_grad, full_grad in zip(our_grads, full_grads, strict=True):
         torch.testing.assert_close(ours_grad, full_grad, atol=1e-3 * float(full_grad.abs().max()), rtol=1e-4)
+
+
+def test_the_trainer_scores_an_unconstrained_sample_as_the_sampler_drew_it(padded_qwen3_5) -> None:
+    """Without a grammar the sampler masks the LM head's padding ids (here set to win): the trainer
+    scores over the same ids, so its log-probs are the sampler's."""
+    from emoji_rl.decode.generate import generate_from_ids
+
+    model, tokenizer = padded_qwen3_5
+    prompt = tuple(tokenizer.encode("Guess the word"))
+    replies = generate_from_ids(
+        model, tokenizer, [prompt] * 3, "none", temperature=TEMPERATURE, max_new_tokens=5, seed=0
+    )
+    done = StepResult(done=True, reward=0.0)
+    episodes = [Episode((Turn(prompt, reply.token_ids, reply.logprobs, done),)) for reply in replies]
+    batch = collate(episodes, torch.zeros(3), tokenizer.pad_token_id, None, tokens=len(tokenizer))
+    with torch.no_grad():
+        ours = token_logprobs(model, batch, TEMPERATURE)[batch.mask_D_T]
+    torch.testing.assert_close(ours, batch.sampler_logp_D_T[batch.mask_D_T], atol=1e-4, rtol=1e-4)

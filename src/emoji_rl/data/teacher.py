@@ -101,7 +101,10 @@ class Config:
         metadata={"help": "output token cap per answer; generation ends at the last emoji anyway"},
     )
     max_retries: int = field(
-        default=8, metadata={"help": "SDK retries per API call on 429/529/5xx, with exponential backoff"}
+        default=8,
+        metadata={
+            "help": "SDK retries per API call on 429/529/5xx and (openai) refused connections, with backoff"
+        },
     )
     poll_interval: float = field(
         default=60.0, metadata={"help": "seconds between batch status polls (claude-batch)"}
@@ -282,19 +285,13 @@ def build_teacher(cfg: Config, prompts: list[Prompt]) -> Teacher:
             [p.text for p in prompts],
         )
     if cfg.teacher == "openai":
-        import openai
+        from emoji_rl.data.teachers import OpenAITeacher, watched_client
 
-        from emoji_rl.data.teachers import OpenAITeacher
-
-        client = openai.OpenAI(
-            base_url=cfg.base_url,
-            api_key=os.environ.get(cfg.api_key_env) or "EMPTY",
-            max_retries=cfg.max_retries,
-        )
+        api_key = os.environ.get(cfg.api_key_env) or "EMPTY"
+        client, watch = watched_client(cfg.base_url, api_key, cfg.max_retries)
         assert cfg.model is not None  # __post_init__
-        return OpenAITeacher(
-            client, cfg.model, cfg.min_emoji, cfg.max_emoji, cfg.max_tokens, cfg.temperature, cfg.concurrency
-        )
+        sampling = (cfg.max_tokens, cfg.temperature, cfg.concurrency)
+        return OpenAITeacher(client, cfg.model, cfg.min_emoji, cfg.max_emoji, *sampling, watch=watch)
     from emoji_rl.data.claude_batch import ClaudeBatchTeacher
 
     return ClaudeBatchTeacher(

@@ -13,12 +13,15 @@ a teacher returns the raw text, or an error when it got none.
 
 from __future__ import annotations
 
+import contextlib
 import logging
+import threading
 from collections.abc import Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor, as_completed
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Protocol, TypeVar
 
+import httpx
 from tqdm import tqdm
 
 from emoji_rl.emoji.sender_prompts import SENDER_FIRST_TURN, SENDER_SYSTEM
@@ -125,6 +128,72 @@ class OfflineTeacherAdapter:
                 yield Answer(request.id, request.attempt, text)
 
 
+class ConnectionWatch(httpx.HTTPTransport):
+    """The transport under the openai teacher's client. The client retries a failed connection
+    `max_retries` times with backoff, logging each retry without the URL or what failed: against a dead
+    server, 16 requests in flight printed 136 such lines over 70 s before the error that named the URL.
+    Here the first connection that fails names the server and the reason at once; until a connection
+    succeeds again, the client's retry lines are dropped (`filter`, on its logger)."""
+
+    RETRY_LOGGER = "openai._base_client"
+
+    def __init__(self, base_url: str, max_retries: int) -> None:
+        super().__init__()
+        self.base_url, self.max_retries = base_url, max_retries
+        self.down = False
+        self._lock = threading.Lock()
+
+    def handle_request(self, request: httpx.Request) -> httpx.Response:
+        try:
+            response = super().handle_request(request)
+        except httpx.ConnectError as err:
+            with self._lock:
+                first, self.down = not self.down, True
+            if first:
+                log.warning(
+                    "cannot connect to the OpenAI-compatible server at %s (%s %s: %s); retrying quietly, "
+                    "up to %d times per request (--max_retries), then giving up",
+                    self.base_url,
+                    request.method,
+                    request.url,
+                    err,
+                    self.max_retries,
+                )
+            raise
+        with self._lock:
+            back, self.down = self.down, False
+        if back:
+            log.info("the OpenAI-compatible server at %s answers again", self.base_url)
+        return response
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not (self.down and record.getMessage().startswith("Retrying request"))
+
+    @contextlib.contextmanager
+    def quiet_retries(self) -> Iterator[None]:
+        retries = logging.getLogger(self.RETRY_LOGGER)
+        retries.addFilter(self)
+        try:
+            yield
+        finally:
+            retries.removeFilter(self)
+
+
+def watched_client(base_url: str, api_key: str, max_retries: int) -> tuple[openai.OpenAI, ConnectionWatch]:
+    """The openai teacher's client, and the `ConnectionWatch` it connects through."""
+    import openai
+
+    watch = ConnectionWatch(base_url, max_retries)
+    http = httpx.Client(transport=watch)
+    return openai.OpenAI(base_url=base_url, api_key=api_key, max_retries=max_retries, http_client=http), watch
+
+
+def connection_failure(err: Exception) -> str:
+    """What failed under the openai client's APIConnectionError ("Connection error."): refused, no host."""
+    cause = err.__cause__ or err
+    return f"{type(cause).__name__}: {cause}" if str(cause) else type(cause).__name__
+
+
 class OpenAITeacher:
     """Chat completions from an OpenAI-compatible server, `concurrency` at a time."""
 
@@ -139,10 +208,11 @@ class OpenAITeacher:
         max_tokens: int,
         temperature: float,
         concurrency: int,
+        watch: ConnectionWatch | None = None,
     ) -> None:
         from emoji_rl.emoji.constraint import vllm_structured_outputs
 
-        self.client, self.model = client, model
+        self.client, self.model, self.watch = client, model, watch
         self.max_tokens, self.temperature, self.concurrency = max_tokens, temperature, concurrency
         self.extra_body = {
             "structured_outputs": vllm_structured_outputs(min_emoji, max_emoji),
@@ -174,14 +244,16 @@ class OpenAITeacher:
         except openai.APIConnectionError as err:
             # No server, no answer: stop before every request burns its attempts on it.
             raise UserError(
-                f"cannot reach the OpenAI-compatible server at {self.client.base_url} ({err}): start it "
-                "(e.g. a vLLM server) or fix --base_url; the answers so far are kept, so rerunning the "
-                "same command asks only for the rest"
+                f"cannot reach the OpenAI-compatible server at {self.client.base_url} "
+                f"({connection_failure(err)}, after {self.client.max_retries} retries): start it (e.g. a vLLM "
+                "server) or fix --base_url; the answers so far are kept, so rerunning the same command "
+                "asks only for the rest"
             ) from err
         return Answer(request.id, request.attempt, reply.choices[0].message.content or "")
 
     def run(self, requests: list[Request]) -> Iterator[Answer]:
-        with ThreadPoolExecutor(self.concurrency) as pool:
+        quiet = self.watch.quiet_retries() if self.watch else contextlib.nullcontext()
+        with quiet, ThreadPoolExecutor(self.concurrency) as pool:
             futures = [pool.submit(self._ask, r) for r in requests]
             try:
                 for future in as_completed(futures):

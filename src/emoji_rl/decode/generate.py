@@ -2,7 +2,8 @@
 chat, evaluation, data filtering and the hf rollout engine share.
 
 Sampling is from the model's own distribution (no top-k / top-p), so what is sampled is what the
-trainer later scores; the grammar mask is the only change to the logits.
+trainer later scores; the grammar mask, or without it the mask of the LM head's padding ids
+(`template.padding_ids`), is the only change to the logits.
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ from typing import TYPE_CHECKING, Any, Literal
 from tqdm.auto import tqdm
 
 from emoji_rl.decode.prefill import RowCache, continuable, cut_rows, prefill_inputs
-from emoji_rl.lm.template import chat_ids, end_of_turn_ids, stop_token_id
+from emoji_rl.lm.template import chat_ids, end_of_turn_ids, padding_ids, stop_token_id
 
 if TYPE_CHECKING:
     import torch
@@ -49,13 +50,14 @@ def make_processor(
     min_emoji: int,
     max_emoji: int,
 ) -> LogitsProcessor | None:
-    if constraint == "none":
-        return None
     from emoji_rl.decode import logits as emoji_logits
     from emoji_rl.emoji import constraint as emoji_constraint
 
+    if constraint == "none":
+        padding = padding_ids(tokenizer, vocab_size)
+        return emoji_logits.PaddingMaskLogitsProcessor(padding.start) if padding else None
     if constraint == "static":
-        return emoji_logits.StaticMaskLogitsProcessor(tokenizer)
+        return emoji_logits.StaticMaskLogitsProcessor(tokenizer, vocab_size)
     compiled = emoji_constraint.compile_emoji_grammar(tokenizer, min_emoji, max_emoji, vocab_size=vocab_size)
     return emoji_logits.EmojiLogitsProcessor(compiled)
 

@@ -1,4 +1,5 @@
-"""Logits processors: the exact grammar mask, and the seed's static mask as a baseline.
+"""Logits processors: the exact grammar mask, the seed's static mask as a baseline, and the padding
+mask of unconstrained sampling.
 
 HF `LogitsProcessor`s, which `emoji_rl.decode.generate.decode` runs before temperature, so what samples
 only ever sees allowed tokens.
@@ -178,3 +179,17 @@ class StaticMaskLogitsProcessor(LogitsProcessor):
     def __call__(self, input_ids: torch.LongTensor, scores: torch.FloatTensor) -> torch.FloatTensor:
         _check_width(scores, self.allowed.shape[0])
         return scores.masked_fill(~self.allowed.to(scores.device), float("-inf"))
+
+
+class PaddingMaskLogitsProcessor(LogitsProcessor):
+    """Masks to -inf the ids at or above the tokenizer's length: the rows a model's LM head is padded
+    with (Qwen3.5: 248,077 tokens, 248,320 logits), which no text decodes from. The grammar and the
+    static mask allow none of them; sampling without either needs this (Wordle, the judge, chat
+    unconstrained)."""
+
+    def __init__(self, tokens: int) -> None:
+        self.tokens = tokens
+
+    def __call__(self, input_ids: torch.LongTensor, scores: torch.FloatTensor) -> torch.FloatTensor:
+        scores[..., self.tokens :] = float("-inf")
+        return scores

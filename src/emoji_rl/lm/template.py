@@ -63,6 +63,13 @@ def end_of_turn_ids(tokenizer: PreTrainedTokenizerBase) -> tuple[int, ...]:
     return tuple(dict.fromkeys(i for i in ids if isinstance(i, int)))
 
 
+def padding_ids(tokenizer: PreTrainedTokenizerBase, logits_width: int) -> range:
+    """The ids a model's logits have past its tokenizer's (Qwen3.5: 248,077 tokens, 248,320 logits):
+    rows the LM head is padded with, which decode to no text. The grammar allows none of them; every
+    sampler without it masks them (docs/DESIGN.md §2), and the trainer scores over the rest."""
+    return range(len(tokenizer), logits_width)
+
+
 def chat_text(
     tokenizer: PreTrainedTokenizerBase, messages: list[dict[str, str]], add_generation_prompt: bool = True
 ) -> str:

@@ -6,7 +6,8 @@ predicted by the logits at t. The loss mask is 1 where that token was sampled by
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import functools
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -41,6 +42,9 @@ class Batch:
     lag_D_T: torch.Tensor | None = None
     """[D, T] long: how many versions before the trained weights the target token's turn was
     sampled (0 off the mask, and for turns sampled in-process); None: all 0."""
+    tokens: int | None = None
+    """The tokenizer's length: unconstrained, log-probs are over the ids below it, the LM head's
+    padding rows masked as every sampler masks them (`template.padding_ids`); None: the whole head."""
 
     def rows(self, start: int, stop: int) -> Batch:
         return Batch(
@@ -52,6 +56,7 @@ class Batch:
             self.allowed_N_S[start:stop],
             self.support,
             None if self.lag_D_T is None else self.lag_D_T[start:stop],
+            self.tokens,
         )
 
     def to(self, device: torch.device | str) -> Batch:
@@ -64,6 +69,7 @@ class Batch:
             self.allowed_N_S,
             self.support,
             None if self.lag_D_T is None else self.lag_D_T.to(device),
+            self.tokens,
         )
 
     @property
@@ -77,6 +83,7 @@ def collate(
     pad_id: int,
     constraint: EmojiConstraint | None,
     step: int = 0,
+    tokens: int | None = None,
 ) -> Batch:
     """Stack episodes into padded tensors; replay the grammar over each sender turn (if constrained),
     keeping its masks over the grammar's support only: at Qwen3.5's real shapes (a step of 128
@@ -110,11 +117,15 @@ def collate(
         if constraint is not None:
             allowed.append(torch.cat([support_masks(constraint, turn.action_ids) for turn in episode.turns]))
     support = constraint.support if constraint is not None else None
-    return Batch(ids, attention, mask, sampler_logp, advantages_D.float(), allowed, support, lag)
+    return Batch(ids, attention, mask, sampler_logp, advantages_D.float(), allowed, support, lag, tokens)
 
 
 def collate_groups(
-    groups: Sequence[EpisodeGroup], pad_id: int, constraint: EmojiConstraint | None, step: int = 0
+    groups: Sequence[EpisodeGroup],
+    pad_id: int,
+    constraint: EmojiConstraint | None,
+    step: int = 0,
+    tokens: int | None = None,
 ) -> Batch:
     """A step's groups as one batch, each episode with the advantage its group carries (`collect` set
     them: `grpo.step_advantages`), trained at weights version `step`."""
@@ -124,7 +135,7 @@ def collate_groups(
             f"groups {missing[:4]} carry no advantages: collect() sets them (grpo.step_advantages)"
         )
     advantages_D = torch.tensor([a for g in groups for a in g.advantages], dtype=torch.float)
-    return collate([e for g in groups for e in g.episodes], advantages_D, pad_id, constraint, step)
+    return collate([e for g in groups for e in g.episodes], advantages_D, pad_id, constraint, step, tokens)
 
 
 def token_logprobs(
@@ -136,7 +147,7 @@ def token_logprobs(
     distribution the sampler drew from (docs/DESIGN.md §6). Under the grammar, only at the ids of its
     support: a softmax over the allowed tokens is the same whether the rest of the vocabulary is
     there at -inf or not, and the [N, V] logits and their fp32 copies are never built. Without a
-    grammar (Wordle), over the whole vocabulary a few hundred positions at a time
+    grammar (Wordle), over the tokenizer's ids (`Batch.tokens`) a few hundred positions at a time
     (`grpo.head_token_logprobs`).
     `share_prefix`: the rows' common opening (a group's whole prompt) runs once (`shared_prefix`; one
     process, no activation checkpointing).
@@ -148,6 +159,8 @@ def token_logprobs(
     targets_N = batch.input_ids_D_T[:, 1:][batch.mask_D_T]
     if batch.support is None:
         hidden_N_H, head = kept_hidden(model, *inputs)
+        if batch.tokens is not None:  # the padding ids' columns dropped: log_softmax as if at -inf
+            head = functools.partial(_narrowed, head, batch.tokens)
         logp_N = grpo.head_token_logprobs(hidden_N_H, head, targets_N.to(hidden_N_H.device), temperature)
     else:
         picked_N_S = kept_logits(model, *inputs, batch.support)
@@ -159,6 +172,12 @@ def token_logprobs(
     out = torch.zeros(batch.mask_D_T.shape, dtype=logp_N.dtype, device=logp_N.device)
     out[batch.mask_D_T] = logp_N
     return out
+
+
+def _narrowed(
+    head: Callable[[torch.Tensor], torch.Tensor], tokens: int, hidden: torch.Tensor
+) -> torch.Tensor:
+    return head(hidden)[..., :tokens]
 
 
 def support_columns(support: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:

@@ -147,6 +147,7 @@ def build_sampler(
         min_emoji=cfg.min_emoji,
         max_emoji=cfg.max_emoji,
         grammar=constraint == "grammar",
+        padding=template.padding_ids(tokenizer, policy.get_output_embeddings().weight.shape[0]),
     )
     asyncio.run(sampler.verify())
     return sampler, AdapterSync(sampler, cfg.output_dir, cfg.vllm_served_name, cfg.vllm_adapter_keep)

@@ -34,6 +34,7 @@ from emoji_rl.decode.sampler import Sampler
 from emoji_rl.errors import UserError
 from emoji_rl.io.jsonl import AppendLog, drop_steps_after
 from emoji_rl.io.metrics import MetricsWriter
+from emoji_rl.io.run_lock import holds_a_run
 from emoji_rl.lm import models
 from emoji_rl.lm.training import (
     adapter_state_dict,
@@ -254,7 +255,9 @@ def _loop(
             mine = played.rollouts
             if everyone.kept:
                 # This process's groups; with none kept, its played ones stand in at weight 0.
-                batch = collate_groups(mine.kept or mine.played, pad_id, game.constraint, step)
+                batch = collate_groups(
+                    mine.kept or mine.played, pad_id, game.constraint, step, len(tokenizer)
+                )
                 metrics.update(
                     update(settings, accelerator, model, optimizer, batch, contributes=bool(mine.kept))
                 )
@@ -358,7 +361,7 @@ def main(cfg: Config) -> None:
     # The process group under `accelerate launch` (one process otherwise), shared with train()'s Accelerator.
     processes = PartialState(cpu=without_cuda())
     prompts_per_process(cfg.batch_size, processes.num_processes)  # before any model loads
-    if run_dir.exists() and any(run_dir.iterdir()) and not cfg.resume:
+    if holds_a_run(run_dir) and not cfg.resume:
         raise UserError(
             f"{run_dir} already holds a run: pass --resume true to continue it, or another --output_dir"
         )
