@@ -103,7 +103,7 @@ class Shape:
         )
 
 
-# Measured here (2 cores, pinned as above): rollouts 43%, update 56% of the lockstep step. The
+# Measured here (2 cores, pinned as above): rollouts 46%, update 53% of the lockstep step. The
 # reference pass (beta > 0) and activation checkpointing are the gpu profile's KL and Wordle's memory
 # saver, here to give the update as much work as the engine's sampling on its core.
 BALANCED = Shape(
@@ -306,6 +306,9 @@ def bench_overlap(shape: Shape = BALANCED, steps: int = STEPS, engine_test: bool
         print(f"  skipped: the overlap needs 2 cores (one per side), this process may use {os.cpu_count()}")
         return []
     engine_core, trainer_core = cores
+    # Any other work on the two cores lands on one side more than the other. `nice` does not shield
+    # the bench where the kernel shares the cores between sessions first (sched_autogroup_enabled).
+    print(f"  load average before the runs: {os.getloadavg()[0]:.1f} (an idle machine reads about 0)")
     start = time.monotonic()
     with tempfile.TemporaryDirectory() as tmp_name:
         tmp = Path(tmp_name)
