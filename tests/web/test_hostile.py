@@ -112,6 +112,20 @@ def test_a_short_or_slow_request_is_ended_at_the_deadline(serve):
         assert status == 400 and "ended after 2 of its 100 bytes" in body["error"]
         # Headers that never end: the connection closes, with nothing to answer.
         assert exchange(address, b"POST /api/send/start HTTP/1.1\r\nHost: 127.0.0.1\r\n") == b""
+        # The same on a kept-alive connection after an answer, however the next headers trickle (a
+        # line every 0.1 s would restart uvicorn's keep-alive timer each time).
+        with socket.create_connection(address, timeout=WAIT_S) as sock:
+            sock.sendall(b"GET /api/config HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n")
+            assert sock.recv(65536).startswith(b"HTTP/1.1 200 ")
+            sock.sendall(b"GET /api/config HTTP/1.1\r\n")
+            start = time.monotonic()
+            with contextlib.suppress(OSError):  # the server closing while a line is on its way
+                while time.monotonic() - start < WAIT_S:
+                    sock.sendall(b"X-Slow: 1\r\n")
+                    time.sleep(0.1)
+            assert time.monotonic() - start < 5
+            with contextlib.suppress(ConnectionResetError):  # the lines that came after the close
+                assert read_all(sock) == b""
         assert game.store.rounds_per_target("send") == {}
 
 
