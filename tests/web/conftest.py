@@ -96,12 +96,19 @@ def serving(game: Rounds, **options) -> Iterator[str]:
     """The game served on 127.0.0.1 (a free port) from a thread: yields its base URL. `options`:
     make_server's limits."""
     server = make_server(game, "127.0.0.1", 0, **options)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    host, port = server.server_address[:2]
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    for _ in range(3000):  # bound, listening already: what is left is uvicorn's start, milliseconds
+        if server.started or not thread.is_alive():
+            break
+        time.sleep(0.01)
+    assert server.started, "play-web's server did not start in 30 s"
+    host, port = server.server_address
     try:
         yield f"http://{host}:{port}"
     finally:
         server.shutdown()
+        thread.join(30)
         server.server_close()
         game.close()
 

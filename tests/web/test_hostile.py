@@ -4,12 +4,15 @@ Each answer is asserted, never how fast it came: a client waits up to WAIT_S for
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import json
 import socket
 import threading
 import time
+from collections import Counter
 
+import httpx
 import pytest
 
 from emoji_rl.errors import UserError
@@ -66,24 +69,34 @@ def post(path: str, body: bytes, *headers: str) -> bytes:
     return ("\r\n".join(lines) + "\r\n\r\n").encode() + body
 
 
-def handler_threads() -> int:
-    return sum("process_request_thread" in t.name for t in threading.enumerate())
-
-
 def test_malformed_requests_are_4xx_json_and_log_no_traceback(serve, capfd):
     with serve() as (_, game, address):
         for lengths in (["abc"], ["-1"], ["+5"], ["1_0"], [""], ["2", "3"]):
             request = post("/api/guess/start", b"{}", *(f"Content-Length: {n}" for n in lengths))
             status, body = answer(exchange(address, request))
             assert status == 400 and "Content-Length" in body["error"], (lengths, body)
-        huge = post("/api/guess/start", b"", "Content-Length: 99999999999999999999999")
+        huge = post("/api/guess/start", b"", "Content-Length: 9999999999999999999")
         assert answer(exchange(address, huge))[0] == 413
+        # Past 2^64 the parser does not read it as a byte count at all.
+        huger = post("/api/guess/start", b"", "Content-Length: 99999999999999999999999")
+        status, body = answer(exchange(address, huger))
+        assert status == 400 and "Content-Length" in body["error"]
         for line in (b"NOT HTTP AT ALL", b"POST /api/guess/start HTTP/x.y", b"POST /api/guess/start"):
             status, body = answer(exchange(address, line + b"\r\n\r\n"))
             assert status == 400 and body["error"], line
-        for method in ("PUT", "DELETE", "FOO"):
-            status, body = answer(exchange(address, f"{method} /api/guess/start HTTP/1.1\r\n\r\n".encode()))
+        for method in ("PUT", "DELETE"):
+            request = f"{method} /api/guess/start HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n"
+            status, body = answer(exchange(address, request.encode()))
             assert status == 405 and "GET or POST" in body["error"], method
+        # A method HTTP does not define is refused by the parser, before any route.
+        status, body = answer(exchange(address, b"FOO /api/guess/start HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n"))
+        assert status == 400 and "method" in body["error"]
+        # Headers past 16 KiB: refused as they arrive, not buffered to their end.
+        padded = post(
+            "/api/guess/start", b"{}", "Content-Length: 2", *[f"X-Pad-{i}: {'x' * 100}" for i in range(200)]
+        )
+        status, body = answer(exchange(address, padded))
+        assert status == 431 and "16384 bytes" in body["error"]
         assert game.store.rounds_per_sender("guess") == {}
     assert "Traceback" not in capfd.readouterr().err
 
@@ -99,6 +112,20 @@ def test_a_short_or_slow_request_is_ended_at_the_deadline(serve):
         assert status == 400 and "ended after 2 of its 100 bytes" in body["error"]
         # Headers that never end: the connection closes, with nothing to answer.
         assert exchange(address, b"POST /api/send/start HTTP/1.1\r\nHost: 127.0.0.1\r\n") == b""
+        # The same on a kept-alive connection after an answer, however the next headers trickle (a
+        # line every 0.1 s would restart uvicorn's keep-alive timer each time).
+        with socket.create_connection(address, timeout=WAIT_S) as sock:
+            sock.sendall(b"GET /api/config HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n")
+            assert sock.recv(65536).startswith(b"HTTP/1.1 200 ")
+            sock.sendall(b"GET /api/config HTTP/1.1\r\n")
+            start = time.monotonic()
+            with contextlib.suppress(OSError):  # the server closing while a line is on its way
+                while time.monotonic() - start < WAIT_S:
+                    sock.sendall(b"X-Slow: 1\r\n")
+                    time.sleep(0.1)
+            assert time.monotonic() - start < 5
+            with contextlib.suppress(ConnectionResetError):  # the lines that came after the close
+                assert read_all(sock) == b""
         assert game.store.rounds_per_target("send") == {}
 
 
@@ -129,22 +156,20 @@ def test_out_of_range_numbers_and_wrong_types_are_400s_naming_the_field(serve, c
     assert "Traceback" not in capfd.readouterr().err
 
 
-def test_connections_past_the_cap_are_answered_503_without_a_thread_each(serve):
-    with serve(max_connections=4, request_timeout=WAIT_S * 2) as (client, _, address):
-        # Four clients that never finish their request hold the four handler threads.
-        slow = [socket.create_connection(address, timeout=WAIT_S) for _ in range(4)]
+def test_idle_connections_take_no_thread_and_a_request_past_the_cap_gets_503(serve):
+    with serve(max_connections=100) as (client, _, address):
+        assert client.get("/api/config").status_code == 200
+        threads = threading.active_count()
+        slow = [socket.create_connection(address, timeout=WAIT_S) for _ in range(100)]
         for sock in slow:
-            sock.sendall(b"POST /api/guess/start HTTP/1.1\r\n")
-        # Connections are accepted in order, so every later one finds the cap reached.
-        for _ in range(30):
-            with socket.create_connection(address, timeout=WAIT_S) as sock:
-                status, body = answer(read_all(sock))
-                assert status == 503 and "busy" in body["error"]
-        assert handler_threads() == 4
+            sock.sendall(b"POST /api/guess/start HTTP/1.1\r\n")  # headers that never end
+        busy = [exchange(address, b"GET /api/config HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n") for _ in range(5)]
+        assert all(r.startswith(b"HTTP/1.1 503 ") for r in busy), busy
+        assert threading.active_count() == threads  # a hundred connections held, no thread more
         for sock in slow:
             sock.close()
-        for _ in range(WAIT_S * 100):  # the four threads see their clients go
-            if handler_threads() == 0:
+        for _ in range(WAIT_S * 100):  # the server sees them go
+            if client.get("/api/config").status_code == 200:
                 break
             time.sleep(0.01)
         assert client.get("/api/config").status_code == 200
@@ -185,3 +210,71 @@ def test_a_game_needs_targets_for_both_modes(tmp_path, senders):
     guess_only = [t for t in TARGETS if not for_send(t[1])]
     with pytest.raises(UserError, match="targets for both modes"):
         Rounds(Store(tmp_path / "a.db"), StandInModels(), senders, guess_only, max_turns=2, tau=0.85)
+
+
+SLOW_CLIENTS = 300
+ATTACK_S = 60.0
+HEADER_GAP_S = 2.0  # a slow client's pause between header lines
+RECONNECT_S = 0.2  # its pause before it reconnects, once the server closed its connection
+
+
+async def _slowloris(address, until: float, counts: Counter) -> None:
+    """SLOW_CLIENTS connections sending a request's headers a line at a time and never ending them,
+    each reconnecting when the server closes it, until `until` (a bounded loop, on 127.0.0.1)."""
+
+    async def one(k: int) -> None:
+        await asyncio.sleep(k * 0.005)  # 300 connects spread over 1.5 s, as a script opens them
+        while time.monotonic() < until:
+            writer = None
+            try:
+                reader, writer = await asyncio.open_connection(*address)
+                counts["connected"] += 1
+                writer.write(b"GET /api/leaderboard HTTP/1.1\r\nHost: 127.0.0.1\r\n")
+                while time.monotonic() < until:
+                    try:
+                        data = await asyncio.wait_for(reader.read(4096), HEADER_GAP_S)
+                    except TimeoutError:
+                        writer.write(f"X-Slow-{counts['lines']}: 1\r\n".encode())
+                        await writer.drain()
+                        counts["lines"] += 1
+                        continue
+                    counts["answered 503" if data.startswith(b"HTTP/1.1 503") else "closed"] += 1
+                    break
+            except OSError:
+                counts["refused"] += 1
+            finally:
+                if writer is not None:
+                    writer.close()
+            await asyncio.sleep(RECONNECT_S)
+
+    await asyncio.gather(*(one(k) for k in range(SLOW_CLIENTS)))
+
+
+@pytest.mark.slow
+def test_a_reconnecting_slowloris_does_not_lock_out_a_player(served):
+    client, _, _ = served
+    base = str(client.http.base_url).rstrip("/")
+    address = tuple(base.removeprefix("http://").rsplit(":", 1))
+    until = time.monotonic() + ATTACK_S
+    counts: Counter = Counter()
+    attack = threading.Thread(
+        target=asyncio.run, args=(_slowloris((address[0], int(address[1])), until, counts),)
+    )
+    attack.start()
+    time.sleep(3)  # every slow client is connected
+    polls, failures = 0, []
+    while time.monotonic() < until:  # a player's page polling the leaderboard once a second
+        polls += 1
+        try:
+            r = httpx.get(base + "/api/leaderboard", timeout=5)  # a new connection each time
+            if r.status_code != 200:
+                failures.append(f"{r.status_code} {r.text[:80]}")
+        except httpx.HTTPError as err:
+            failures.append(repr(err))
+        time.sleep(1)
+    attack.join(30)
+    print(f"\nslowloris: {dict(counts)}; poller: {len(failures)} of {polls} failed")
+    assert not attack.is_alive()
+    assert not failures, f"{len(failures)} of {polls} polls failed: {failures[:5]}"
+    # The attack ran: every slow client held a connection, and the server cut them and they came back.
+    assert counts["connected"] >= 2 * SLOW_CLIENTS and counts["lines"] >= SLOW_CLIENTS, counts

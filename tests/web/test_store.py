@@ -12,7 +12,7 @@ import textwrap
 
 import pytest
 
-from emoji_rl.web.store import DuplicateAnswer, StaleAnswer, Store, Turn
+from emoji_rl.web.store import SCORED_COLUMNS, DuplicateAnswer, StaleAnswer, Store, Turn
 
 
 def _round(store: Store, mode="guess", target="Let's grab pizza tonight"):
@@ -48,6 +48,19 @@ def test_answer_row_carries_the_round(tmp_path):
         1,
     )
     assert stored["answered_at"] > 0
+
+
+def test_answers_can_read_some_columns_and_only_the_tables(tmp_path):
+    store = Store(tmp_path / "a.db")
+    r = _round(store)
+    store.add_turn(r.round_id, Turn(1, "🍕 🌙", "pizza", 0.5))
+    _answer(store, r.round_id, 1)
+    assert store.answers(columns=SCORED_COLUMNS) == [
+        {"turn": 1, "mode": "guess", "player": "ann", "sender": "sft", "judge_similarity": 0.5}
+    ]
+    with pytest.raises(ValueError, match=r"no such answer columns: \['1; DROP TABLE answers'\]"):
+        store.answers(columns=("turn", "1; DROP TABLE answers"))
+    assert len(store.answers()) == 1
 
 
 def test_wal_mode(tmp_path):

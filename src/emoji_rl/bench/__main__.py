@@ -16,6 +16,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from emoji_rl.bench.row import Row, run_benchmarks
+from emoji_rl.bench.web import bench_play_web
 from emoji_rl.lm import models
 
 
@@ -171,6 +172,7 @@ BENCHMARKS: dict[str, Callable[[], list[Row]]] = {
     "grpo_step_vs_trl": _grpo("grpo_vs_trl", "bench_grpo_step_vs_trl"),
     "grpo_kl_memory": _grpo("grpo", "bench_kl_reference_memory"),
     "grpo_overlap": _grpo("overlap", "bench_overlap"),
+    "play_web": bench_play_web,
 }
 
 

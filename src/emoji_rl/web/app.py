@@ -4,8 +4,8 @@
     make play-web
 
 Then open http://127.0.0.1:8000. Every answer goes to `db` (SQLite); `emoji-rl eval-human` reports on
-it. The server is the standard library's threaded HTTP server and a static page (docs/PLAY_WEB.md
-says why); the models load once and run on one worker thread, so pages answer while they generate.
+it. The server is a Starlette app on uvicorn and a static page (docs/PLAY_WEB.md says why); the models
+load once and run on one worker thread, so pages answer while they generate.
 """
 
 from __future__ import annotations
@@ -137,10 +137,10 @@ def main(cfg: Config) -> None:
         server = make_server(game, cfg.host, cfg.port)
     except OSError as err:
         raise UserError(f"play-web cannot listen on {cfg.host}:{cfg.port}: {err} (try --port 0)") from err
-    host, port = server.server_address[:2]
+    host, port = server.server_address
     print(f"play-web: http://{host}:{port}/  (answers in {cfg.db}; Ctrl-C or SIGTERM stops)", flush=True)
     try:
-        server.serve_forever()
+        server.serve_forever()  # on a signal, uvicorn stops, then raises it again: KeyboardInterrupt
     except KeyboardInterrupt:
         log.info("play-web: stopping")
     finally:

@@ -27,7 +27,15 @@ from emoji_rl.io.jsonl import Record
 from emoji_rl.lm.adapters import adapter_hash
 from emoji_rl.web.jobs import BadInput, Jobs
 from emoji_rl.web.runners import Models
-from emoji_rl.web.store import AnswerRejected, Round, StaleAnswer, Store, Turn, judge_scores_by_sender
+from emoji_rl.web.store import (
+    SCORED_COLUMNS,
+    AnswerRejected,
+    Round,
+    StaleAnswer,
+    Store,
+    Turn,
+    judge_scores_by_sender,
+)
 
 MAX_TEXT_CHARS = 300
 MAX_PLAYER_CHARS = 40
@@ -272,7 +280,7 @@ class Rounds:
         """Mean judge similarity of each sender's first turns: people (send mode) beside the models."""
         rows = [
             {"kind": kind, "name": name, "score": sum(v) / len(v), "rounds": len(v)}
-            for (kind, name), v in judge_scores_by_sender(self.store.answers()).items()
+            for (kind, name), v in judge_scores_by_sender(self.store.answers(columns=SCORED_COLUMNS)).items()
         ]
         return sorted(rows, key=lambda r: -r["score"])
 

@@ -1,29 +1,37 @@
-"""play-web's HTTP side, on the standard library's threaded server: the page's files and its JSON
-API over `Rounds`, with the limits a server on a network needs (body size, a deadline over each
-request's reads, at most MAX_CONNECTIONS at once, same-origin POSTs only); docs/PLAY_WEB.md says what
-it promises beyond 127.0.0.1.
+"""play-web's HTTP side: a Starlette app serving the page's files and its JSON API over `Rounds`, on
+uvicorn, with the limits a server on a network needs; docs/PLAY_WEB.md says what it promises beyond
+127.0.0.1 and which setting sets each limit.
+
+The event loop never waits on the game: every call into `Rounds` (SQLite, the scorer, the job table)
+runs on a small thread pool, and model turns run as jobs on their own worker (`web/jobs.py`).
 """
 
 from __future__ import annotations
 
-import contextlib
-import io
+import asyncio
 import ipaddress
 import json
 import logging
+import resource
 import socket
-import sys
-import threading
-import time
+from collections.abc import Awaitable, Callable
+from concurrent.futures import ThreadPoolExecutor
+from functools import partial
 from http import HTTPStatus
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
-from urllib.parse import parse_qs, urlsplit
+from urllib.parse import urlsplit
+
+import uvicorn
+from starlette.applications import Starlette
+from starlette.exceptions import HTTPException
+from starlette.requests import ClientDisconnect, Request
+from starlette.responses import Response
+from starlette.routing import Route
 
 from emoji_rl.emoji.alphabet import ALPHABET, MAX_EMOJI, MIN_EMOJI, emoji_name
 from emoji_rl.errors import UserError
-from emoji_rl.web.jobs import BadInput
+from emoji_rl.web.protocol import protocol_class
 from emoji_rl.web.rounds import MAX_TEXT_CHARS, Rounds
 from emoji_rl.web.store import AnswerRejected
 
@@ -32,11 +40,19 @@ log = logging.getLogger(__name__)
 STATIC = Path(__file__).parent / "static"
 MAX_BODY = 16_384  # bytes of a request body: a guess is at most MAX_TEXT_CHARS characters
 # Every request is small and quick (model work runs as jobs the page polls), so a client still
-# sending after this many seconds is slow or hostile: its connection ends, freeing its thread.
+# sending after this many seconds is slow or hostile: its headers get this long from the moment the
+# connection waits for them (then it is closed), its body this long again (then a 408).
 REQUEST_TIMEOUT_S = 10.0
-# Connections served at once, one thread each; more are answered 503 at once, so a crowd of slow
-# clients cannot make a thread each. 20 players with two tabs and their polls needed about 40.
-MAX_CONNECTIONS = 64
+# Open connections, idle or not (uvicorn's limit_concurrency): a request arriving past it is answered
+# 503. An idle connection costs the event loop about 6 KB, not a thread (`make bench` measures it), so
+# the cap is set by memory and file descriptors: 300 slow clients leave room for every player.
+MAX_CONNECTIONS = 2048
+KEEP_ALIVE_S = 5  # an idle keep-alive connection is closed after this (uvicorn's timeout_keep_alive)
+MAX_HEADER_BYTES = 16_384  # a request's line and headers; more is a 431
+BACKLOG = 2048  # connections the kernel queues before accept (20 polling pages overflowed 5)
+# Threads running calls into the game (SQLite, the scorer): each waits for SQLite's fsync, or for
+# the store's lock behind another's, so a few more than the cores keep the scorer busy meanwhile.
+GAME_THREADS = 16
 _FILES = {"/": "index.html", "/app.js": "app.js", "/style.css": "style.css"}
 _TYPES = {".html": "text/html", ".js": "text/javascript", ".css": "text/css"}
 # Scripts from our own files only: even if a typed text reached the DOM as markup, it could not run.
@@ -52,151 +68,25 @@ def is_loopback(host: str) -> bool:
         return False
 
 
-class _DeadlineReader(io.RawIOBase):
-    """A connection's input that ends at a deadline: a socket timeout alone bounds each read, and a
-    client trickling a byte at a time would reset it forever."""
-
-    def __init__(self, sock: socket.socket, seconds: float) -> None:
-        self._sock, self._deadline = sock, time.monotonic() + seconds
-
-    def readable(self) -> bool:
-        return True
-
-    def readinto(self, buffer: Any) -> int:
-        left = self._deadline - time.monotonic()
-        if left <= 0:
-            raise TimeoutError("the request took too long")
-        self._sock.settimeout(left)
-        return self._sock.recv_into(buffer)
+class _HTTPError(Exception):
+    def __init__(self, status: int, message: str, *, close: bool = False) -> None:
+        super().__init__(message)
+        self.status, self.message, self.close = status, message, close
 
 
-class Handler(BaseHTTPRequestHandler):
-    game: Rounds  # set on the subclass make_server builds
-    request_timeout: float = REQUEST_TIMEOUT_S
-    server_version = "emoji-rl"
+def _response(status: int, body: bytes, content_type: str, *, close: bool = False) -> Response:
+    headers = {
+        "Content-Security-Policy": _CSP,
+        "X-Content-Type-Options": "nosniff",
+        "Cache-Control": "no-store",
+    }
+    if close:  # the request's body was not read to its end: the connection cannot serve another
+        headers["Connection"] = "close"
+    return Response(body, status, headers, media_type=f"{content_type}; charset=utf-8")
 
-    def setup(self) -> None:
-        super().setup()
-        self.rfile.close()  # the same socket, read by the request's deadline instead
-        self.rfile = io.BufferedReader(_DeadlineReader(self.connection, self.request_timeout))
 
-    def log_message(self, format: str, *args: Any) -> None:
-        log.debug("%s " + format, self.address_string(), *args)
-
-    def send_error(self, code: int, message: str | None = None, explain: str | None = None) -> None:
-        """What http.server answers a request it cannot parse: JSON, as every other error."""
-        if code == HTTPStatus.NOT_IMPLEMENTED:  # http.server's answer to a method it has no do_ for
-            code, message = HTTPStatus.METHOD_NOT_ALLOWED, f"{self.command} is not served: GET or POST"
-        self.log_error("code %d, message %s", code, message)
-        # A line too garbled to name its version would be answered as HTTP/0.9: a bare body, which
-        # no client reads as an error.
-        if self.request_version == "HTTP/0.9":
-            self.request_version = self.protocol_version
-        self._json(code, {"error": message or HTTPStatus(code).phrase})
-
-    def _send(self, status: int, body: bytes, content_type: str) -> None:
-        self.connection.settimeout(self.request_timeout)  # the read's deadline may be spent: a 408
-        self.send_response(status)
-        self.send_header("Content-Type", f"{content_type}; charset=utf-8")
-        self.send_header("Content-Length", str(len(body)))
-        self.send_header("Content-Security-Policy", _CSP)
-        self.send_header("X-Content-Type-Options", "nosniff")
-        self.send_header("Cache-Control", "no-store")
-        self.end_headers()
-        self.wfile.write(body)
-
-    def _json(self, status: int, obj: object) -> None:
-        self._send(status, json.dumps(obj, ensure_ascii=False).encode(), "application/json")
-
-    def _content_length(self) -> int:
-        values = set(self.headers.get_all("Content-Length") or ["0"])
-        raw = values.pop().strip() if len(values) == 1 else ""
-        if not (raw.isascii() and raw.isdigit()):
-            raise BadInput("the request needs one Content-Length, a byte count")
-        if len(raw) > len(str(MAX_BODY)) or int(raw) > MAX_BODY:
-            raise _HTTPError(HTTPStatus.REQUEST_ENTITY_TOO_LARGE, f"request too large: {raw} bytes")
-        return int(raw)
-
-    def _read_body(self) -> bytes:
-        length = self._content_length()
-        try:
-            body = self.rfile.read(length)
-        except TimeoutError as err:
-            raise _HTTPError(
-                HTTPStatus.REQUEST_TIMEOUT, f"the request did not arrive in {self.request_timeout:g} s"
-            ) from err
-        if len(body) < length:
-            raise BadInput(f"the request ended after {len(body)} of its {length} bytes")
-        return body
-
-    def _check_write(self) -> None:
-        """Refuse what a page of another site could make a browser send: a write naming another
-        origin, or one in a type a plain HTML form can send (a form cannot send JSON)."""
-        source = self.headers.get("Origin") or self.headers.get("Referer")
-        host = (self.headers.get("Host") or "").lower()
-        if source is not None and (not host or _netloc(source) != host):
-            raise _HTTPError(HTTPStatus.FORBIDDEN, f"a write from another site is refused: {source[:200]!r}")
-        if self.headers.get_content_type() != "application/json":
-            raise _HTTPError(HTTPStatus.UNSUPPORTED_MEDIA_TYPE, "a write must be application/json")
-
-    def _body(self) -> dict[str, Any]:
-        body = self._read_body()  # first, so a refusal is not answered to a half-read request
-        self._check_write()
-        return _json_object(body)
-
-    def do_GET(self) -> None:
-        url = urlsplit(self.path)
-        if url.path in _FILES:
-            path = STATIC / _FILES[url.path]
-            return self._send(HTTPStatus.OK, path.read_bytes(), _TYPES[path.suffix])
-        self._api(lambda: self._get(url.path, parse_qs(url.query)))
-
-    def do_POST(self) -> None:
-        self._api(lambda: self._post(urlsplit(self.path).path, self._body()))
-
-    def _api(self, handle) -> None:
-        try:
-            status, obj = handle()
-        except _HTTPError as err:
-            status, obj = err.status, {"error": err.message}
-        except BadInput as err:
-            status, obj = HTTPStatus.BAD_REQUEST, {"error": str(err)}
-        except AnswerRejected as err:
-            status, obj = HTTPStatus.CONFLICT, {"error": str(err)}
-        except UserError as err:
-            status, obj = HTTPStatus.BAD_REQUEST, {"error": str(err)}
-        self._json(status, obj)
-
-    def _get(self, path: str, query: dict[str, list[str]]) -> tuple[int, object]:
-        game = self.game
-        if path == "/api/config":
-            return HTTPStatus.OK, {
-                "max_turns": game.max_turns,
-                "max_text_chars": MAX_TEXT_CHARS,
-                "min_emoji": MIN_EMOJI,
-                "max_emoji": MAX_EMOJI,
-            }
-        if path == "/api/alphabet":
-            return HTTPStatus.OK, [[e, emoji_name(e)] for e in ALPHABET]
-        if path == "/api/job":
-            return HTTPStatus.OK, game.jobs.status(query.get("id", [""])[0])
-        if path == "/api/leaderboard":
-            return HTTPStatus.OK, game.leaderboard()
-        raise _HTTPError(HTTPStatus.NOT_FOUND, f"no such page: {path}")
-
-    def _post(self, path: str, body: dict[str, Any]) -> tuple[int, object]:
-        game = self.game
-        if path == "/api/guess/start":
-            return HTTPStatus.ACCEPTED, {"job": game.start_guess(body.get("player"))}
-        if path == "/api/guess/answer":
-            return HTTPStatus.OK, game.answer_guess(body.get("round_id"), body.get("turn"), body.get("text"))
-        if path == "/api/guess/next":
-            return HTTPStatus.ACCEPTED, {"job": game.next_turn(body.get("round_id"), body.get("turn"))}
-        if path == "/api/send/start":
-            return HTTPStatus.OK, game.start_send(body.get("player"))
-        if path == "/api/send/answer":
-            return HTTPStatus.ACCEPTED, {"job": game.answer_send(body.get("round_id"), body.get("emoji"))}
-        raise _HTTPError(HTTPStatus.NOT_FOUND, f"no such action: {path}")
+def _json(status: int, obj: object, *, close: bool = False) -> Response:
+    return _response(status, json.dumps(obj, ensure_ascii=False).encode(), "application/json", close=close)
 
 
 def _netloc(url: str) -> str | None:
@@ -212,71 +102,216 @@ def _json_object(body: bytes) -> dict[str, Any]:
         # An escaped lone surrogate ("\ud800") decodes, but SQLite and the answer cannot encode it.
         json.dumps(obj, ensure_ascii=False).encode()
     except (ValueError, RecursionError) as err:  # also: an int of 4,300+ digits, deep nesting
-        raise BadInput(f"the request is not JSON text: {str(err)[:200]}") from err
+        raise _HTTPError(HTTPStatus.BAD_REQUEST, f"the request is not JSON text: {str(err)[:200]}") from err
     if not isinstance(obj, dict):
-        raise BadInput("the request must be a JSON object")
+        raise _HTTPError(HTTPStatus.BAD_REQUEST, "the request must be a JSON object")
     return obj
 
 
-class _HTTPError(Exception):
-    def __init__(self, status: int, message: str) -> None:
-        super().__init__(message)
-        self.status, self.message = status, message
+class _App:
+    """The routes over one game; `run` puts a call into the game on the thread pool."""
 
+    def __init__(self, game: Rounds, pool: ThreadPoolExecutor, request_timeout: float) -> None:
+        self.game, self.pool, self.request_timeout = game, pool, request_timeout
+        self.files = {path: (STATIC / name).read_bytes() for path, name in _FILES.items()}
 
-class Server(ThreadingHTTPServer):
-    daemon_threads = True  # a request in flight does not hold up a stop
-    # socketserver listens with a backlog of 5. Every request is a new connection (HTTP/1.0) and
-    # each page polls its jobs, so 20 players at once overflowed it: the kernel then dropped
-    # connections, or reset them (ListenOverflows, SyncookiesFailed; the load test saw resets).
-    request_queue_size = 128
+    async def run(self, call: Callable[..., Any], *args: Any) -> Any:
+        return await asyncio.get_running_loop().run_in_executor(self.pool, partial(call, *args))
 
-    def __init__(self, address: tuple[str, int], handler: type[Handler], max_connections: int) -> None:
-        super().__init__(address, handler)
-        self._slots = threading.BoundedSemaphore(max_connections)
+    async def page(self, request: Request) -> Response:
+        path = request.url.path
+        return _response(HTTPStatus.OK, self.files[path], _TYPES[Path(_FILES[path]).suffix])
 
-    def process_request(self, request: Any, client_address: Any) -> None:
-        if not self._slots.acquire(blocking=False):
-            return self._refuse(request)
-        try:
-            super().process_request(request, client_address)
-        except BaseException:  # no thread started, so none will give the slot back
-            self._slots.release()
-            raise
-
-    def process_request_thread(self, request: Any, client_address: Any) -> None:
-        try:
-            super().process_request_thread(request, client_address)
-        finally:
-            self._slots.release()
-
-    def _refuse(self, request: socket.socket) -> None:
-        """503 on the listening thread, never waiting: a client that does not read loses it."""
-        body = json.dumps({"error": "the server is busy: try again in a moment"}).encode()
-        head = (
-            "HTTP/1.0 503 Service Unavailable\r\nContent-Type: application/json; charset=utf-8\r\n"
-            f"Content-Length: {len(body)}\r\nRetry-After: 1\r\nConnection: close\r\n\r\n"
+    async def config(self, request: Request) -> Response:
+        return _json(
+            HTTPStatus.OK,
+            {
+                "max_turns": self.game.max_turns,
+                "max_text_chars": MAX_TEXT_CHARS,
+                "min_emoji": MIN_EMOJI,
+                "max_emoji": MAX_EMOJI,
+            },
         )
-        request.setblocking(False)
-        with contextlib.suppress(OSError):
-            request.send(head.encode() + body)
-        self.shutdown_request(request)
 
-    def handle_error(self, request: Any, client_address: Any) -> None:
-        if isinstance(sys.exc_info()[1], ConnectionError):  # the client left before its answer
-            log.debug("play-web: %s went away: %s", client_address, sys.exc_info()[1])
-            return
-        super().handle_error(request, client_address)
+    async def alphabet(self, request: Request) -> Response:
+        return _json(HTTPStatus.OK, [[e, emoji_name(e)] for e in ALPHABET])
+
+    async def job(self, request: Request) -> Response:
+        # On the loop: the job table is in memory, its lock held for a lookup, never across I/O. In the
+        # pool, the polls of 20 pages queued behind answers waiting on SQLite's fsync.
+        return _json(HTTPStatus.OK, self.game.jobs.status(request.query_params.get("id", "")))
+
+    async def leaderboard(self, request: Request) -> Response:
+        return _json(HTTPStatus.OK, await self.run(self.game.leaderboard))
+
+    # --- writes ----------------------------------------------------------------------------------
+
+    async def _read_body(self, request: Request) -> bytes:
+        """The body, whole: at most MAX_BODY bytes, within the request's time, as long as announced."""
+        raw = request.headers.get("content-length", "0")  # the parser refused a second one
+        if not (raw.isascii() and raw.isdigit()):
+            raise _HTTPError(
+                HTTPStatus.BAD_REQUEST, "the request needs one Content-Length, a byte count", close=True
+            )
+        if len(raw) > len(str(MAX_BODY)) or int(raw) > MAX_BODY:
+            raise _HTTPError(
+                HTTPStatus.REQUEST_ENTITY_TOO_LARGE, f"request too large: {raw} bytes", close=True
+            )
+        body = bytearray()
+        try:
+            async with asyncio.timeout(self.request_timeout):
+                async for chunk in request.stream():
+                    body += chunk
+                    if len(body) > MAX_BODY:  # chunked, so announced no length
+                        raise _HTTPError(HTTPStatus.REQUEST_ENTITY_TOO_LARGE, "request too large", close=True)
+        except ClientDisconnect as err:  # gone: the answer is for nobody, and uvicorn drops it
+            raise _HTTPError(HTTPStatus.BAD_REQUEST, "the client went away", close=True) from err
+        except TimeoutError as err:
+            message = f"the request did not arrive in {self.request_timeout:g} s"
+            raise _HTTPError(HTTPStatus.REQUEST_TIMEOUT, message, close=True) from err
+        if len(body) < int(raw):
+            message = f"the request ended after {len(body)} of its {raw} bytes"
+            raise _HTTPError(HTTPStatus.BAD_REQUEST, message, close=True)
+        return bytes(body)
+
+    @staticmethod
+    def _check_write(request: Request) -> None:
+        """Refuse what a page of another site could make a browser send: a write naming another
+        origin, or one in a type a plain HTML form can send (a form cannot send JSON)."""
+        source = request.headers.get("origin") or request.headers.get("referer")
+        host = request.headers.get("host", "").lower()
+        if source is not None and (not host or _netloc(source) != host):
+            raise _HTTPError(HTTPStatus.FORBIDDEN, f"a write from another site is refused: {source[:200]!r}")
+        if request.headers.get("content-type", "").split(";")[0].strip().lower() != "application/json":
+            raise _HTTPError(HTTPStatus.UNSUPPORTED_MEDIA_TYPE, "a write must be application/json")
+
+    def write(self, status: int, action: Callable[[Rounds, dict[str, Any]], object]) -> Callable:
+        """A POST endpoint: `action(game, body)` on the thread pool, its result answered as `status`."""
+
+        async def endpoint(request: Request) -> Response:
+            # The body first, so a refusal is not answered to a half-read request.
+            body = await self._read_body(request)
+            self._check_write(request)
+            return _json(status, await self.run(action, self.game, _json_object(body)))
+
+        return endpoint
+
+    def routes(self) -> list[Route]:
+        game_writes = {
+            "/api/guess/start": (202, lambda g, b: {"job": g.start_guess(b.get("player"))}),
+            "/api/guess/answer": (
+                200,
+                lambda g, b: g.answer_guess(b.get("round_id"), b.get("turn"), b.get("text")),
+            ),
+            "/api/guess/next": (202, lambda g, b: {"job": g.next_turn(b.get("round_id"), b.get("turn"))}),
+            "/api/send/start": (200, lambda g, b: g.start_send(b.get("player"))),
+            "/api/send/answer": (202, lambda g, b: {"job": g.answer_send(b.get("round_id"), b.get("emoji"))}),
+        }
+        return [
+            *(Route(path, self.page, methods=["GET"]) for path in _FILES),
+            Route("/api/config", self.config, methods=["GET"]),
+            Route("/api/alphabet", self.alphabet, methods=["GET"]),
+            Route("/api/job", self.job, methods=["GET"]),
+            Route("/api/leaderboard", self.leaderboard, methods=["GET"]),
+            *(Route(path, self.write(*how), methods=["POST"]) for path, how in game_writes.items()),
+        ]
 
 
-def make_server(
-    game: Rounds,
-    host: str,
-    port: int,
-    *,
-    max_connections: int = MAX_CONNECTIONS,
-    request_timeout: float = REQUEST_TIMEOUT_S,
-) -> Server:
-    """The server, bound and ready for `serve_forever` (port 0: a free port, in `server_address`)."""
-    handler = type("GameHandler", (Handler,), {"game": game, "request_timeout": request_timeout})
-    return Server((host, port), handler, max_connections)
+async def _refused(request: Request, err: Exception) -> Response:
+    if isinstance(err, _HTTPError):
+        return _json(err.status, {"error": err.message}, close=err.close)
+    if isinstance(err, AnswerRejected):
+        return _json(HTTPStatus.CONFLICT, {"error": str(err)})
+    if isinstance(err, UserError):  # BadInput among them: what a person typed cannot be played
+        return _json(HTTPStatus.BAD_REQUEST, {"error": str(err)})
+    assert isinstance(err, HTTPException)  # Starlette's: no route, or not its method
+    if err.status_code == HTTPStatus.METHOD_NOT_ALLOWED:
+        return _json(err.status_code, {"error": f"{request.method} is not served: GET or POST"})
+    return _json(err.status_code, {"error": f"no such page: {request.url.path}"})
+
+
+def make_app(game: Rounds, pool: ThreadPoolExecutor, request_timeout: float = REQUEST_TIMEOUT_S) -> Starlette:
+    handlers: dict[Any, Callable[[Request, Exception], Awaitable[Response]]] = {
+        cls: _refused for cls in (_HTTPError, UserError, HTTPException)
+    }
+    return Starlette(routes=_App(game, pool, request_timeout).routes(), exception_handlers=handlers)
+
+
+def _bind(host: str, port: int) -> socket.socket:
+    family = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)[0][0]
+    return socket.create_server((host, port), family=family, backlog=BACKLOG)
+
+
+def _allow_descriptors(needed: int) -> None:
+    """Raise this process's open-file limit to `needed` where the hard limit allows: many systems
+    start a process at 1,024, fewer than MAX_CONNECTIONS; past the limit, accepts fail instead."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft != resource.RLIM_INFINITY and soft < needed:
+        target = needed if hard == resource.RLIM_INFINITY else min(needed, hard)
+        resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
+        if target < needed:
+            log.warning(
+                "play-web: at most %d open files (ulimit -Hn), fewer than its %d connections: past them, "
+                "new connections wait (raise `ulimit -n`)",
+                target,
+                needed,
+            )
+
+
+class Server:
+    """The app on uvicorn, bound at construction (port 0: a free port, in `server_address`).
+    `serve_forever` runs it on the calling thread until `shutdown` (from another thread) or, on the
+    main thread, SIGINT/SIGTERM, which uvicorn passes on to the process's handlers once it stopped."""
+
+    def __init__(
+        self,
+        game: Rounds,
+        host: str,
+        port: int,
+        *,
+        max_connections: int = MAX_CONNECTIONS,
+        request_timeout: float = REQUEST_TIMEOUT_S,
+    ) -> None:
+        _allow_descriptors(max_connections + 256)  # and the process's own files: models, SQLite
+        self._pool = ThreadPoolExecutor(GAME_THREADS, thread_name_prefix="play-web")
+        self._socket = _bind(host, port)
+        self.server_address: tuple[str, int] = self._socket.getsockname()[:2]
+        config = uvicorn.Config(
+            make_app(game, self._pool, request_timeout),
+            # httptools, with the headers' deadline and size (web/protocol.py): uvicorn's h11
+            # connection, pure Python, took 250 us of CPU per `GET /`, this one 120-150 us.
+            http=protocol_class(request_timeout, MAX_HEADER_BYTES),
+            loop="uvloop",
+            ws="none",
+            limit_concurrency=max_connections,
+            timeout_keep_alive=KEEP_ALIVE_S,
+            backlog=BACKLOG,
+            timeout_graceful_shutdown=request_timeout,  # type: ignore[arg-type]  # a float waits as well
+            lifespan="off",
+            proxy_headers=False,  # nothing here reads the client's address; Host is checked as sent
+            server_header=False,
+            headers=[("server", "emoji-rl")],
+            log_config=None,  # the CLI's logging; uvicorn's own warnings still reach it
+            access_log=False,
+        )
+        self._uvicorn = uvicorn.Server(config)
+
+    @property
+    def started(self) -> bool:
+        return self._uvicorn.started
+
+    def serve_forever(self) -> None:
+        self._uvicorn.run(sockets=[self._socket])
+
+    def shutdown(self) -> None:
+        """Stop serving: uvicorn's loop sees it within 0.1 s, then closes the connections."""
+        self._uvicorn.should_exit = True
+
+    def server_close(self) -> None:
+        self._socket.close()
+        self._pool.shutdown(wait=True, cancel_futures=True)
+
+
+def make_server(game: Rounds, host: str, port: int, **limits: Any) -> Server:
+    """The server, bound and ready for `serve_forever`; `limits`: `Server`'s."""
+    return Server(game, host, port, **limits)

@@ -86,6 +86,9 @@ ANSWER_COLUMNS = (
 )
 
 
+SCORED_COLUMNS = ("turn", "mode", "player", "sender", "judge_similarity")  # what the function below reads
+
+
 def judge_scores_by_sender(answers: Iterable[Record]) -> dict[tuple[str, str], list[float]]:
     """The model judge's similarity on each sender's first turns, by (kind, name): people by name
     (send mode: they wrote the emoji) as ("person", player), models as ("model", sender) (guess mode's
@@ -300,14 +303,20 @@ class Store:
             self._db.execute("COMMIT")
         return dict(zip(ANSWER_COLUMNS, (cursor.lastrowid, *values), strict=True))
 
-    def answers(self, mode: Mode | None = None, round_id: str | None = None) -> list[Record]:
-        """Every stored answer, oldest first (optionally one mode's, one round's)."""
+    def answers(
+        self, mode: Mode | None = None, round_id: str | None = None, columns: Iterable[str] = ANSWER_COLUMNS
+    ) -> list[Record]:
+        """Every stored answer, oldest first (optionally one mode's, one round's; only some `columns`:
+        the leaderboard reads 5 of the 16, a third of the time)."""
+        unknown = set(columns) - set(ANSWER_COLUMNS)
+        if unknown:
+            raise ValueError(f"no such answer columns: {sorted(unknown)}")
         filters = {"mode": mode, "round_id": round_id}
         where = [f"{column} = ?" for column, value in filters.items() if value is not None]
         params = tuple(value for value in filters.values() if value is not None)
         with self._lock:
             rows = self._db.execute(
-                f"SELECT {', '.join(ANSWER_COLUMNS)} FROM answers "
+                f"SELECT {', '.join(columns)} FROM answers "
                 f"{'WHERE ' + ' AND '.join(where) if where else ''} ORDER BY id",
                 params,
             ).fetchall()
