@@ -89,6 +89,53 @@ run() {
   exec "$@"
 }
 
+# The trainer's nodes: reads and checks NNODES, NODE_RANK, MASTER_ADDR, MASTER_PORT, LAUNCHER and
+# STRATEGY (the settings train_sft.sh and train_grpo.sh document), with their defaults.
+node_settings() {
+  [[ -z "${MAIN_PORT:-}" ]] || die "MAIN_PORT=$MAIN_PORT: the setting is MASTER_PORT now, as in train_grpo.sh"
+  NNODES=${NNODES:-1}
+  NODE_RANK=${NODE_RANK:-0}
+  MASTER_ADDR=${MASTER_ADDR:-127.0.0.1}
+  MASTER_PORT=${MASTER_PORT:-29500}
+  LAUNCHER=${LAUNCHER:-accelerate}
+  STRATEGY=${STRATEGY:-ddp}
+  require_int NNODES "$NNODES" 1
+  require_int NODE_RANK "$NODE_RANK" 0
+  (( NODE_RANK < NNODES )) || die "NODE_RANK=$NODE_RANK must be below NNODES=$NNODES"
+  require_int MASTER_PORT "$MASTER_PORT" 1
+  require_one_of LAUNCHER "$LAUNCHER" accelerate torchrun
+  require_one_of STRATEGY "$STRATEGY" ddp fsdp
+  [[ "$LAUNCHER" == accelerate || "$STRATEGY" == ddp ]] \
+    || die "STRATEGY=$STRATEGY needs LAUNCHER=accelerate (torchrun runs plain DDP)"
+}
+
+# Sets LAUNCH: the launcher (accelerate or torchrun, from node_settings) that starts PROCESSES
+# processes on this node, NNODES x PROCESSES in the job, which `-m emoji_rl.cli STAGE ...` follows.
+# Without CUDA they run on the CPU over gloo: the multi-node path without GPUs.
+launcher() {  # PROCESSES
+  if [[ "$LAUNCHER" == accelerate ]]; then
+    # accelerate counts processes over all nodes.
+    LAUNCH=(
+      "$PYTHON" -m accelerate.commands.launch
+      --config_file "configs/accelerate/$STRATEGY.yaml"
+      --num_machines "$NNODES"
+      --machine_rank "$NODE_RANK"
+      --main_process_ip "$MASTER_ADDR"
+      --main_process_port "$MASTER_PORT"
+      --num_processes "$(($1 * NNODES))"
+    )
+  else
+    LAUNCH=(
+      "$PYTHON" -m torch.distributed.run
+      --nnodes "$NNODES"
+      --node_rank "$NODE_RANK"
+      --nproc_per_node "$1"
+      --master_addr "$MASTER_ADDR"
+      --master_port "$MASTER_PORT"
+    )
+  fi
+}
+
 # >>> GPU layout
 # GPU layout (planned for 80 GB cards; docs/gpu/README.md's sizing table gives the reasons). The judge
 # server, the policy server and the trainer each get their own GPUs: vLLM claims its
@@ -96,7 +143,7 @@ run() {
 # a trainer beside a server runs out of memory mid-run. Defaults, by GPUS (the box's GPU count):
 #
 #   GPUS  JUDGE_GPUS    POLICY_GPUS                     TRAIN_GPUS
-#   0     the CPU       the CPU                         the CPU (one process)
+#   0     the CPU       the CPU                         the CPU (NGPUS processes per node: 1)
 #   1     none          none: GRPO runs --engine hf     0
 #   2     0 (TP 1)      none: GRPO runs --engine hf     1
 #   4     0,1 (TP 2)    2                               3
@@ -106,7 +153,8 @@ run() {
 # JUDGE_GPUS, POLICY_GPUS, TRAIN_GPUS to override it; set but empty, that process has no GPU on this
 # box (its server runs elsewhere, or not at all). GPUS=0 is a box without GPUs: both servers run
 # vLLM's CPU engine (make setup-vllm-engine) and serve the cpu profile's model unless told otherwise,
-# fp32, with CPU_KVCACHE_GIB of KV cache each (1), and the trainer runs in one process on the CPU.
+# fp32, with CPU_KVCACHE_GIB of KV cache each (1), and the trainer runs on the CPU: one process, or
+# NGPUS processes per node over gloo (NNODES > 1 runs several nodes so, docs/gpu/README.md).
 # Sets that share a GPU are refused before anything
 # starts, and so are JUDGE_TP x JUDGE_DP or POLICY_TP x POLICY_DP other than their GPU count.
 # SFT runs alone, before the servers: launch/train_sft.sh takes every GPU unless TRAIN_GPUS is set.

@@ -14,12 +14,14 @@
 #   LAUNCHER=torchrun launch/train_grpo.sh
 #   MAX_OFF_POLICY_STEPS=2 launch/train_grpo.sh                # with serve_policy.sh started so too
 #   GPUS=0 CONFIG=configs/cpu/grpo.yaml launch/train_grpo.sh --engine vllm   # no GPU: one CPU process
+#   GPUS=0 NNODES=2 NODE_RANK=0 launch/train_grpo.sh --engine hf   # no GPU: one gloo process per node
 #   launch/train_grpo.sh --dry-run                             # print the command, run nothing
 #
 # Settings (environment, default):
 #   GPUS         the box's GPU count: picks the layout   (what nvidia-smi lists, else 1)
 #   TRAIN_GPUS   CUDA_VISIBLE_DEVICES of the trainer     (the layout's: 1 on 2 GPUs, 3 on 4, 4,5,6,7 on 8)
-#   NGPUS        processes on this node                  (the number of TRAIN_GPUS; set, it must match)
+#   NGPUS        processes on this node                  (the number of TRAIN_GPUS; set, it must match;
+#                with GPUS=0, CPU processes over gloo: 1)
 #   NNODES       nodes in the job                        (1)
 #   NODE_RANK    this node's rank, 0..NNODES-1           (0)
 #   MASTER_ADDR  address of node 0, reachable from all   (127.0.0.1)
@@ -39,23 +41,11 @@ cd "$(dirname "$0")/.."
 source launch/common.sh
 parse_args "$@"
 
-NNODES=${NNODES:-1}
-NODE_RANK=${NODE_RANK:-0}
-MASTER_ADDR=${MASTER_ADDR:-127.0.0.1}
-MASTER_PORT=${MASTER_PORT:-29500}
-LAUNCHER=${LAUNCHER:-accelerate}
-STRATEGY=${STRATEGY:-ddp}
 CONFIG=${CONFIG:-configs/gpu/grpo.yaml}
 pick_python
 gpu_layout
 on_cpu || [[ -n "$TRAIN_GPUS" ]] || die "TRAIN_GPUS is empty: the trainer needs at least one GPU"
-
-require_int NNODES "$NNODES" 1
-require_int NODE_RANK "$NODE_RANK" 0
-(( NODE_RANK < NNODES )) || die "NODE_RANK=$NODE_RANK must be below NNODES=$NNODES"
-require_int MASTER_PORT "$MASTER_PORT" 1
-require_one_of LAUNCHER "$LAUNCHER" accelerate torchrun
-require_one_of STRATEGY "$STRATEGY" ddp fsdp
+node_settings
 
 stage=(-m emoji_rl.cli grpo --config "$CONFIG")
 # The policy server was sized for MAX_OFF_POLICY_STEPS (--max-loras K+1): a flag that says otherwise
@@ -81,34 +71,15 @@ fi
 ! has_server POLICY && [[ "$NNODES" == 1 ]] && stage+=(--engine hf --max_off_policy_steps 0)
 stage+=(${ARGS[@]+"${ARGS[@]}"})
 
-# Without GPUs: one process, beside the servers on the CPU.
 if on_cpu; then
-  (( NNODES == 1 )) || die "GPUS=0 trains in one process on this machine: NNODES=$NNODES needs GPUs"
-  run env CUDA_VISIBLE_DEVICES= OMP_WAIT_POLICY=PASSIVE "$PYTHON" "${stage[@]}"  # as the servers (common.sh)
+  # Without GPUs: NGPUS processes per node on the CPU (gloo), beside the servers; one is started
+  # without a launcher. OpenMP waits passively, as the servers' (common.sh) do on the shared cores.
+  NGPUS=${NGPUS:-1}
+  require_int NGPUS "$NGPUS" 1
+  (( NGPUS * NNODES > 1 )) || run env CUDA_VISIBLE_DEVICES= OMP_WAIT_POLICY=PASSIVE "$PYTHON" "${stage[@]}"
+  launcher "$NGPUS"
+  run env CUDA_VISIBLE_DEVICES= OMP_WAIT_POLICY=PASSIVE "${LAUNCH[@]}" "${stage[@]}"
 fi
 check_ngpus "$TRAIN_GPUS" "TRAIN_GPUS=$TRAIN_GPUS"
-NGPUS=$(count_list "$TRAIN_GPUS")
-
-if [[ "$LAUNCHER" == accelerate ]]; then
-  # accelerate counts processes over all nodes.
-  cmd=(
-    "$PYTHON" -m accelerate.commands.launch
-    --config_file "configs/accelerate/$STRATEGY.yaml"
-    --num_machines "$NNODES"
-    --machine_rank "$NODE_RANK"
-    --main_process_ip "$MASTER_ADDR"
-    --main_process_port "$MASTER_PORT"
-    --num_processes "$((NGPUS * NNODES))"
-  )
-else
-  [[ "$STRATEGY" == ddp ]] || die "STRATEGY=$STRATEGY needs LAUNCHER=accelerate (torchrun runs plain DDP)"
-  cmd=(
-    "$PYTHON" -m torch.distributed.run
-    --nnodes "$NNODES"
-    --node_rank "$NODE_RANK"
-    --nproc_per_node "$NGPUS"
-    --master_addr "$MASTER_ADDR"
-    --master_port "$MASTER_PORT"
-  )
-fi
-run env "CUDA_VISIBLE_DEVICES=$TRAIN_GPUS" "${cmd[@]}" "${stage[@]}"
+launcher "$(count_list "$TRAIN_GPUS")"
+run env "CUDA_VISIBLE_DEVICES=$TRAIN_GPUS" "${LAUNCH[@]}" "${stage[@]}"

@@ -486,8 +486,42 @@ def test_grpo_on_the_cpu_layout_is_one_process_beside_the_policy_server():
         "env", "CUDA_VISIBLE_DEVICES=", "OMP_WAIT_POLICY=PASSIVE", sys.executable, "-m", "emoji_rl.cli", "grpo",
         "--config", "configs/cpu/grpo.yaml", "--max_steps", "2",
     ]  # fmt: skip
-    result = run("train_grpo.sh", "--dry-run", NNODES="2", **CPU)
-    assert result.returncode == 2 and "NNODES=2 needs GPUs" in result.stderr
+
+
+@pytest.mark.parametrize("script", ["train_sft.sh", "train_grpo.sh"])
+def test_the_cpu_layout_runs_a_node_of_gloo_processes(script):
+    # Several nodes without GPUs (tests/test_two_nodes.py runs two on one machine): NGPUS processes
+    # per node, 1 unless set, through the launcher.
+    env = {"NNODES": "2", "NODE_RANK": "1", "MASTER_ADDR": "10.1.2.3", "MASTER_PORT": "29555", **CPU}
+    [argv] = dry_run(script, **env)
+    env_vars, cmd = split_env(argv)
+    assert env_vars == {"CUDA_VISIBLE_DEVICES": ""}
+    args = accelerate_args(cmd)
+    assert (args.num_processes, args.num_machines, args.machine_rank) == (2, 2, 1)
+    assert (args.main_process_ip, args.main_process_port) == ("10.1.2.3", 29555)
+    [argv] = dry_run(script, LAUNCHER="torchrun", NGPUS="2", **CPU)
+    cmd = split_env(argv)[1]
+    assert cmd[1:3] == ["-m", "torch.distributed.run"]
+    from torch.distributed.run import get_args_parser
+
+    args = get_args_parser().parse_args(cmd[3:])
+    assert (args.nnodes, args.node_rank, args.nproc_per_node) == ("1", 0, "2")
+    assert args.module and args.training_script == "emoji_rl.cli"
+
+
+def test_sft_takes_the_node_settings_of_grpo():
+    env = {"NNODES": "2", "NODE_RANK": "1", "MASTER_ADDR": "10.1.2.3", "LAUNCHER": "torchrun"}
+    [argv] = dry_run("train_sft.sh", GPUS="8", **env)
+    from torch.distributed.run import get_args_parser
+
+    args = get_args_parser().parse_args(argv[3:])
+    assert (args.nnodes, args.node_rank, args.nproc_per_node) == ("2", 1, "8")
+    assert (args.master_addr, args.master_port) == ("10.1.2.3", 29500)
+    assert args.training_script_args[:1] == ["sft"]
+    result = run("train_sft.sh", "--dry-run", GPUS="8", MAIN_PORT="29600")
+    assert result.returncode == 2 and "MAIN_PORT=29600: the setting is MASTER_PORT now" in result.stderr
+    result = run("train_sft.sh", "--dry-run", STRATEGY="fsdp", LAUNCHER="torchrun")
+    assert result.returncode == 2 and "STRATEGY=fsdp needs LAUNCHER=accelerate" in result.stderr
 
 
 def test_gpu_smoke_on_the_cpu_layout_starts_both_servers_and_rolls_out_with_vllm():

@@ -55,11 +55,13 @@ def test_each_rollout_record_names_its_target_and_debug_rollout_prints_it(tmp_pa
 
     run = tmp_path / "grpo"
     with AppendLog(run / "rollouts.jsonl") as log:
-        log_rollouts(log, 1, rollouts.played)
+        log_rollouts(log, 1, rollouts.played, [0, 1])
     logged = [json.loads(line) for line in (run / "rollouts.jsonl").read_text().splitlines()]
     assert [(r["prompt_id"], r["target"]) for r in logged] == [
         (g.prompt_id, g.target) for g in rollouts.played for _ in g.episodes
     ]
+    # the process that played each group (here as if two had played one each)
+    assert [r["rank"] for r in logged] == [0, 0, 1, 1]
     # each episode's advantage as collect stored it for the update: rewards 0, 1 in each group
     assert [r["advantage"] for r in logged] == [a for g in rollouts.played for a in g.advantages]
     assert [r["advantage"] for r in logged] == pytest.approx([-0.7071, 0.7071] * 2, abs=1e-4)

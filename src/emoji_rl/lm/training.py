@@ -33,6 +33,15 @@ def without_cuda() -> bool:
     return not torch.cuda.is_available()
 
 
+def mixed_precision(model: torch.nn.Module) -> str:
+    """The `mixed_precision` to build an Accelerator with for `model`: bf16 autocast for bf16 weights,
+    none otherwise. Left unset, accelerate takes ACCELERATE_MIXED_PRECISION, which
+    configs/accelerate/*.yaml export as bf16 to every process: an fp32 run (the CPU) would train
+    under bf16 autocast under `accelerate launch` and in fp32 under `torchrun`."""
+    base = getattr(model, "get_base_model", lambda: model)()
+    return "bf16" if next(base.parameters()).dtype == torch.bfloat16 else "no"
+
+
 def warn_if_fsdp_ignored(distributed_type: str, logger: logging.Logger) -> None:
     """Warn on `logger` (the stage's) when FSDP was asked for (fsdp.yaml) but accelerate runs
     `distributed_type` instead: accelerate turns FSDP on only over accelerators (GPUs); on CPUs it

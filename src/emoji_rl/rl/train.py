@@ -36,9 +36,11 @@ from emoji_rl.io.jsonl import AppendLog, drop_steps_after
 from emoji_rl.io.metrics import MetricsWriter
 from emoji_rl.io.run_lock import holds_a_run
 from emoji_rl.lm import models
+from emoji_rl.lm.processes import check_shared_dir, join_processes, peers_named
 from emoji_rl.lm.training import (
     adapter_state_dict,
     gather,
+    mixed_precision,
     save_adapter,
     warn_if_fsdp_ignored,
     whole_weights,
@@ -122,16 +124,19 @@ def _step_metrics(rollouts: Rollouts, services: dict[str, float]) -> dict[str, f
     return metrics
 
 
-def _gather_rollouts(rollouts: Rollouts, services: dict[str, float]) -> tuple[Rollouts, dict[str, float]]:
+def _gather_rollouts(
+    rollouts: Rollouts, services: dict[str, float]
+) -> tuple[Rollouts, dict[str, float], list[int]]:
     """Every process's rollouts of this step as one (a collective): groups in rank order, the
-    slowest process's seconds."""
+    slowest process's seconds, and the rank that played each played group."""
     parts = gather((rollouts, services))
     played = [group for part, _ in parts for group in part.played]
+    ranks = [rank for rank, (part, _) in enumerate(parts) for _ in part.played]
     kept = [group for part, _ in parts for group in part.kept]
     seconds = max(part.seconds for part, _ in parts)
     keys = {key for _, times in parts for key in times}
     slowest = {key: max(times.get(key, 0.0) for _, times in parts) for key in sorted(keys)}
-    return Rollouts(kept, played, seconds), slowest
+    return Rollouts(kept, played, seconds), slowest, ranks
 
 
 def train(
@@ -154,7 +159,7 @@ def train(
     from accelerate import Accelerator
     from transformers import get_scheduler
 
-    accelerator = Accelerator(cpu=without_cuda())
+    accelerator = Accelerator(cpu=without_cuda(), mixed_precision=mixed_precision(policy))
     is_main, rank = accelerator.is_main_process, accelerator.process_index
     share = prompts_per_process(cfg.batch_size, accelerator.num_processes)
     log.info(
@@ -243,14 +248,14 @@ def _loop(
             waited = time.perf_counter() - start
             played, dropped = without_stale(played, cfg.max_off_policy_steps)
             state.epoch, state.cursor = played.position
-            everyone, slowest = _gather_rollouts(played.rollouts, played.services)
+            everyone, slowest, players = _gather_rollouts(played.rollouts, played.services)
             game.observe(everyone.played)
             metrics = _step_metrics(everyone, slowest)
             metrics["async/version_lag"] = float(step - played.version)
             metrics["async/dropped_episodes"] = float(sum(gather(dropped)))
             metrics["time/wait_rollouts_s"] = waited
             if rollout_log is not None:
-                log_rollouts(rollout_log, step + 1, everyone.played)
+                log_rollouts(rollout_log, step + 1, everyone.played, players)
             update_start = time.perf_counter()
             mine = played.rollouts
             if everyone.kept:
@@ -353,14 +358,13 @@ def _save(
 
 
 def main(cfg: Config) -> None:
-    from accelerate import PartialState
-
     torch.manual_seed(cfg.seed)
     random.seed(cfg.seed)
     run_dir = Path(cfg.output_dir)
-    # The process group under `accelerate launch` (one process otherwise), shared with train()'s Accelerator.
-    processes = PartialState(cpu=without_cuda())
+    # The process group under a launcher (one process otherwise), shared with train()'s Accelerator.
+    processes = join_processes(cfg.collective_timeout_s)
     prompts_per_process(cfg.batch_size, processes.num_processes)  # before any model loads
+    check_shared_dir(run_dir, processes)
     if holds_a_run(run_dir) and not cfg.resume:
         raise UserError(
             f"{run_dir} already holds a run: pass --resume true to continue it, or another --output_dir"
@@ -384,14 +388,12 @@ def main(cfg: Config) -> None:
     if cfg.gradient_checkpointing:
         checkpoint_layers(policy)
     width = policy.get_output_embeddings().weight.shape[0]
-    game = (
-        wordle_setup(cfg, tokenizer)
-        if cfg.game == "wordle"
-        else retrieval_setup(cfg, tokenizer, runtime, width)
-    )
+    wordle = cfg.game == "wordle"
+    game = wordle_setup(cfg, tokenizer) if wordle else retrieval_setup(cfg, tokenizer, runtime, width)
     sampler, weight_sync = build_sampler(cfg, policy, tokenizer, "grammar" if game.constraint else "none")
     log.info("%s; %d prompts; B=%d G=%d", game.description, len(game.records), cfg.batch_size, cfg.group_size)
-    state = train(cfg, policy, tokenizer, game, sampler, weight_sync)
+    with peers_named(run_dir, cfg.collective_timeout_s):
+        state = train(cfg, policy, tokenizer, game, sampler, weight_sync)
     print(
         f"grpo: {state.step} steps; adapter in {run_dir / 'adapter'}, metrics in {run_dir / 'metrics.jsonl'}"
     )

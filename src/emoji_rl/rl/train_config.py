@@ -13,6 +13,7 @@ from emoji_rl.game.judge_config import JudgeConfig
 from emoji_rl.game.retrieval import RetrievalConfig
 from emoji_rl.game.reward import SimilarityConfig
 from emoji_rl.lm.models import ModelConfig
+from emoji_rl.lm.processes import ProcessConfig
 from emoji_rl.rl import grpo
 
 if TYPE_CHECKING:
@@ -20,7 +21,7 @@ if TYPE_CHECKING:
 
 
 @dataclass
-class Config(JudgeConfig, RetrievalConfig, SimilarityConfig, SamplingConfig, ModelConfig):
+class Config(JudgeConfig, RetrievalConfig, SimilarityConfig, SamplingConfig, ProcessConfig, ModelConfig):
     """Multi-turn GRPO of the emoji sender on the retrieval game (the judge_* fields: retrieval only)."""
 
     # --- core ---

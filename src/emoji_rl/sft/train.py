@@ -20,13 +20,13 @@ adapter_model.safetensors) that `PeftModel.from_pretrained` and vLLM's `--lora-m
 from __future__ import annotations
 
 import logging
-import os
 import time
 from pathlib import Path
 
 from emoji_rl.config import save_config
 from emoji_rl.io.jsonl import keep_first_lines
 from emoji_rl.lm import models
+from emoji_rl.lm.processes import check_shared_dir, join_processes, peers_named
 from emoji_rl.lm.training import warn_if_fsdp_ignored
 from emoji_rl.sft.callbacks import jsonl_metrics_callback, scheduled_lr_callback
 from emoji_rl.sft.data import encode_file, to_dataset
@@ -51,8 +51,9 @@ METRICS_FILE = "metrics.jsonl"
 def main(cfg: Config) -> None:
     # --- run dir, runtime, TRL config (all checks before any model loads)
     output_dir = Path(cfg.output_dir)
-    world_size = int(os.environ.get("WORLD_SIZE", "1"))
-    is_main = int(os.environ.get("RANK", "0")) == 0
+    processes = join_processes(cfg.collective_timeout_s)
+    world_size, is_main = processes.num_processes, processes.is_main_process
+    check_shared_dir(output_dir, processes)
     checkpoint = checkpoint_to_resume(output_dir, cfg.resume, is_main)
     saved = trainer_state(checkpoint) if checkpoint is not None else None
     runtime = models.pick_runtime(dtype=cfg.dtype)
@@ -124,14 +125,15 @@ def main(cfg: Config) -> None:
         restore_token_count(trainer, saved)
         trainer.resumed = resume_point(saved)
     start = time.monotonic()
-    if checkpoint is not None and trainer.resumed[0] >= planned_steps(trainer):
-        result = finish_from(trainer, checkpoint)
-    else:
-        result = trainer.train(resume_from_checkpoint=checkpoint)
-    seconds = time.monotonic() - start
-    eval_loss = trainer.evaluate()["eval_loss"] if eval_set is not None else float("nan")
     adapter_dir = output_dir / ADAPTER_DIR
-    trainer.save_model(str(adapter_dir))  # every rank calls it: FSDP gathers the shards, rank 0 writes
+    with peers_named(output_dir, cfg.collective_timeout_s):
+        if checkpoint is not None and trainer.resumed[0] >= planned_steps(trainer):
+            result = finish_from(trainer, checkpoint)
+        else:
+            result = trainer.train(resume_from_checkpoint=checkpoint)
+        seconds = time.monotonic() - start
+        eval_loss = trainer.evaluate()["eval_loss"] if eval_set is not None else float("nan")
+        trainer.save_model(str(adapter_dir))  # every rank calls it: FSDP gathers the shards, rank 0 writes
     if is_main:
         logger.info(
             "sft: %d steps in %.0f s, train loss %.4f, eval loss %.4f; adapter at %s",

@@ -16,6 +16,7 @@ import yaml
 
 from emoji_rl.errors import UserError
 from emoji_rl.lm import lora, models
+from emoji_rl.lm.processes import ProcessConfig
 from emoji_rl.sft.data import Overlong
 
 if TYPE_CHECKING:
@@ -25,7 +26,7 @@ if TYPE_CHECKING:
 
 
 @dataclass
-class Config(models.ModelConfig):
+class Config(ProcessConfig, models.ModelConfig):
     """LoRA SFT of the sender with TRL's SFTTrainer; field names follow TRL's SFTConfig."""
 
     # --- core ---
@@ -229,6 +230,9 @@ def build_sft_config(cfg: Config, runtime: models.Runtime, world_size: int) -> S
         # Every LoRA weight takes part in every forward pass; the Trainer's default (True without
         # activation checkpointing) costs DDP an extra autograd traversal per step, and a warning.
         "ddp_find_unused_parameters": False,
+        # The stage joins the process group first, with this timeout (lm/processes.py); the Trainer's
+        # own setting says the same.
+        "ddp_timeout": cfg.collective_timeout_s,
     }
     aliases = {"gradient_checkpointing", "gradient_checkpointing_kwargs"}
     overrides = parse_sft_overrides(cfg.sft_overrides or [], managed.keys() | aliases)

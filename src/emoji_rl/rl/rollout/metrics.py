@@ -49,15 +49,19 @@ def rollout_metrics(played: Sequence[EpisodeGroup], kept: int) -> dict[str, floa
     return metrics
 
 
-def log_rollouts(log_file: AppendLog, step: int, groups: Sequence[EpisodeGroup]) -> None:
-    """One record per episode: the target its group played for, its reward, the advantage it trained
-    with (`group.advantages`; 0 in a group with no spread), and every turn's log and metrics, with the
-    adapter version that sampled it on a server."""
-    for group in groups:
+def log_rollouts(
+    log_file: AppendLog, step: int, groups: Sequence[EpisodeGroup], ranks: Sequence[int]
+) -> None:
+    """One record per episode: the target its group played for, the process that played it (`ranks`,
+    one per group: over several processes each plays its share of the step), its reward, the advantage
+    it trained with (`group.advantages`; 0 in a group with no spread), and every turn's log and metrics,
+    with the adapter version that sampled it on a server."""
+    for group, rank in zip(groups, ranks, strict=True):
         for g, (episode, advantage) in enumerate(zip(group.episodes, group.advantages, strict=True)):
             log_file.append(
                 {
                     "step": step,
+                    "rank": rank,
                     "prompt_id": group.prompt_id,
                     "target": group.target,
                     "rollout": g,
