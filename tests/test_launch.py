@@ -495,7 +495,9 @@ def test_the_cpu_layout_runs_a_node_of_gloo_processes(script):
     env = {"NNODES": "2", "NODE_RANK": "1", "MASTER_ADDR": "10.1.2.3", "MASTER_PORT": "29555", **CPU}
     [argv] = dry_run(script, **env)
     env_vars, cmd = split_env(argv)
-    assert env_vars == {"CUDA_VISIBLE_DEVICES": ""}
+    # GRPO's processes share the cores with the servers, SFT's have them to themselves.
+    passive = {"OMP_WAIT_POLICY": "PASSIVE"} if script == "train_grpo.sh" else {}
+    assert env_vars == {"CUDA_VISIBLE_DEVICES": "", **passive}
     args = accelerate_args(cmd)
     assert (args.num_processes, args.num_machines, args.machine_rank) == (2, 2, 1)
     assert (args.main_process_ip, args.main_process_port) == ("10.1.2.3", 29555)
