@@ -97,6 +97,10 @@ def test_trls_callbacks_report_to_wandb_and_trackio_and_a_resume_continues_their
     trackio drops); the resumed run logs into the same wandb run and trackio run, each step once."""
     from tests.trackers import trackio_rows, wandb_runs
 
+    from emoji_rl.io.trackers import TrackerRun, WandbWriter
+
+    # A stage before, in this process, with a run directory of its own: wandb must not keep to it.
+    WandbWriter(TrackerRun("before00", "emoji-rl", "before"), tmp_path / "before", {}).close()
     run = tmp_path / "run"
     common = dict(_tiny_run(tmp_path), output_dir=str(run), report_to=["wandb", "trackio"])
     train.main(train.Config(max_steps=2, **common))

@@ -150,36 +150,23 @@ class TrackioWriter:
 
 
 @contextlib.contextmanager
-def trl_tracking(names: Sequence[str], run: TrackerRun | None, run_dir: str | Path) -> Iterator[None]:
-    """Transformers' wandb callback takes its run from the environment (WANDB_RUN_ID, WANDB_RESUME,
-    WANDB_PROJECT, WANDB_DIR), set here for the block; its trackio callback takes the run's name and
-    project from the training arguments. Neither finishes its run after the Trainer's last evaluation:
-    done here, so that the next run in this process starts its own."""
-    env = {}
-    if run is not None and "wandb" in names:
-        env = {
-            "WANDB_RUN_ID": run.id,
-            "WANDB_RESUME": "allow",
-            "WANDB_PROJECT": run.project,
-            "WANDB_DIR": wandb_dir(run_dir),
-        }
-    saved = {key: os.environ.get(key) for key in env}
-    os.environ.update(env)
+def trl_tracking(
+    names: Sequence[str], run: TrackerRun | None, run_dir: str | Path, config: dict
+) -> Iterator[None]:
+    """The trackers of a block in which transformers' callbacks report (`sft`). Its wandb callback logs
+    into the run it finds started, so the run directory's is started here, by id, in the run directory
+    (wandb reads WANDB_RUN_ID and WANDB_DIR from the environment once per process, which would put a
+    second stage of one process in the first one's run); its trackio callback resumes the run the
+    training arguments name. Neither finishes its run after the Trainer's last evaluation: done here,
+    so that the next run in this process starts its own."""
+    wandb_run = WandbWriter(run, run_dir, config) if run is not None and "wandb" in names else None
     failed = True
     try:
         yield
         failed = False
     finally:
-        for key, value in saved.items():
-            if value is None:
-                os.environ.pop(key, None)
-            else:
-                os.environ[key] = value
-        if "wandb" in names:
-            import wandb
-
-            if wandb.run is not None:
-                wandb.finish(exit_code=int(failed))
+        if wandb_run is not None:
+            wandb_run.close(failed)
         if "trackio" in names:
             import trackio
 

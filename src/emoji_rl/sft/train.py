@@ -25,7 +25,7 @@ import os
 import time
 from pathlib import Path
 
-from emoji_rl.config import save_config
+from emoji_rl.config import save_config, to_dict
 from emoji_rl.io.jsonl import keep_first_lines
 from emoji_rl.io.trackers import tracker_run, trl_tracking
 from emoji_rl.lm import models
@@ -90,7 +90,7 @@ def main(cfg: Config) -> None:
     )
     logger.info("data: %d train, %d eval examples", len(train_set), len(eval_set) if eval_set else 0)
 
-    with trl_tracking(args.report_to, run, output_dir):
+    with trl_tracking(args.report_to, run, output_dir, to_dict(cfg)):
         # --- model: left on the CPU; the Trainer places it on this process's device (DDP, FSDP)
         model = models.load_base_model(cfg.model, runtime)
         trainer = answer_loss_trainer()(
