@@ -155,8 +155,8 @@ def trl_tracking(
 ) -> Iterator[None]:
     """The trackers of a block in which transformers' callbacks report (`sft`). Its wandb callback logs
     into the run it finds started, so the run directory's is started here, by id, in the run directory
-    (wandb reads WANDB_RUN_ID and WANDB_DIR from the environment once per process, which would put a
-    second stage of one process in the first one's run); its trackio callback resumes the run the
+    (wandb reads WANDB_DIR once per process: set for the callback, a second stage of one process would
+    write into the first one's directory); its trackio callback resumes the run the
     training arguments name. Neither finishes its run after the Trainer's last evaluation: done here,
     so that the next run in this process starts its own."""
     wandb_run = WandbWriter(run, run_dir, config) if run is not None and "wandb" in names else None
