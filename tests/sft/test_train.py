@@ -91,6 +91,43 @@ def _tiny_run(tmp_path) -> dict:
     )
 
 
+def test_trls_callbacks_report_to_wandb_and_trackio_and_a_resume_continues_their_run(tmp_path):
+    """`report_to` reaches TRL's own callbacks: the first run's wandb and trackio points are
+    metrics.jsonl's lines (less the closing summary's totals, which wandb keeps as its summary and
+    trackio drops); the resumed run logs into the same wandb run and trackio run, each step once."""
+    from tests.trackers import trackio_rows, wandb_runs
+
+    from emoji_rl.io.trackers import TrackerRun, WandbWriter
+
+    # A stage before, in this process, with a run directory of its own: wandb must not keep to it.
+    WandbWriter(TrackerRun("before00", "emoji-rl", "before"), tmp_path / "before", {}).close()
+    run = tmp_path / "run"
+    common = dict(_tiny_run(tmp_path), output_dir=str(run), report_to=["wandb", "trackio"])
+    train.main(train.Config(max_steps=2, **common))
+    tracker = json.loads((run / "trackers.json").read_text())
+    totals = ("train/train_runtime", "train/train_samples_per_second", "train/train_steps_per_second")
+    totals += ("train/train_loss", "train/total_flos")
+    lines = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    lines = [{k: v for k, v in line.items() if k not in totals} for line in lines]
+
+    def as_line(point):
+        """A tracker's point as a metrics.jsonl line: its step TRL's `train/global_step`."""
+        own = ("train/global_step", "step", "timestamp")
+        values = {k: v for k, v in point.items() if k not in own and not k.startswith("_")}
+        return {"step": point["train/global_step"], **values}
+
+    [(first_id, first)] = wandb_runs(run)
+    assert first_id == tracker["id"] and [as_line(p) for p in first] == lines
+    assert [as_line(p) for p in trackio_rows(tracker["project"], tracker["name"])] == lines
+
+    train.main(train.Config(max_steps=4, resume=True, **common))
+    (_, first), (second_id, second) = wandb_runs(run)
+    assert second_id == first_id
+    assert [p["train/global_step"] for p in first + second if "train/loss" in p] == [1, 2, 3, 4]
+    points = trackio_rows(tracker["project"], tracker["name"])
+    assert [p["train/global_step"] for p in points if "train/loss" in p] == [1, 2, 3, 4]
+
+
 def test_resume_with_more_steps_follows_the_new_schedule(tmp_path):
     common = dict(_tiny_run(tmp_path), output_dir=str(tmp_path / "run"), learning_rate=1e-3)
     train.main(train.Config(max_steps=2, **common))

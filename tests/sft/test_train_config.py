@@ -13,7 +13,7 @@ from emoji_rl import cli
 from emoji_rl.config import parse_config
 from emoji_rl.errors import UserError
 from emoji_rl.lm.models import Runtime
-from emoji_rl.sft.callbacks import jsonl_metrics_callback, metric_key
+from emoji_rl.sft.callbacks import jsonl_metrics_callback
 from emoji_rl.sft.loss import logged_loss_sum, whole_run_loss
 from emoji_rl.sft.resume import checkpoint_to_resume
 from emoji_rl.sft.trl_config import Config, accumulation_steps, build_sft_config
@@ -162,15 +162,6 @@ def test_a_checkpoint_whose_save_was_cut_short_is_set_aside_and_the_one_before_u
     assert (tmp_path / "incomplete-save-12" / "README.md").is_file()  # kept, for a look
 
 
-def test_metric_keys_match_tensorboard_namespaces():
-    assert [metric_key(k) for k in ("loss", "eval_loss", "grad_norm", "epoch")] == [
-        "train/loss",
-        "eval/loss",
-        "train/grad_norm",
-        "epoch",
-    ]
-
-
 def test_metrics_callback_appends_one_json_line_per_log(tmp_path):
     from transformers import TrainerState
 
@@ -180,7 +171,8 @@ def test_metrics_callback_appends_one_json_line_per_log(tmp_path):
     callback.on_log(None, state, None, logs={"loss": 1.5, "epoch": 0.5})
     callback.on_log(None, state, None, logs={"eval_loss": 1.25})
     lines = [json.loads(line) for line in path.read_text().splitlines()]
-    assert lines == [{"step": 3, "train/loss": 1.5, "epoch": 0.5}, {"step": 3, "eval/loss": 1.25}]
+    # Named as TensorBoard, wandb and trackio name them, the epoch included.
+    assert lines == [{"step": 3, "train/loss": 1.5, "train/epoch": 0.5}, {"step": 3, "eval/loss": 1.25}]
 
 
 def test_a_resumed_runs_train_loss_is_the_mean_over_all_its_steps():

@@ -1,4 +1,5 @@
-"""Run metrics: one JSON line per step in `metrics.jsonl` and the same scalars in TensorBoard.
+"""Run metrics: one JSON line per step in `metrics.jsonl` and the same scalars in the trackers that
+`report_to` names (TensorBoard, wandb, trackio: `io/trackers.py`), at the same step numbers.
 
 Keys are slash-namespaced and stable (`reward/mean`, `optim/kl`, `time/rollout_s`), so runs compare
 on a dashboard and in `jq`.
@@ -6,43 +7,69 @@ on a dashboard and in `jq`.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 from pathlib import Path
 from types import TracebackType
 
+from emoji_rl.config import to_dict
 from emoji_rl.io.jsonl import drop_steps_after
+from emoji_rl.io.trackers import TrackerConfig, TrackioWriter, WandbWriter, resolve, tracker_run
 
 
 class MetricsWriter:
-    """Appends `{"step": n, **metrics}` lines; a resumed run keeps the lines of earlier steps only."""
+    """Appends `{"step": n, **metrics}` lines; a resumed run keeps the lines of earlier steps only.
 
-    def __init__(self, run_dir: str | Path, resume_from_step: int = 0, tensorboard: bool = True) -> None:
+    TensorBoard forgets the redone steps too (`purge_step`). wandb's and trackio's histories only go
+    forward: the steps a killed run logged after its checkpoint keep the values it gave them there,
+    and the resumed run logs to them from the step after (a run resumed from its checkpoint redoes
+    those steps alike)."""
+
+    def __init__(
+        self, run_dir: str | Path, resume_from_step: int = 0, trackers: TrackerConfig | None = None
+    ) -> None:
+        trackers = trackers or TrackerConfig()
+        names = resolve(trackers.report_to)
         self.path = Path(run_dir) / "metrics.jsonl"
         self.path.parent.mkdir(parents=True, exist_ok=True)
+        self._forward_from = max(resume_from_step, _last_step(self.path))
         # Steps after the checkpoint were logged by a run that then died: they are redone, so drop them.
         drop_steps_after(self.path, resume_from_step)
         self._file = self.path.open("a")
         self._tb = None
-        if tensorboard:
+        if "tensorboard" in names:
             from torch.utils.tensorboard import SummaryWriter
 
             self._tb = SummaryWriter(str(Path(run_dir) / "tensorboard"), purge_step=resume_from_step + 1)
+        self._forward: list[WandbWriter | TrackioWriter] = []
+        if {"wandb", "trackio"} & set(names):
+            run = tracker_run(run_dir, trackers)
+            config = to_dict(trackers)
+            if "wandb" in names:
+                self._forward.append(WandbWriter(run, run_dir, config))
+            if "trackio" in names:
+                self._forward.append(TrackioWriter(run, config))
 
     def write(self, step: int, metrics: dict[str, float]) -> None:
         clean = {k: (v if math.isfinite(v) else None) for k, v in metrics.items()}
         self._file.write(json.dumps({"step": step, **clean}) + "\n")
         self._file.flush()
+        finite = {key: value for key, value in metrics.items() if math.isfinite(value)}
         if self._tb is not None:
-            for key, value in metrics.items():
-                if math.isfinite(value):
-                    self._tb.add_scalar(key, value, step)
+            for key, value in finite.items():
+                self._tb.add_scalar(key, value, step)
             self._tb.flush()
+        if step > self._forward_from:
+            for tracker in self._forward:
+                tracker.write(step, finite)
 
-    def close(self) -> None:
+    def close(self, failed: bool = False) -> None:
         self._file.close()
         if self._tb is not None:
             self._tb.close()
+        for tracker in self._forward:
+            tracker.close(failed)
 
     def __enter__(self) -> MetricsWriter:
         return self
@@ -50,7 +77,16 @@ class MetricsWriter:
     def __exit__(
         self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
     ) -> None:
-        self.close()
+        self.close(failed=exc is not None)
+
+
+def _last_step(path: Path) -> int:
+    """The last step a log's whole lines hold (0: none): what an earlier attempt already sent on."""
+    steps = [0]
+    for line in path.read_text().splitlines() if path.is_file() else []:
+        with contextlib.suppress(ValueError):
+            steps.append(int(json.loads(line)["step"]))
+    return max(steps)
 
 
 def read_metrics(run_dir: str | Path) -> list[dict[str, float]]:

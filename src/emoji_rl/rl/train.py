@@ -234,9 +234,9 @@ def _loop(
         # The steps after the checkpoint are redone: drop their lines (MetricsWriter does the same for
         # metrics.jsonl), before the log is opened.
         drop_steps_after(run_dir / ROLLOUTS_FILE, state.step)
-    # Metrics, TensorBoard and rollouts come from the main process, gathered from all.
+    # Metrics (to metrics.jsonl and the trackers) and rollouts come from the main process, gathered from all.
     main_only = contextlib.nullcontext
-    metrics_log = MetricsWriter(run_dir, resume_from_step=state.step) if is_main else main_only()
+    metrics_log = MetricsWriter(run_dir, state.step, trackers=cfg) if is_main else main_only()
     rollouts_log = AppendLog(run_dir / ROLLOUTS_FILE) if is_main else main_only()
     with metrics_log as writer, rollouts_log as rollout_log:
         steps = range(state.step, cfg.max_steps)

@@ -12,6 +12,7 @@ from emoji_rl.decode.sampler import SamplingConfig
 from emoji_rl.game.judge_config import JudgeConfig
 from emoji_rl.game.retrieval import RetrievalConfig
 from emoji_rl.game.reward import SimilarityConfig
+from emoji_rl.io.trackers import TrackerConfig, resolve
 from emoji_rl.lm.models import ModelConfig
 from emoji_rl.lm.processes import ProcessConfig
 from emoji_rl.rl import grpo
@@ -21,7 +22,9 @@ if TYPE_CHECKING:
 
 
 @dataclass
-class Config(JudgeConfig, RetrievalConfig, SimilarityConfig, SamplingConfig, ProcessConfig, ModelConfig):
+class Config(
+    JudgeConfig, RetrievalConfig, SimilarityConfig, SamplingConfig, ProcessConfig, ModelConfig, TrackerConfig
+):
     """Multi-turn GRPO of the emoji sender on the retrieval game (the judge_* fields: retrieval only)."""
 
     # --- core ---
@@ -206,6 +209,7 @@ class Config(JudgeConfig, RetrievalConfig, SimilarityConfig, SamplingConfig, Pro
 
     def __post_init__(self) -> None:
         super().__post_init__()
+        resolve(self.report_to)  # a tracker that does not import is named before any work
         if self.batch_size < 1:
             raise ValueError(f"batch_size={self.batch_size} must be >= 1 (prompts per step)")
         if self.group_size < 2:

@@ -1,5 +1,6 @@
 """The Trainer callbacks of the `sft` stage: every log as a line of metrics.jsonl (keys named as
-TensorBoard names them, `metric_key`), and on resume the learning rate set from this run's schedule."""
+transformers' tracker callbacks name them: TensorBoard, wandb, trackio), and on resume the learning
+rate set from this run's schedule."""
 
 from __future__ import annotations
 
@@ -11,27 +12,20 @@ if TYPE_CHECKING:
     from transformers import TrainerCallback
 
 
-def metric_key(key: str) -> str:
-    """Trainer log keys as slash namespaces, the same rule TensorBoard's callback applies, so the JSONL
-    and TensorBoard agree: `eval_loss` -> `eval/loss`, `loss` -> `train/loss`."""
-    if key == "epoch":
-        return key
-    if key.startswith("eval_"):
-        return "eval/" + key.removeprefix("eval_")
-    return "train/" + key
-
-
 def jsonl_metrics_callback(path: Path) -> TrainerCallback:
     """A callback that appends each Trainer log (train and eval) as one JSON line, on the main process.
     On resume, the stage (`train.main`) first drops the lines the checkpoint does not know
     (`keep_first_lines`)."""
     from transformers import TrainerCallback
+    from transformers.integrations.integration_utils import rewrite_logs
 
     class JsonlMetrics(TrainerCallback):
         def on_log(self, args, state, control, logs=None, **kwargs):
             if not state.is_world_process_zero or not logs:
                 return
-            row = {"step": state.global_step, **{metric_key(k): v for k, v in logs.items()}}
+            # The trackers' own names (`loss` -> `train/loss`, `eval_loss` -> `eval/loss`), so a line
+            # and a tracker's point compare key for key.
+            row = {"step": state.global_step, **rewrite_logs(logs)}
             with path.open("a", encoding="utf-8") as out:
                 out.write(json.dumps(row) + "\n")
 

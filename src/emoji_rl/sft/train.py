@@ -12,7 +12,8 @@ and the tokens after the generation prompt (the emoji, end of turn) carry the lo
     torchrun --nproc_per_node 8 -m emoji_rl.cli sft --config configs/gpu/sft.yaml   # DDP without accelerate
     emoji-rl sft --config configs/gpu/sft.yaml --resume true         # go on from the last checkpoint
 
-The run directory (`output_dir`) holds config.yaml, metrics.jsonl, TensorBoard logs under runs/,
+The run directory (`output_dir`) holds config.yaml, metrics.jsonl, TensorBoard logs under runs/
+(`report_to`: the trackers TRL's callbacks report to; trackers.json: their wandb and trackio run),
 checkpoint-N/ and, at the end, adapter/: a PEFT LoRA adapter (adapter_config.json +
 adapter_model.safetensors) that `PeftModel.from_pretrained` and vLLM's `--lora-modules` load.
 """
@@ -23,8 +24,9 @@ import logging
 import time
 from pathlib import Path
 
-from emoji_rl.config import save_config
+from emoji_rl.config import save_config, to_dict
 from emoji_rl.io.jsonl import keep_first_lines
+from emoji_rl.io.trackers import tracker_run, trl_tracking
 from emoji_rl.lm import models
 from emoji_rl.lm.processes import check_shared_dir, join_processes, peers_named
 from emoji_rl.lm.training import warn_if_fsdp_ignored
@@ -70,10 +72,14 @@ def main(cfg: Config) -> None:
         args.gradient_accumulation_steps,
         world_size * args.per_device_train_batch_size * args.gradient_accumulation_steps,
     )
+    run = None
     if is_main:
         save_config(cfg, output_dir)
         # The steps after the checkpoint are redone, so the lines a dead run logged after it go.
         keep_first_lines(output_dir / METRICS_FILE, logged_lines(saved))
+        if {"wandb", "trackio"} & set(args.report_to):
+            run = tracker_run(output_dir, cfg)  # a resumed run's, kept in the run directory
+            args.run_name, args.project = run.name, run.project
 
     # --- data: validated and tokenized up front, so a bad line fails before the model loads
     tokenizer = models.load_tokenizer(cfg.model)
@@ -85,61 +91,63 @@ def main(cfg: Config) -> None:
     )
     logger.info("data: %d train, %d eval examples", len(train_set), len(eval_set) if eval_set else 0)
 
-    # --- model: left on the CPU; the Trainer places it on this process's device (DDP, FSDP)
-    model = models.load_base_model(cfg.model, runtime)
-    trainer = answer_loss_trainer()(
-        model=model,
-        args=args,
-        train_dataset=train_set,
-        eval_dataset=eval_set,
-        processing_class=tokenizer,
-        peft_config=lora_config(cfg, model),
-        callbacks=[jsonl_metrics_callback(output_dir / METRICS_FILE), scheduled_lr_callback()],
-    )
-    models.warn_if_slow_linear_attention(model, runtime)
-    # TRL decides padding-free (padding_free, or packing with a bfd strategy, in sft_overrides).
-    models.check_padding_free(trainer.padding_free, model, "sft_overrides")
-    blocker = own_loss_blocker(args, runtime, world_size, trainer.padding_free)
-    trainer.own_loss = blocker is None
-    logger.info(
-        "loss: %s", "the shared prompt once, the LM head on answer tokens" if blocker is None else blocker
-    )
-    state = trainer.accelerator.state
-    logger.info(
-        "distributed: %s, %d process(es), mixed precision %s",
-        state.distributed_type.value,
-        state.num_processes,
-        state.mixed_precision,
-    )
-    warn_if_fsdp_ignored(state.distributed_type.value, logger)
-    trainable = sum(p.numel() for p in trainer.model.parameters() if p.requires_grad)
-    logger.info(
-        "LoRA r=%d on %s: %.2fM trainable parameters",
-        cfg.lora_r,
-        sorted(trainer.model.peft_config["default"].target_modules),
-        trainable / 1e6,
-    )
-
-    # --- train, evaluate, save
-    if saved is not None:
-        restore_token_count(trainer, saved)
-        trainer.resumed = resume_point(saved)
-    start = time.monotonic()
-    adapter_dir = output_dir / ADAPTER_DIR
-    with peers_named(output_dir, cfg.collective_timeout_s):
-        if checkpoint is not None and trainer.resumed[0] >= planned_steps(trainer):
-            result = finish_from(trainer, checkpoint)
-        else:
-            result = trainer.train(resume_from_checkpoint=checkpoint)
-        seconds = time.monotonic() - start
-        eval_loss = trainer.evaluate()["eval_loss"] if eval_set is not None else float("nan")
-        trainer.save_model(str(adapter_dir))  # every rank calls it: FSDP gathers the shards, rank 0 writes
-    if is_main:
-        logger.info(
-            "sft: %d steps in %.0f s, train loss %.4f, eval loss %.4f; adapter at %s",
-            result.global_step,
-            seconds,
-            result.metrics["train_loss"],  # the whole run's (`log`), where training_loss is the call's
-            eval_loss,
-            adapter_dir,
+    with trl_tracking(args.report_to, run, output_dir, to_dict(cfg)):
+        # --- model: left on the CPU; the Trainer places it on this process's device (DDP, FSDP)
+        model = models.load_base_model(cfg.model, runtime)
+        trainer = answer_loss_trainer()(
+            model=model,
+            args=args,
+            train_dataset=train_set,
+            eval_dataset=eval_set,
+            processing_class=tokenizer,
+            peft_config=lora_config(cfg, model),
+            callbacks=[jsonl_metrics_callback(output_dir / METRICS_FILE), scheduled_lr_callback()],
         )
+        models.warn_if_slow_linear_attention(model, runtime)
+        # TRL decides padding-free (padding_free, or packing with a bfd strategy, in sft_overrides).
+        models.check_padding_free(trainer.padding_free, model, "sft_overrides")
+        blocker = own_loss_blocker(args, runtime, world_size, trainer.padding_free)
+        trainer.own_loss = blocker is None
+        logger.info(
+            "loss: %s", "the shared prompt once, the LM head on answer tokens" if blocker is None else blocker
+        )
+        state = trainer.accelerator.state
+        logger.info(
+            "distributed: %s, %d process(es), mixed precision %s",
+            state.distributed_type.value,
+            state.num_processes,
+            state.mixed_precision,
+        )
+        warn_if_fsdp_ignored(state.distributed_type.value, logger)
+        trainable = sum(p.numel() for p in trainer.model.parameters() if p.requires_grad)
+        logger.info(
+            "LoRA r=%d on %s: %.2fM trainable parameters",
+            cfg.lora_r,
+            sorted(trainer.model.peft_config["default"].target_modules),
+            trainable / 1e6,
+        )
+
+        # --- train, evaluate, save
+        if saved is not None:
+            restore_token_count(trainer, saved)
+            trainer.resumed = resume_point(saved)
+        start = time.monotonic()
+        adapter_dir = output_dir / ADAPTER_DIR
+        with peers_named(output_dir, cfg.collective_timeout_s):
+            if checkpoint is not None and trainer.resumed[0] >= planned_steps(trainer):
+                result = finish_from(trainer, checkpoint)
+            else:
+                result = trainer.train(resume_from_checkpoint=checkpoint)
+            seconds = time.monotonic() - start
+            eval_loss = trainer.evaluate()["eval_loss"] if eval_set is not None else float("nan")
+            # Every rank calls it: FSDP gathers the shards, rank 0 writes.
+            trainer.save_model(str(adapter_dir))
+        if is_main:
+            logger.info(
+                "sft: %d steps in %.0f s, train loss %.4f, eval loss %.4f; adapter at %s",
+                result.global_step,
+                seconds,
+                result.metrics["train_loss"],  # the whole run's (`log`), where training_loss is the call's
+                eval_loss,
+                adapter_dir,
+            )

@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Literal
 import yaml
 
 from emoji_rl.errors import UserError
+from emoji_rl.io.trackers import TrackerConfig, resolve
 from emoji_rl.lm import lora, models
 from emoji_rl.lm.processes import ProcessConfig
 from emoji_rl.sft.data import Overlong
@@ -26,7 +27,7 @@ if TYPE_CHECKING:
 
 
 @dataclass
-class Config(ProcessConfig, models.ModelConfig):
+class Config(ProcessConfig, models.ModelConfig, TrackerConfig):
     """LoRA SFT of the sender with TRL's SFTTrainer; field names follow TRL's SFTConfig."""
 
     # --- core ---
@@ -132,6 +133,7 @@ class Config(ProcessConfig, models.ModelConfig):
     )
 
     def __post_init__(self) -> None:
+        resolve(self.report_to)  # a tracker that does not import is named before any work
         for name in ("learning_rate", "lora_r", "lora_alpha", "max_length", "per_device_train_batch_size"):
             if getattr(self, name) <= 0:
                 raise ValueError(f"{name}={getattr(self, name)} must be > 0")
@@ -224,7 +226,10 @@ def build_sft_config(cfg: Config, runtime: models.Runtime, world_size: int) -> S
         "save_strategy": "steps",
         "save_steps": cfg.save_steps,
         "save_total_limit": cfg.save_total_limit,
-        "report_to": ["tensorboard"],
+        # TRL's own callbacks report; the stage names the run (`trackers.json`) before training.
+        "report_to": list(resolve(cfg.report_to)),
+        "project": cfg.project,
+        "run_name": cfg.run_name,
         "seed": cfg.seed,
         "data_seed": cfg.seed,
         # Every LoRA weight takes part in every forward pass; the Trainer's default (True without

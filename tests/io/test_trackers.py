@@ -1,0 +1,76 @@
+"""`report_to` as TRL reads it, on both training stages: names, lists, `none` and `all`; a tracker
+that does not import is named with the extras command before any work; the tracker run a run
+directory keeps."""
+
+import json
+import sys
+
+import pytest
+
+from emoji_rl.config import parse_config
+from emoji_rl.errors import UserError
+from emoji_rl.io.trackers import EXTRAS, STATE_FILE, TrackerConfig, resolve, tracker_run
+from emoji_rl.rl.train_config import Config as GrpoConfig
+from emoji_rl.sft.trl_config import Config as SftConfig
+
+STAGES = [GrpoConfig, SftConfig]
+
+
+@pytest.mark.parametrize("stage", STAGES)
+def test_report_to_takes_trls_names_alone_or_as_a_list(stage, tmp_path):
+    assert parse_config(stage, [], "stage").report_to == ["tensorboard"]
+    assert parse_config(stage, ["--report_to", "wandb", "trackio"], "stage").report_to == ["wandb", "trackio"]
+    one, listed = tmp_path / "one.yaml", tmp_path / "listed.yaml"
+    one.write_text("report_to: none\n")
+    listed.write_text("report_to: [tensorboard, trackio]\n")
+    assert parse_config(stage, ["--config", str(one)], "stage").report_to == ["none"]
+    assert parse_config(stage, ["--config", str(listed)], "stage").report_to == ["tensorboard", "trackio"]
+
+
+@pytest.mark.parametrize("stage", STAGES)
+def test_an_unknown_tracker_names_the_key_and_the_choices(stage, tmp_path, capsys):
+    with pytest.raises(SystemExit):
+        parse_config(stage, ["--report_to", "wandb", "mlflw"], "stage")
+    err = capsys.readouterr().err
+    assert "argument --report_to: invalid choice: 'mlflw'" in err
+    assert "'tensorboard', 'wandb', 'trackio', 'all', 'none'" in err
+    path = tmp_path / "bad.yaml"
+    path.write_text("report_to: [wandb, mlflw]\n")
+    with pytest.raises(UserError, match=r"report_to must be one of tensorboard, wandb, trackio, all, none"):
+        parse_config(stage, ["--config", str(path)], "stage")
+
+
+def test_none_stands_alone_and_all_is_every_installed_tracker():
+    assert resolve(["none"]) == ()
+    assert resolve(["all"]) == ("tensorboard", "wandb", "trackio")
+    assert resolve(["wandb", "tensorboard", "wandb"]) == ("wandb", "tensorboard")
+    with pytest.raises(UserError, match="none means no tracker"):
+        resolve(["none", "wandb"])
+
+
+@pytest.mark.parametrize("stage", STAGES)
+@pytest.mark.parametrize("package", ["wandb", "trackio"])
+def test_a_tracker_that_does_not_import_names_the_extras_command(stage, package, monkeypatch):
+    monkeypatch.setitem(sys.modules, package, None)  # what `import` sees where the package is missing
+    with pytest.raises(
+        UserError, match=rf"report_to {package}: the {package} package does not import"
+    ) as err:
+        parse_config(stage, ["--report_to", "tensorboard", package], "stage")
+    assert EXTRAS in str(err.value)
+    assert resolve(["all"]) == tuple(name for name in ("tensorboard", "wandb", "trackio") if name != package)
+
+
+def test_the_tracker_run_is_kept_in_the_run_directory(tmp_path):
+    run_dir = tmp_path / "grpo"
+    first = tracker_run(run_dir, TrackerConfig(project="first"))
+    assert first.project == "first" and first.name == f"grpo-{first.id}" and len(first.id) == 8
+    # A resume continues it, whatever the project and name say now.
+    assert tracker_run(run_dir, TrackerConfig(project="second", run_name="other")) == first
+    assert json.loads((run_dir / STATE_FILE).read_text()) == {
+        "id": first.id,
+        "project": "first",
+        "name": first.name,
+    }
+    (run_dir / STATE_FILE).write_text('{"id": "x"}')
+    with pytest.raises(UserError, match=f"{STATE_FILE} is not a tracker run"):
+        tracker_run(run_dir, TrackerConfig())
