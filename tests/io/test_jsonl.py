@@ -8,10 +8,13 @@ from emoji_rl.io.jsonl import (
     AppendLog,
     drop_steps_after,
     keep_first_lines,
+    last_step,
     read_jsonl,
     write_json,
     write_jsonl,
 )
+from emoji_rl.io.metrics import MetricsWriter
+from emoji_rl.io.trackers import TrackerConfig
 
 
 def test_round_trip_keeps_unicode(tmp_path):
@@ -148,6 +151,18 @@ def test_drop_steps_after_names_a_line_without_a_step(tmp_path):
     path.write_text('{"step": 1}\n{"loss": 0.5}\n')
     with pytest.raises(DataError, match=r"metrics.jsonl:2: a training log line needs an integer `step`"):
         drop_steps_after(path, 1)
+
+
+def test_last_step_reads_whole_lines_and_names_a_line_without_a_step(tmp_path):
+    path = tmp_path / "metrics.jsonl"
+    assert last_step(path) == 0
+    path.write_text('{"step": 1}\n{"step": 4}\n{"step": 3}\n{"step": 9, "lo')  # 9 was never whole
+    assert last_step(path) == 4
+    path.write_text('{"step": 1}\n{"loss": 0.5}\n')
+    with pytest.raises(DataError, match=r"metrics.jsonl:2: a training log line needs an integer `step`"):
+        last_step(path)
+    with pytest.raises(DataError, match=r"metrics.jsonl:2: a training log line needs an integer `step`"):
+        MetricsWriter(tmp_path, resume_from_step=1, trackers=TrackerConfig(report_to=["none"]))
 
 
 def test_keep_first_lines_drops_what_came_after_the_checkpoint_at_its_own_step(tmp_path):

@@ -8,6 +8,7 @@
         done = log.records              # what earlier runs wrote
         log.append({"id": ..., ...})
     drop_steps_after(path, k)           # a training log resumed at step k: later lines go, atomically
+    last_step(path)                     # the last step a training log holds (before dropping any)
     keep_first_lines(path, n)           # the same, by count: a log that matches a checkpoint's history
 
 Errors: a missing or empty file is a `UserError` that says what makes the file (`hint`); a line that
@@ -146,12 +147,28 @@ def drop_steps_after(path: str | Path, step: int) -> int:
     interrupted run logged for them would otherwise appear twice. A last line without its newline was
     cut short by the interruption and goes too. Kept lines stay byte for byte; no file, no change."""
 
-    def keep(number: int, record: Record) -> bool:
-        if not isinstance(record.get("step"), int):
-            raise DataError(path, number, "a training log line needs an integer `step`")
-        return record["step"] <= step
+    path = Path(path)
+    return _keep_lines(
+        path, lambda number, record: _log_step(path, number, record) <= step, f"after step {step}"
+    )
 
-    return _keep_lines(Path(path), keep, f"after step {step}")
+
+def last_step(path: str | Path) -> int:
+    """The last step a training log's whole lines hold (0: none, or no file): what a run that died
+    after writing them had already reported elsewhere."""
+    path = Path(path)
+    if not path.is_file():
+        return 0
+    data = path.read_bytes()
+    numbered = _parse_lines(path, data[: data.rfind(b"\n") + 1])
+    return max((_log_step(path, number, record) for number, record in numbered), default=0)
+
+
+def _log_step(path: Path, number: int, record: Record) -> int:
+    step = record.get("step")
+    if not isinstance(step, int):
+        raise DataError(path, number, "a training log line needs an integer `step`")
+    return step
 
 
 def keep_first_lines(path: str | Path, count: int) -> int:

@@ -7,14 +7,13 @@ on a dashboard and in `jq`.
 
 from __future__ import annotations
 
-import contextlib
 import json
 import math
 from pathlib import Path
 from types import TracebackType
 
 from emoji_rl.config import to_dict
-from emoji_rl.io.jsonl import drop_steps_after
+from emoji_rl.io.jsonl import drop_steps_after, last_step
 from emoji_rl.io.trackers import TrackerConfig, TrackioWriter, WandbWriter, resolve, tracker_run
 
 
@@ -33,7 +32,7 @@ class MetricsWriter:
         names = resolve(trackers.report_to)
         self.path = Path(run_dir) / "metrics.jsonl"
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        self._forward_from = max(resume_from_step, _last_step(self.path))
+        self._forward_from = max(resume_from_step, last_step(self.path))
         # Steps after the checkpoint were logged by a run that then died: they are redone, so drop them.
         drop_steps_after(self.path, resume_from_step)
         self._file = self.path.open("a")
@@ -78,15 +77,6 @@ class MetricsWriter:
         self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
     ) -> None:
         self.close(failed=exc is not None)
-
-
-def _last_step(path: Path) -> int:
-    """The last step a log's whole lines hold (0: none): what an earlier attempt already sent on."""
-    steps = [0]
-    for line in path.read_text().splitlines() if path.is_file() else []:
-        with contextlib.suppress(ValueError):
-            steps.append(int(json.loads(line)["step"]))
-    return max(steps)
 
 
 def read_metrics(run_dir: str | Path) -> list[dict[str, float]]:
