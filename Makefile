@@ -101,8 +101,14 @@ eval-human: $(STAMP) ## Report on what people played in play-web (PLAY_DB): tabl
 # rest; EMOJI_RL_VLLM_ENGINE=required turns a missing engine into a failure instead of a skip. The
 # trainer (pytest) and the server share the cores: OpenMP threads that spin while they wait would take
 # them from each other (measured: the one-version-behind learning test 179 s spinning, 37 s passive).
+# The float_paths tests compare two orders of one float computation (tests/floats.py): they run once
+# more under the kernel set below the one PyTorch picks here, so an AVX-512 machine also sees the
+# rounding of an AVX2 one (tests/capabilities.py; about a minute).
 test: $(STAMP) $(VLLM_CPU_STAMP) setup-vllm-engine ## Run the whole test suite (offline, CPU; builds both vLLM venvs first)
 	$(OFFLINE) $(BIN)/python -m pytest -q -n $(TEST_WORKERS) --dist worksteal --durations=15 -m "not vllm_engine"
+	other=$$($(BIN)/python tests/capabilities.py --other); if [ -n "$$other" ]; then \
+		echo "float_paths again under ATEN_CPU_CAPABILITY=$$other"; \
+		$(OFFLINE) ATEN_CPU_CAPABILITY=$$other $(BIN)/python -m pytest -q -n $(TEST_WORKERS) -m float_paths; fi
 	$(OFFLINE) EMOJI_RL_VLLM_ENGINE=required OMP_WAIT_POLICY=PASSIVE $(BIN)/python -m pytest -q --durations=10 -m vllm_engine
 
 test-fast: $(STAMP) $(VLLM_CPU_STAMP) ## Run the tests not marked slow (nor vllm_engine)

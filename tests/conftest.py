@@ -44,10 +44,28 @@ def smollm2_model():
 
 
 @pytest.fixture(scope="session")
+def smollm2_model_f64():
+    """SmolLM2 in float64, for tests that compare two orders of one computation (tests/floats.py)."""
+    from tests.floats import float64
+
+    from emoji_rl.lm import models
+
+    return float64(models.load_causal_lm(models.SMOLLM2, models.pick_runtime("cpu")))
+
+
+@pytest.fixture(scope="session")
 def embedder():
     from emoji_rl.lm import models
 
     return models.load_embedder()
+
+
+@pytest.fixture(scope="session")
+def embedder_f64():
+    """MiniLM in float64, for tests that compare two orders of one similarity (tests/floats.py)."""
+    from emoji_rl.lm import models
+
+    return models.load_embedder().double()
 
 
 @pytest.fixture(scope="session")

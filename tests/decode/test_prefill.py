@@ -4,6 +4,7 @@ from types import SimpleNamespace
 
 import pytest
 import torch
+from tests.floats import F64, float64, fp32_inside
 from tests.tiny import tiny_qwen3_5
 
 from emoji_rl.decode.prefill import (
@@ -65,7 +66,8 @@ def test_only_full_attention_models_share():
 
 
 @pytest.mark.slow
-def test_shared_prefix_generation_equals_one_row_at_a_time(smollm2_model, smollm2_tokenizer):
+@pytest.mark.float_paths
+def test_shared_prefix_generation_equals_one_row_at_a_time(smollm2_model_f64, smollm2_tokenizer):
     from emoji_rl.decode.generate import generate_from_ids
     from emoji_rl.lm.template import chat_ids
 
@@ -75,7 +77,7 @@ def test_shared_prefix_generation_equals_one_row_at_a_time(smollm2_model, smollm
     first, second = prompt("I missed the train again"), prompt("Happy birthday, have fun!")
     # Turn-2-like rows: a group's shared head, then different continuations of unequal length.
     rows = [first, first, (*first, 28, 29, 30), (*first, 31), second, (*second, 32, 33)]
-    ids, mask, cache = prefill_inputs(smollm2_model, rows, smollm2_tokenizer.pad_token_id)
+    ids, mask, cache = prefill_inputs(smollm2_model_f64, rows, smollm2_tokenizer.pad_token_id)
     assert cache is not None, "these rows share long prefixes: the test must exercise sharing"
     assert cache.get_seq_length() < ids.shape[1]
     for row, prompt_ids in enumerate(rows):
@@ -83,7 +85,7 @@ def test_shared_prefix_generation_equals_one_row_at_a_time(smollm2_model, smollm
 
     def sample(batch_size: int):
         return generate_from_ids(
-            smollm2_model,
+            smollm2_model_f64,
             smollm2_tokenizer,
             rows,
             constraint="grammar",
@@ -95,7 +97,7 @@ def test_shared_prefix_generation_equals_one_row_at_a_time(smollm2_model, smollm
     shared, alone = sample(len(rows)), sample(1)
     for a, b in zip(shared, alone, strict=True):
         assert a.token_ids == b.token_ids
-        assert torch.allclose(torch.tensor(a.logprobs), torch.tensor(b.logprobs), atol=1e-4)
+        torch.testing.assert_close(*(torch.tensor(r.logprobs, dtype=torch.float64) for r in (a, b)), **F64)
 
 
 def _row_cache(tokens: tuple[int, ...], pads_inside: int = 0) -> RowCache:
@@ -138,9 +140,10 @@ def test_no_resuming_unless_every_prompt_goes_on_from_its_cache():
 
 
 @pytest.mark.slow
+@pytest.mark.float_paths
 @pytest.mark.parametrize("architecture", ["smollm2", "qwen3_5"])
 def test_a_turn_resumed_from_the_kept_caches_equals_one_read_from_scratch(
-    smollm2_model, smollm2_tokenizer, architecture, monkeypatch
+    smollm2_model_f64, smollm2_tokenizer, architecture, monkeypatch
 ):
     """SmolLM2's keys and values, and a random Qwen3.5's Gated DeltaNet states beside its keys and
     values: the rows' new tokens differ in length, so the hybrid reads them in several passes."""
@@ -148,7 +151,11 @@ def test_a_turn_resumed_from_the_kept_caches_equals_one_read_from_scratch(
     from emoji_rl.lm.template import chat_ids
 
     tokenizer = smollm2_tokenizer
-    model = smollm2_model if architecture == "smollm2" else tiny_qwen3_5(vocab_size=len(tokenizer)).eval()
+    # Two paths compared: float64 (tests/floats.py).
+    if architecture == "smollm2":
+        model = smollm2_model_f64
+    else:
+        model = float64(tiny_qwen3_5(vocab_size=len(tokenizer)).eval())
 
     def prompt(text: str) -> tuple[int, ...]:
         return tuple(chat_ids(tokenizer, [{"role": "user", "content": text}]))
@@ -180,4 +187,7 @@ def test_a_turn_resumed_from_the_kept_caches_equals_one_read_from_scratch(
     fresh = sample(second)
     for a, b in zip(resumed, fresh, strict=True):
         assert a.token_ids == b.token_ids
-        assert torch.allclose(torch.tensor(a.logprobs), torch.tensor(b.logprobs), atol=1e-4)
+        want = torch.tensor(b.logprobs, dtype=torch.float64)
+        # Qwen3.5's Gated DeltaNet reads the new tokens in several passes, in fp32 inside: fp32_inside.
+        tolerance = F64 if architecture == "smollm2" else fp32_inside(model, want)
+        torch.testing.assert_close(torch.tensor(a.logprobs, dtype=torch.float64), want, **tolerance)

@@ -2,6 +2,7 @@
 
 import pytest
 import torch
+from tests.floats import F64, float64
 from tests.tiny import tiny_llama, tiny_qwen3_5
 
 from emoji_rl.decode.shared_prefix import kept_logits, shared_prefix_length
@@ -30,13 +31,14 @@ def _lora_llama():
     config = LoraConfig(
         r=4, lora_alpha=8, target_modules=["q_proj", "v_proj", "up_proj"], init_lora_weights=False
     )
-    return get_peft_model(model, config)
+    return float64(get_peft_model(model, config))  # two paths compared (tests/floats.py)
 
 
 def _grads(model):
     return {name: p.grad.clone() for name, p in model.named_parameters() if p.requires_grad}
 
 
+@pytest.mark.float_paths
 def test_logits_and_gradients_are_those_of_the_full_forward_pass():
     model = _lora_llama()
     torch.manual_seed(1)
@@ -60,15 +62,15 @@ def test_logits_and_gradients_are_those_of_the_full_forward_pass():
 
     shared = kept_logits(model, ids, attention, keep, share_prefix=True)
     assert shared.shape == full.shape
-    torch.testing.assert_close(shared, full, atol=1e-5, rtol=1e-4)
+    torch.testing.assert_close(shared, full, **F64)
     shared.square().sum().backward()
     got = _grads(model)
     assert got.keys() == expected.keys() and all(g.abs().sum() > 0 for g in got.values())
     for name in expected:
-        torch.testing.assert_close(got[name], expected[name], atol=1e-5, rtol=1e-4, msg=name)
+        torch.testing.assert_close(got[name], expected[name], **F64, msg=name)
 
     plain = kept_logits(model, ids, attention, keep, share_prefix=False)
-    torch.testing.assert_close(plain, full.detach(), atol=1e-5, rtol=1e-4)
+    torch.testing.assert_close(plain, full.detach(), **F64)
 
 
 @pytest.mark.parametrize("rows", [1, 2])

@@ -3,6 +3,7 @@
 import asyncio
 
 import pytest
+from tests.floats import F64
 
 from emoji_rl.decode.sampler import Sample
 from emoji_rl.emoji.sender_prompts import sender_messages
@@ -54,7 +55,10 @@ def test_terminal_reward_hand_worked():
     assert contrast["total"] == pytest.approx(0.3 - 0.1 - 0.2)
 
 
-def test_the_contrast_term_charges_the_final_guess_background(smollm2_tokenizer, similarity):
+@pytest.mark.float_paths
+def test_the_contrast_term_charges_the_final_guess_background(smollm2_tokenizer, embedder_f64):
+    # The game's batch of texts against the test's own: two orders, in float64 (tests/floats.py).
+    similarity = Similarity(embedder_f64)
     messages = ["The train is late", "My flight got cancelled", "pizza night"]
     weights = RewardWeights(contrast=1.0)
     builder = RetrievalBuilder(
@@ -71,8 +75,8 @@ def test_the_contrast_term_charges_the_final_guess_background(smollm2_tokenizer,
     guess = result.log["guess"]
     [background] = Background(similarity, messages[:2]).score(["pizza night"], [guess])
     expected = terminal_reward(result.metrics["similarity"], 1, False, 2, 2, 0.99, weights, background)
-    assert result.metrics["reward/contrast"] == pytest.approx(-background, abs=1e-5)
-    assert result.reward == pytest.approx(expected["total"], abs=1e-5)
+    assert result.metrics["reward/contrast"] == pytest.approx(-background, abs=F64["atol"])
+    assert result.reward == pytest.approx(expected["total"], abs=F64["atol"])
 
 
 def test_episode_runs_max_turns_and_grows_as_token_ids(smollm2_tokenizer, similarity):

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from tests.floats import F64
 
 from emoji_rl.game.reward import Background, Similarity, mean_similarity, retrieval_at_1
 
@@ -68,12 +69,15 @@ def test_mean_similarity_skips_each_guess_own_target():
     assert mean_similarity(guesses[:1], references, torch.tensor([[True, True]])).tolist() == [0.0]
 
 
-def test_background_is_the_mean_similarity_to_the_other_messages(similarity):
+@pytest.mark.float_paths
+def test_background_is_the_mean_similarity_to_the_other_messages(embedder_f64):
+    # Three messages embedded in one batch against two: other padding, another order (tests/floats.py).
+    similarity = Similarity(embedder_f64)
     messages = ["I love my cat", "The train is late", "Let's grab pizza tonight"]
     background = Background(similarity, messages)
     [own_left_out] = background.score(["I love my cat"], ["a cat"])
     others = similarity.similarity(messages[1:], ["a cat", "a cat"])
-    assert own_left_out == pytest.approx(sum(others) / 2, abs=1e-5)
+    assert own_left_out == pytest.approx(sum(others) / 2, abs=F64["atol"])
     # A guess that could answer any message fits the others better than one that carries its target.
     target = "My flight got cancelled"
     generic, specific = background.score(

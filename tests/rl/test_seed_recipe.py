@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 import torch
 import yaml
+from tests.floats import F64, float64
 from tests.tiny import saved, tiny_llama
 
 from emoji_rl.config import parse_config
@@ -46,7 +47,7 @@ def policy(tmp_path_factory):
         for name, param in policy.named_parameters():
             if "lora_B" in name:
                 param.normal_(std=0.5)
-    return policy
+    return float64(policy)  # micro-batches against the whole batch: two paths (tests/floats.py)
 
 
 @pytest.fixture(scope="module")
@@ -76,6 +77,7 @@ def gradient(policy, accelerator, batch, **settings):
     return torch.cat([p.grad.flatten() for p in trainable]), metrics
 
 
+@pytest.mark.float_paths
 def test_a_summed_loss_counts_every_token_once_in_any_micro_batches(policy, accelerator, batch):
     one, one_metrics = gradient(
         policy, accelerator, batch, loss_type="sum", beta=0.0, per_device_train_batch_size=1
@@ -87,15 +89,16 @@ def test_a_summed_loss_counts_every_token_once_in_any_micro_batches(policy, acce
         policy, accelerator, batch, loss_type="dapo", beta=0.0, per_device_train_batch_size=2
     )
     assert one.abs().sum() > 0
-    # Micro-batches change only the float32 summation order (CI saw 1e-6 apart); a token counted
-    # twice or not at all moves a gradient by a whole token's share, orders of magnitude more.
-    assert torch.allclose(one, whole, rtol=1e-4, atol=1e-5)
-    assert torch.allclose(whole, TOKENS * mean, rtol=1e-4, atol=1e-5)
+    # Micro-batches change only the summation order; a token counted twice or not at all moves a
+    # gradient by a whole token's share, orders of magnitude more.
+    torch.testing.assert_close(one, whole, **F64)
+    torch.testing.assert_close(whole, TOKENS * mean, **F64)
     # At ratio 1 each token's loss is -A: summed, -(5 x 1 + 3 x -0.5 + 1 x -0.5) = -3; averaged, -3 / 9.
     assert one_metrics["optim/loss"] == pytest.approx(-3.0) == whole_metrics["optim/loss"]
     assert mean_metrics["optim/loss"] == pytest.approx(-3.0 / TOKENS)
 
 
+@pytest.mark.float_paths
 def test_kl_in_the_reward_takes_its_baseline_over_the_whole_step(policy, accelerator, batch):
     settings = dict(loss_type="dapo", beta=0.5, kl_in="reward", reference="base")
     one, one_metrics = gradient(policy, accelerator, batch, per_device_train_batch_size=1, **settings)
@@ -104,14 +107,14 @@ def test_kl_in_the_reward_takes_its_baseline_over_the_whole_step(policy, acceler
         policy, accelerator, batch, per_device_train_batch_size=3, loss_type="dapo", beta=0.0
     )
     # A baseline taken per micro-batch would change the gradient with the micro-batch size.
-    assert torch.allclose(one, whole, rtol=1e-4, atol=1e-5)
+    torch.testing.assert_close(one, whole, **F64)
     assert not torch.allclose(whole, without, atol=1e-4)
     # The reported KL is the k1 mean over the 9 sender tokens: sampler minus base log-probs.
     with torch.no_grad(), policy.disable_adapter():
         base = token_logprobs(policy, batch, 1.0)
     k1 = ((batch.sampler_logp_D_T - base)[MASK]).mean().item()
     assert abs(k1) > 1e-3
-    assert one_metrics["optim/kl"] == pytest.approx(k1, rel=1e-4) == whole_metrics["optim/kl"]
+    assert one_metrics["optim/kl"] == pytest.approx(k1, rel=F64["rtol"]) == whole_metrics["optim/kl"]
     # Around its mean the penalty adds nothing to the loss's value at ratio 1: it moves the gradient only.
     assert whole_metrics["optim/loss"] == pytest.approx(-3.0 / TOKENS, abs=1e-6)
 

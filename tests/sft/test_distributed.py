@@ -56,6 +56,7 @@ def lora_b(weights: dict[str, torch.Tensor]) -> torch.Tensor:
 
 
 @pytest.mark.slow
+@pytest.mark.float_paths
 def test_ddp_over_two_cpu_processes_learns_what_one_process_learns(chats, tiny_qwen, tmp_path):
     from peft import get_peft_model_state_dict
 
@@ -89,8 +90,11 @@ def test_ddp_over_two_cpu_processes_learns_what_one_process_learns(chats, tiny_q
 
     # One process accumulating the same 4 chats per step: the same losses and gradient norms (the mean
     # over ranks, not the sum; Adam alone would hide a wrong scale) and the same weights, up to float
-    # summation order (lora_B, zero at the start, so all learned; Adam's update is large for gradients
-    # near 0, so the bound is 1e-2 relative).
+    # summation order. Two processes of fp32 against one (tests/floats.py): step 1's sums differ by a
+    # few ulps (1e-7 relative each), step 2's also by its weights, one Adam step apart by as much of
+    # the step; 1e-4 is 800 ulps, while a sum instead of a mean over ranks doubles the gradient norm.
+    # The weights: lora_B, zero at the start, so all learned; Adam's update is large for gradients near
+    # 0, so the bound is 1e-2 relative.
     one = tmp_path / "one"
     train.main(train.Config(**{**settings, "train_data": str(train_path), "output_dir": str(one)}))
     assert train_logs(run) == {step: pytest.approx(v, rel=1e-4) for step, v in train_logs(one).items()}

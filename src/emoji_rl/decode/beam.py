@@ -20,6 +20,7 @@ from tqdm.auto import tqdm
 
 from emoji_rl.decode.generate import MAX_NEW_TOKENS, Reply, make_reply, step_logits
 from emoji_rl.decode.prefill import prefill_inputs
+from emoji_rl.lm.models import at_least_fp32
 from emoji_rl.lm.template import end_of_turn_ids, stop_token_id
 
 if TYPE_CHECKING:
@@ -155,7 +156,7 @@ def _search(
     best: dict[int, Beam] = {}  # per prompt, the best message that ended
     with torch.no_grad():
         for _ in range(max_new_tokens):
-            scores = step_logits(model, step_ids, mask, positions, cache).float().cpu()
+            scores = at_least_fp32(step_logits(model, step_ids, mask, positions, cache)).cpu()
             bitmask = xgr.allocate_token_bitmask(len(beams), constraint.vocab_size)
             for row, beam in enumerate(beams):
                 beam.matcher.fill_next_token_bitmask(bitmask, row)

@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any, Literal
 from tqdm.auto import tqdm
 
 from emoji_rl.decode.prefill import RowCache, continuable, cut_rows, prefill_inputs
+from emoji_rl.lm.models import at_least_fp32
 from emoji_rl.lm.template import chat_ids, end_of_turn_ids, padding_ids, stop_token_id
 
 if TYPE_CHECKING:
@@ -161,8 +162,9 @@ def decode(
     with torch.no_grad():
         for _ in range(max_new_tokens):
             logits = step_logits(model, step_ids, mask, positions, cache)
-            scores = logits.new_zeros(batch, logits.shape[-1], dtype=torch.float32)
-            scores[live] = logits.float()
+            wide = at_least_fp32(logits)
+            scores = wide.new_zeros(batch, logits.shape[-1])
+            scores[live] = wide
             if processor is not None:  # a stopped row's scores only matter to keep its row well-formed
                 scores = processor(seen, scores)
             chosen, chosen_logprobs = sample_tokens(scores[live], temperature)

@@ -234,6 +234,14 @@ def import_error(module: str) -> Exception | None:
     return None
 
 
+def at_least_fp32(logits: torch.Tensor) -> torch.Tensor:
+    """Logits to take a softmax of: bf16 and fp16 ones in fp32 (they lose the small probabilities),
+    fp32 and fp64 ones as they are (tests compare two paths in fp64: a cast to fp32 would round them)."""
+    import torch
+
+    return logits.to(torch.promote_types(logits.dtype, torch.float32))
+
+
 def load_base_model(spec: str | ModelSpec, runtime: Runtime) -> PreTrainedModel:
     """The causal LM as `from_pretrained` gives it (on the CPU), whose `_no_split_modules`
     name only classes it has: they are what accelerate shards FSDP by, one unit per decoder layer.

@@ -12,6 +12,8 @@ from typing import Literal
 
 import torch
 
+from emoji_rl.lm.models import at_least_fp32
+
 # The values of TRL's GRPOConfig `scale_rewards` and `loss_type`, where they mean the same thing; `sum`
 # is the original's loss (docs/SEED_RECIPE.md).
 ScaleRewards = Literal["group", "batch", "none"]
@@ -74,7 +76,7 @@ def masked_token_logprobs(
     what the grammar allowed: otherwise the ratio and the KL compare two different distributions.
     `logits_D_T_V[:, t]` must be the logits that predicted `targets_D_T[:, t]`.
     """
-    scaled = logits_D_T_V.float() / temperature
+    scaled = at_least_fp32(logits_D_T_V) / temperature
     if allowed_D_T_V is not None:
         scaled = scaled.masked_fill(~allowed_D_T_V, float("-inf"))
     logp_D_T_V = scaled.log_softmax(dim=-1)

@@ -43,6 +43,7 @@ def answer_loss_trainer() -> type[SFTTrainer]:
     from trl import SFTTrainer
 
     from emoji_rl.decode.shared_prefix import kept_logits
+    from emoji_rl.lm.models import at_least_fp32
 
     class AnswerLossTrainer(SFTTrainer):
         own_loss = False
@@ -62,9 +63,9 @@ def answer_loss_trainer() -> type[SFTTrainer]:
             predicts_answer = labels[:, 1:] != -100  # the logits at t score the token at t + 1
             keep = torch.nn.functional.pad(predicts_answer, (0, 1))
             targets = labels[:, 1:][predicts_answer]
-            logits = kept_logits(
-                model, inputs["input_ids"], inputs["attention_mask"], keep, share_prefix=True
-            ).float()
+            logits = at_least_fp32(
+                kept_logits(model, inputs["input_ids"], inputs["attention_mask"], keep, share_prefix=True)
+            )
             count = len(targets) if num_items_in_batch is None else num_items_in_batch
             loss = torch.nn.functional.cross_entropy(logits, targets, reduction="sum") / torch.as_tensor(
                 count
