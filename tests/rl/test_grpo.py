@@ -4,6 +4,7 @@ import math
 
 import pytest
 import torch
+from tests.floats import F64
 
 from emoji_rl.rl import grpo
 
@@ -195,15 +196,16 @@ def test_policy_loss_weighs_each_token_by_its_truncated_ratio_hand_worked():
     assert plain.tolist() == [[-1.0, -1.0, -1.0]] and none.sum() == 0
 
 
+@pytest.mark.float_paths
 def test_a_one_version_lag_is_corrected_to_the_on_policy_gradient():
     """One-token episodes over 4 outcomes, sampled by the adapter one update behind the trainer's
     weights (behaviour mu = softmax(theta_old)), each outcome in the batch as often as mu draws it.
     The on-policy gradient of the expected advantage under the trainer's pi = softmax(theta) is
     the reference: the corrected loss gives it exactly (no ratio reaches the cap), the loss that
     takes the samples as on-policy gives another one."""
-    mu = torch.tensor([1 / 2, 1 / 4, 1 / 8, 1 / 8])
+    mu = torch.tensor([1 / 2, 1 / 4, 1 / 8, 1 / 8], dtype=torch.float64)  # two gradients: tests/floats.py
     outcomes = torch.tensor([0, 0, 0, 0, 1, 1, 2, 3])  # 8 rows in mu's proportions
-    advantage = torch.tensor([1.0, -0.5, 0.25, -1.0])
+    advantage = torch.tensor([1.0, -0.5, 0.25, -1.0], dtype=torch.float64)
     theta_old = mu.log()
 
     def loss_at(theta, behaviour):
@@ -222,8 +224,8 @@ def test_a_one_version_lag_is_corrected_to_the_on_policy_gradient():
     behaviour = mu.log()[outcomes].unsqueeze(1)
     corrected = torch.autograd.grad(loss_at(theta, behaviour), theta)[0]
     uncorrected = torch.autograd.grad(loss_at(theta, None), theta)[0]
-    assert torch.allclose(corrected, reference, atol=1e-6), (corrected, reference)
+    torch.testing.assert_close(corrected, reference, **F64)
     assert (uncorrected - reference).abs().max() > 0.01, (uncorrected, reference)
     # At lag 0 (the behaviour is the trainer) the weights are 1: the two losses agree.
     own = torch.log_softmax(theta.detach(), -1)[outcomes].unsqueeze(1)
-    assert torch.allclose(torch.autograd.grad(loss_at(theta, own), theta)[0], uncorrected, atol=1e-6)
+    torch.testing.assert_close(torch.autograd.grad(loss_at(theta, own), theta)[0], uncorrected, **F64)
