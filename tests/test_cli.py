@@ -62,7 +62,8 @@ def test_every_stage_config_file_parses():
         stage = "pipeline" if is_pipeline else path.name.split(".")[0].replace("_", "-")
         assert stage in cli.STAGES, f"{path} names no stage"
         module = importlib.import_module(cli.STAGES[stage][0])
-        parse_config(module.Config, ["--config", str(path)], prog=f"emoji-rl {stage}")
+        argv = ["--config", str(path)]
+        parse_config(cli.config_class(module, argv), argv, prog=f"emoji-rl {stage}")
 
 
 def test_info_lines_come_from_the_main_process_only():

@@ -38,11 +38,13 @@ def parse(cls, tmp_path, yaml_text: str, *argv: str):
 )
 def test_a_yaml_value_of_the_wrong_type_names_its_file_and_key(tmp_path, yaml_text, message):
     with pytest.raises(UserError, match="config file .*c.yaml: " + re.escape(message)):
-        parse(train_config.Config, tmp_path, yaml_text)
+        parse(train_config.config_class("retrieval"), tmp_path, yaml_text)
 
 
 def test_yaml_numbers_are_taken_as_their_fields_type(tmp_path):
-    cfg = parse(train_config.Config, tmp_path, "learning_rate: 1e-4\nbeta: 0\nmax_steps: 3\n")
+    cfg = parse(
+        train_config.config_class("retrieval"), tmp_path, "learning_rate: 1e-4\nbeta: 0\nmax_steps: 3\n"
+    )
     assert cfg.learning_rate == 1e-4 and isinstance(cfg.beta, float) and cfg.max_steps == 3
 
 
@@ -53,14 +55,14 @@ def test_a_list_field_given_one_value_says_to_make_it_a_list(tmp_path):
 
 def test_a_non_finite_number_on_the_command_line_is_refused(capsys):
     with pytest.raises(SystemExit):
-        parse_config(train_config.Config, ["--learning_rate", "nan"], prog="grpo")
+        parse_config(train_config.config_class("retrieval"), ["--learning_rate", "nan"], prog="grpo")
     assert "expected a finite number, got 'nan'" in capsys.readouterr().err
 
 
 @pytest.mark.parametrize(
     ("cls", "argv", "message"),
     [
-        (train_config.Config, ["--max_turns", "0"], "max_turns=0 must be >= 1"),
+        (train_config.config_class("retrieval"), ["--max_turns", "0"], "max_turns=0 must be >= 1"),
         (retrieval.Config, ["--max_turns", "-1"], "max_turns=-1 must be >= 1"),
         (play_game.Config, ["--max_turns", "0"], "max_turns=0 must be >= 1"),
         (play_game.Config, ["--temperature", "-1"], "temperature=-1.0 must be >= 0.0"),

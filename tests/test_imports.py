@@ -8,6 +8,7 @@ lazy or type-only import is still a dependency a reader has to follow."""
 from __future__ import annotations
 
 import ast
+import re
 from pathlib import Path
 
 import emoji_rl
@@ -116,16 +117,39 @@ def test_no_emoji_rl_modules_import_each_other():
     )
 
 
-def test_games_know_the_tokenizer_and_their_judge_not_the_samplers_or_the_trainer():
+def test_games_know_the_tokenizer_and_their_partner_not_the_samplers_or_the_trainer():
+    """A game is the environment: the player (the turn loop, `game/play.py`) samples, the game never
+    does. Partners that decode (the hf judge) reach `decode/generate.py`, below the samplers."""
+    from emoji_rl import cli
+
+    players = {"emoji_rl.game.play"} | {
+        module for module, _ in cli.STAGES.values()
+    }  # a game's stages play it
     graph = import_graph()
-    # The hf judge decodes (decode/generate.py); a game never reaches a sampler, which is the player's.
     higher = ("emoji_rl.decode.sampler", "emoji_rl.rl.")
     reaching_up = {
         game: sorted(t for t in targets if t.startswith(higher))
         for game, targets in graph.items()
-        if game.startswith("emoji_rl.game.")
+        if game.startswith(("emoji_rl.game.", "emoji_rl.games.")) and game not in players
     }
-    assert not any(reaching_up.values()), reaching_up
+    assert not any(reaching_up.values()), {game: up for game, up in reaching_up.items() if up}
+
+
+def test_the_trainer_and_the_decoders_name_no_game():
+    """rl/ and decode/ hold any game (`game/registry.py`): no module there names one, in code or in
+    words, so that a new game needs no edit there and none reads as special."""
+    from emoji_rl.game import registry
+
+    games = re.compile(rf"\b({'|'.join(map(re.escape, registry.names()))})\b", re.IGNORECASE)
+    assert {"retrieval", "wordle"} <= set(registry.names())
+    naming = [
+        f"{path.relative_to(SRC)}:{number}: {line.strip()}"
+        for folder in ("rl", "decode")
+        for path in sorted((SRC / folder).rglob("*.py"))
+        for number, line in enumerate(path.read_text().splitlines(), start=1)
+        if games.search(line)
+    ]
+    assert not naming, "a game named where every game is played:\n" + "\n".join(naming)
 
 
 # The layers, lowest first (docs/ARCHITECTURE.md). A module imports only from its own rank or below;
@@ -135,7 +159,7 @@ RANKS = {
     "lm": 1,
     "emoji": 2,
     "decode": 3,
-    "game": 4,
+    "game": 4, "games": 4,
     "rl": 5,
     "data": 6, "sft": 6, "web": 6, "chat": 6, "play_game": 6, "pipeline": 6,
     "eval": 7,

@@ -17,6 +17,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from emoji_rl import cli
 from emoji_rl.cli import STAGES
 from emoji_rl.config import parse_config
 from emoji_rl.rl.rollout.vllm import LOGPROBS_MODE
@@ -565,7 +566,7 @@ def parse_stage(stage, args):
     err = io.StringIO()
     try:
         with contextlib.redirect_stderr(err):
-            return parse_config(module.Config, args, prog=f"emoji-rl {stage}")
+            return parse_config(cli.config_class(module, args), args, prog=f"emoji-rl {stage}")
     except SystemExit:
         pytest.fail(f"emoji-rl {stage} {shlex.join(args)}:\n{err.getvalue()}")
 

@@ -21,6 +21,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from emoji_rl import cli
 from emoji_rl.cli import STAGES
 from emoji_rl.config import parse_config
 
@@ -92,13 +93,13 @@ def command_id(command: tuple) -> str:
     return f"{rel(path)}:stages[{i}]:{name}"
 
 
-def config_class(stage: str) -> type:
-    return importlib.import_module(STAGES[stage][0]).Config
+def config_class(stage: str, argv: list[str]) -> type:
+    return cli.config_class(importlib.import_module(STAGES[stage][0]), argv)
 
 
 def parse(stage: str, argv: list[str], where: str, capsys: pytest.CaptureFixture[str]) -> object:
     """`emoji-rl STAGE ARGV`'s Config, as cli.main parses it; a failure names `where` and the command."""
-    cls = config_class(stage)
+    cls = config_class(stage, argv)
     try:
         cfg = parse_config(cls, argv, prog=f"emoji-rl {stage}")
     except SystemExit:  # argparse: an unknown flag or a bad value, after its usage, on stderr

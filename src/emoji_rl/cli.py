@@ -40,7 +40,10 @@ STAGES: dict[str, tuple[str, str]] = {
         "emoji_rl.data.rl_prompts",
         "RL targets kept by a round trip (SFT sender -> judge) -> train/eval",
     ),
-    "grpo": ("emoji_rl.rl.train", "multi-turn GRPO of the sender on the retrieval game"),
+    "grpo": (
+        "emoji_rl.rl.train",
+        "multi-turn GRPO of a LoRA policy on a game (--game: retrieval, wordle, ...)",
+    ),
     "debug-rollout": ("emoji_rl.rl.debug_rollout", "pretty-print logged GRPO episodes"),
     "play-game": ("emoji_rl.play_game", "play the retrieval game against the model, as sender or judge"),
     "eval-retrieval": (
@@ -54,7 +57,7 @@ STAGES: dict[str, tuple[str, str]] = {
     "play-web": ("emoji_rl.web.app", "people play the retrieval game in a browser (the human evaluation)"),
     "eval-human": ("emoji_rl.eval.human", "what people played in play-web: per sender, with 95% intervals"),
     "wordle-data": (
-        "emoji_rl.data.wordle_data",
+        "emoji_rl.games.wordle.data",
         "Wordle SFT traces from the entropy solver + RL answer splits",
     ),
     "eval-wordle": ("emoji_rl.eval.wordle", "Wordle base vs SFT vs RL on held-out answers: table, JSON, PNG"),
@@ -65,6 +68,13 @@ STAGES: dict[str, tuple[str, str]] = {
         "does this machine's stack run the device paths? random models at Qwen3.5-4B's shapes, PASS/FAIL table",
     ),
 }
+
+
+def config_class(module: object, argv: list[str]) -> type:
+    """A stage's Config: its module's `Config`, or the one its `config_for(argv)` picks (grpo's depends
+    on the game the command line names)."""
+    pick = getattr(module, "config_for", None)
+    return pick(argv) if pick is not None else module.Config  # type: ignore[attr-defined]
 
 
 def _usage() -> str:
@@ -151,7 +161,7 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(**logging_options(os.environ))
     try:
         module = importlib.import_module(STAGES[stage][0])
-        cfg = parse_config(module.Config, rest, prog=f"emoji-rl {stage}")
+        cfg = parse_config(config_class(module, rest), rest, prog=f"emoji-rl {stage}")
         check_writable(cfg)
         with one_run_per_directory(cfg, os.environ):
             if hasattr(cfg, "wait_for_judge"):  # the stages that ask a judge (`JudgeConfig`)

@@ -95,6 +95,34 @@ def _aliases(field: dataclasses.Field) -> tuple[str, ...]:
     return tuple(field.metadata.get("aliases", ()))
 
 
+class Checked:
+    """The root of a config's parts: each part's `__post_init__` checks its own fields and calls
+    `super().__post_init__()`, so that a config made of several parts (grpo's: the trainer's and the
+    game's) runs every check; this one ends the chain."""
+
+    def __post_init__(self) -> None:
+        """Nothing is left to check."""
+
+
+def peek(argv: list[str], name: str) -> str | None:
+    """The value `--name` has on a command line, or else in its `--config` YAML, before the whole
+    config is parsed: the field that decides which fields there are (grpo's `game`)."""
+    for i, arg in enumerate(argv):
+        if arg == f"--{name}" and i + 1 < len(argv):
+            return argv[i + 1]
+        if arg.startswith(f"--{name}="):
+            return arg.split("=", 1)[1]
+    path = _find_config(argv)
+    if path is None or not Path(path).is_file():
+        return None  # the whole parse says what is wrong with it
+    try:
+        data = yaml.safe_load(Path(path).read_text())
+    except yaml.YAMLError:
+        return None
+    value = data.get(name) if isinstance(data, dict) else None
+    return value if isinstance(value, str) else None
+
+
 def override(base: type, name: str, default: Any = dataclasses.MISSING, **metadata: Any) -> Any:
     """Field `name` of the dataclass `base`, for a subclass that changes its default (or its help or
     bounds, given as metadata): the help and the rest of the metadata stay the base's."""

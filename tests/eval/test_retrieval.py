@@ -11,7 +11,7 @@ from emoji_rl.emoji.alphabet import parse_message
 from emoji_rl.emoji.sender_prompts import sender_messages
 from emoji_rl.errors import UserError
 from emoji_rl.eval import compare, retrieval, retrieval_records
-from emoji_rl.game.reward import Similarity
+from emoji_rl.game.similarity import Similarity
 from emoji_rl.lm import models
 
 
@@ -331,7 +331,7 @@ def test_a_rerun_of_another_config_is_refused_and_a_cut_off_last_line_is_redone(
 def test_the_judge_reads_the_same_emoji_the_same_way_at_temperature_0(smollm2_model, smollm2_tokenizer):
     import asyncio
 
-    from emoji_rl.game.judge import HFJudge, JudgeInput
+    from emoji_rl.games.retrieval.judge import HFJudge, JudgeInput
 
     judge = HFJudge(smollm2_model, smollm2_tokenizer, "gloss", "smollm2", temperature=0.0, max_new_tokens=12)
     pizza, train = JudgeInput((("🍕", "🌙"),)), JudgeInput((("🚆", "⏰", "😤"),))

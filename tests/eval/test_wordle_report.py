@@ -7,7 +7,7 @@ import pytest
 
 from emoji_rl.eval.wordle import intervals, solver_finals, summarize
 from emoji_rl.game.types import StepResult
-from emoji_rl.game.wordle import WordleBuilder, WordleRules
+from emoji_rl.games.wordle.game import WordleBuilder, WordleRules
 
 
 def final(won, turns, format_rate, consistency, reward=1.0):

@@ -19,8 +19,7 @@ import httpx
 from tests.fakes.vllm_server import FakeVLLMServer, Payload
 
 from emoji_rl.emoji.sender_prompts import sender_messages
-from emoji_rl.game.judge import JudgeInput
-from emoji_rl.game.judge_openai import OpenAIJudge
+from emoji_rl.games.retrieval.judge import JudgeInput, OpenAIJudge
 from emoji_rl.io.endpoint import Endpoint
 from emoji_rl.lm.template import chat_ids, stop_token_id
 from emoji_rl.rl.rollout.vllm import AdapterSync, VLLMSampler

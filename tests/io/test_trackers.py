@@ -10,10 +10,10 @@ import pytest
 from emoji_rl.config import parse_config
 from emoji_rl.errors import UserError
 from emoji_rl.io.trackers import EXTRAS, STATE_FILE, TrackerConfig, resolve, tracker_run
-from emoji_rl.rl.train_config import Config as GrpoConfig
+from emoji_rl.rl.train_config import config_class
 from emoji_rl.sft.trl_config import Config as SftConfig
 
-STAGES = [GrpoConfig, SftConfig]
+STAGES = [config_class("retrieval"), SftConfig]
 
 
 @pytest.mark.parametrize("stage", STAGES)

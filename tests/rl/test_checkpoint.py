@@ -7,7 +7,7 @@ import torch
 from peft import LoraConfig, get_peft_model
 from transformers import LlamaConfig, LlamaForCausalLM
 
-from emoji_rl.game.wordle_reward import Curriculum, CurriculumTracker
+from emoji_rl.games.wordle.reward import Curriculum, CurriculumTracker
 from emoji_rl.lm.training import follow_schedule
 from emoji_rl.rl.checkpoint import TrainState, latest_checkpoint, load_checkpoint, save_checkpoint
 

@@ -79,17 +79,17 @@ def test_processes_draw_disjoint_prompts_from_one_order_and_keep_one_cursor():
 
 def test_micro_batch_weights_split_the_whole_step_between_processes():
     from emoji_rl.rl.batch import Batch
-    from emoji_rl.rl.train import Config
+    from emoji_rl.rl.train_config import grpo_config
     from emoji_rl.rl.update import _shares
 
     # This process: 2 episodes of 3 and 1 sender tokens; the other process holds 4 more: 8 in all.
     mask = torch.tensor([[1, 1, 1, 0], [1, 0, 0, 0]], dtype=torch.bool)
     zeros = torch.zeros(2, 4)
     batch = Batch(zeros.long(), zeros.long(), mask, zeros, torch.zeros(2), [])
-    dapo = Config(per_device_train_batch_size=1, loss_type="dapo").update_settings()
+    dapo = grpo_config(per_device_train_batch_size=1, loss_type="dapo").update_settings()
     assert [w for _, w in _shares(batch, dapo, total=8.0)] == [3 / 8, 1 / 8]
     # grpo weighs episodes: 2 here of 5 in all
-    grpo = Config(per_device_train_batch_size=1, loss_type="grpo").update_settings()
+    grpo = grpo_config(per_device_train_batch_size=1, loss_type="grpo").update_settings()
     assert [w for _, w in _shares(batch, grpo, total=5.0)] == [1 / 5, 1 / 5]
 
 

@@ -10,7 +10,7 @@ import pytest
 
 from emoji_rl import cli
 from emoji_rl.decode.sampler import Sample
-from emoji_rl.game.types import Game, StepResult
+from emoji_rl.game.types import Game, GameSetup, StepResult
 from emoji_rl.io.jsonl import AppendLog
 from emoji_rl.rl.checkpoint import TrainState
 from emoji_rl.rl.rollout.collect import PromptStream, collect
@@ -27,8 +27,14 @@ class OneTurnGame(Game):
         return StepResult(True, float(action_ids[0]), metrics={"similarity": 0.1}, log={"emoji": "🍕 🌙"})
 
 
-def run_collect(*args, **kwargs):
-    return asyncio.run(collect(*args, **kwargs))
+def run_collect(stream, sampler, **kwargs):
+    """collect() of the one-turn game; a record's target is its `target` or its `answer`."""
+    game = GameSetup(lambda record: OneTurnGame(), list(stream.records), None, "one turn", target=_target)
+    return asyncio.run(collect(stream, game, sampler, **kwargs))
+
+
+def _target(record):
+    return record.get("target") or record["answer"]
 
 
 class ListSampler:
@@ -45,9 +51,7 @@ def test_each_rollout_record_names_its_target_and_debug_rollout_prints_it(tmp_pa
     records = [{"id": "p0", "target": "let's get pizza tonight"}, {"id": "p1", "answer": "crane"}]
     stream = PromptStream(records, seed=0, state=TrainState(), gather_counts=lambda n: [n])
     sampler = ListSampler([0, 1, 0, 1])
-    rollouts = run_collect(
-        stream, lambda record: OneTurnGame(), sampler, batch_size=2, group_size=2, scale_rewards="group"
-    )
+    rollouts = run_collect(stream, sampler, batch_size=2, group_size=2, scale_rewards="group")
     assert {g.prompt_id: g.target for g in rollouts.played} == {
         "p0": "let's get pizza tonight",
         "p1": "crane",
@@ -70,6 +74,8 @@ def test_each_rollout_record_names_its_target_and_debug_rollout_prints_it(tmp_pa
     grouped = capsys.readouterr().out
     assert '=== group p0: target "let\'s get pizza tonight"' in grouped
     assert "=== group p1: target 'crane'" in grouped
+    # each turn as the game logged it: its text fields and its numbers, whatever the game
+    assert "  turn 1: similarity 0.100" in grouped and "    emoji: 🍕 🌙" in grouped
     # Sorted by reward, episodes leave their groups: each shows its own target.
     assert cli.main(["debug-rollout", "--run", str(run), "--sort", "best", "--limit", "1"]) == 0
     best = capsys.readouterr().out
@@ -80,9 +86,7 @@ def test_step_metrics_count_the_emoji_sent():
     records = [{"id": "p0", "target": "let's get pizza tonight"}]
     stream = PromptStream(records, seed=0, state=TrainState(), gather_counts=lambda n: [n])
     sampler = ListSampler([0, 1, 0])  # rewards 0, 1, 0
-    rollouts = run_collect(
-        stream, lambda record: OneTurnGame(), sampler, batch_size=1, group_size=3, scale_rewards="group"
-    )
+    rollouts = run_collect(stream, sampler, batch_size=1, group_size=3, scale_rewards="group")
     metrics = rollout_metrics(rollouts.played, len(rollouts.kept))
     # three messages of 🍕 🌙: 2 distinct emoji, used equally (1 bit), 2 a message
     assert (metrics["emoji/distinct"], metrics["emoji/entropy_bits"], metrics["emoji/per_message"]) == (
@@ -97,9 +101,7 @@ def test_step_metrics_average_each_groups_best_reward():
     records = [{"id": "p0", "target": "pizza"}, {"id": "p1", "target": "moon"}]
     stream = PromptStream(records, seed=0, state=TrainState(), gather_counts=lambda n: [n])
     sampler = ListSampler([0, 1, 0, 2, 3, 2])  # rewards: group 0, 1, 0 and group 2, 3, 2
-    rollouts = run_collect(
-        stream, lambda record: OneTurnGame(), sampler, batch_size=2, group_size=3, scale_rewards="group"
-    )
+    rollouts = run_collect(stream, sampler, batch_size=2, group_size=3, scale_rewards="group")
     metrics = rollout_metrics(rollouts.played, len(rollouts.kept))
     # mean 8/6; the groups' best 1 and 3 average 2 (the best of all episodes would be 3)
     assert metrics["reward/mean"] == pytest.approx(8 / 6)

@@ -22,7 +22,7 @@ from emoji_rl.io.metrics import read_metrics
 from emoji_rl.lm import models
 from emoji_rl.rl.batch import Batch, token_logprobs
 from emoji_rl.rl.policy import build_policy
-from emoji_rl.rl.train_config import Config
+from emoji_rl.rl.train_config import config_for, grpo_config
 from emoji_rl.rl.update import UpdateSettings, update
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -70,7 +70,7 @@ def batch(policy):
 
 def gradient(policy, accelerator, batch, **settings):
     """The step's gradient (unclipped unless `max_grad_norm` says) and metrics of one `update`."""
-    cfg = Config(**{"max_grad_norm": 0.0, **settings})
+    cfg = grpo_config(**{"max_grad_norm": 0.0, **settings})
     trainable = [p for p in policy.parameters() if p.requires_grad]
     optimizer = torch.optim.SGD(trainable, lr=0.0)
     metrics = update(cfg.update_settings(), accelerator, policy, optimizer, batch)
@@ -129,12 +129,12 @@ def test_max_grad_norm_0_measures_the_gradient_and_clips_nothing(policy, acceler
 
 
 def test_clip_range_follows_trl():
-    assert Config().clip_range == (0.2, 0.2)  # epsilon_high unset: epsilon
-    assert Config(epsilon=0.1, epsilon_high=0.28).clip_range == (0.1, 0.28)
+    assert grpo_config().clip_range == (0.2, 0.2)  # epsilon_high unset: epsilon
+    assert grpo_config(epsilon=0.1, epsilon_high=0.28).clip_range == (0.1, 0.28)
 
 
 def test_update_settings_are_the_stages():
-    cfg = Config(
+    cfg = grpo_config(
         loss_type="dr_grpo",
         epsilon_high=0.28,
         beta=0.05,
@@ -160,21 +160,22 @@ def test_update_settings_are_the_stages():
         gradient_checkpointing=True,
         importance_weights=True,
     )
-    # a fresh adapter's reference is the base model (Config's own rule); no vLLM: no importance weights
-    assert Config(beta=0.01).update_settings().reference == "base"
-    assert not Config().update_settings().importance_weights
+    # a fresh adapter's reference is the base model (the config's own rule); no vLLM: no importance weights
+    assert grpo_config(beta=0.01).update_settings().reference == "base"
+    assert not grpo_config().update_settings().importance_weights
 
 
 def test_a_negative_max_grad_norm_is_refused():
     with pytest.raises(UserError, match=r"max_grad_norm=-1\.0 must be >= 0"):
-        parse_config(Config, ["--max_grad_norm", "-1"], prog="emoji-rl grpo")
+        parse_config(config_for([]), ["--max_grad_norm", "-1"], prog="emoji-rl grpo")
 
 
 # --- the configs and the docs' table -------------------------------------------------------------------
 
 
 def resolved(path: Path) -> dict:
-    return vars(parse_config(Config, ["--config", str(path)], prog="emoji-rl grpo"))
+    argv = ["--config", str(path)]
+    return vars(parse_config(config_for(argv), argv, prog="emoji-rl grpo"))
 
 
 def table_rows() -> dict[str, str]:
@@ -229,7 +230,7 @@ def test_every_difference_from_our_config_is_in_the_docs_table(profile):
 
 
 def test_every_field_the_table_names_is_a_config_field():
-    fields = set(vars(Config()))
+    fields = set(vars(grpo_config()))
     named = set(table_rows())
     assert named, f"{SEED_DOC.name} holds no table naming config fields"
     assert named <= fields, f"not fields of the grpo Config: {sorted(named - fields)}"

@@ -74,7 +74,7 @@ def test_one_grpo_step_never_calls_up_a_layer(tmp_path, capsys):
     # The step ran whole: the sender sampled, the hf judge guessed, the update took its gradient.
     assert {
         "emoji_rl.decode.sampler.sample",
-        "emoji_rl.game.judge.guess",
+        "emoji_rl.games.retrieval.judge.guess",
         "emoji_rl.rl.update.update",
     } <= called
     assert not upward, "calls that climb a layer:\n" + "\n".join(sorted(upward))

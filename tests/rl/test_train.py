@@ -13,13 +13,13 @@ from emoji_rl.decode.sampler import HFSampler
 from emoji_rl.emoji.alphabet import parse_message
 from emoji_rl.emoji.constraint import compile_emoji_grammar
 from emoji_rl.emoji.sender_prompts import sender_messages
-from emoji_rl.game.types import Game, StepResult
+from emoji_rl.game.play import play
+from emoji_rl.game.types import Game, GameSetup, StepResult
 from emoji_rl.io.metrics import read_metrics
 from emoji_rl.lm import models, template
 from emoji_rl.rl import train as grpo_train
 from emoji_rl.rl.policy import build_policy
-from emoji_rl.rl.rollout.collect import play
-from emoji_rl.rl.setup import GameSetup
+from emoji_rl.rl.train_config import grpo_config
 
 pytestmark = pytest.mark.slow
 
@@ -70,7 +70,7 @@ def _toy_setup(tmp_path, **overrides):
         seed=0,
     )
     settings.update(overrides)
-    cfg = grpo_train.Config(**settings)
+    cfg = grpo_config(**settings)
     torch.manual_seed(cfg.seed)  # the fresh LoRA adapter's initialization draws from it
     tokenizer = models.load_tokenizer(models.SMOLLM2)
     reference = cfg.reference if cfg.beta > 0 else None

@@ -4,19 +4,22 @@ import pytest
 import torch
 
 from emoji_rl.decode.sampler import HFSampler
-from emoji_rl.game.wordle_reward import TERMS
+from emoji_rl.game import registry
+from emoji_rl.game.registry import GameContext
+from emoji_rl.games.wordle.reward import TERMS
 from emoji_rl.io.metrics import read_metrics
 from emoji_rl.lm import models
 from emoji_rl.rl import train as grpo_train
 from emoji_rl.rl.checkpoint import latest_checkpoint
 from emoji_rl.rl.policy import build_policy
-from emoji_rl.rl.setup import wordle_setup
+from emoji_rl.rl.train_config import grpo_config
 
 pytestmark = pytest.mark.slow
 
 
 def test_grpo_on_wordle_logs_every_reward_term(tmp_path):
-    cfg = grpo_train.Config(
+    cfg = grpo_config(
+        game="wordle",
         output_dir=str(tmp_path / "run"),
         batch_size=2,
         group_size=2,
@@ -39,7 +42,8 @@ def test_grpo_on_wordle_logs_every_reward_term(tmp_path):
         "".join(f'{{"id": "wordle-{a}", "answer": "{a}"}}\n' for a in ("above", "crane", "speed"))
     )
     cfg.train_data = str(records)
-    setup = wordle_setup(cfg, tokenizer)
+    width = policy.get_output_embeddings().weight.shape[0]
+    setup = registry.load("wordle").setup(cfg, GameContext(tokenizer, models.pick_runtime("cpu"), width))
     state = grpo_train.train(cfg, policy, tokenizer, setup, sampler)
     assert state.step == 1
     # The trainer fed the curriculum the step's episodes, and it travels with the checkpoint, so a

@@ -9,11 +9,11 @@ from pathlib import Path
 
 import pytest
 
-from emoji_rl.data.wordle_data import trace_records
 from emoji_rl.errors import DataError
-from emoji_rl.game.wordle import WordleBuilder, WordleRules
-from emoji_rl.game.wordle_rules import load_word_lists
-from emoji_rl.game.wordle_solver import EntropySolver
+from emoji_rl.games.wordle.data import trace_records
+from emoji_rl.games.wordle.game import WordleBuilder, WordleRules
+from emoji_rl.games.wordle.rules import load_word_lists
+from emoji_rl.games.wordle.solver import EntropySolver
 from emoji_rl.lm import template
 from emoji_rl.sft.data import ChatRecord, encode_record, load_chat_records
 

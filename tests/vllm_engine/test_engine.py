@@ -17,8 +17,7 @@ from tests.vllm_engine.conftest import KEY, lora_adapter
 from emoji_rl.emoji.constraint import compile_emoji_grammar, replay_masks, safe_max_new_tokens
 from emoji_rl.emoji.sender_prompts import sender_messages
 from emoji_rl.errors import UserError
-from emoji_rl.game.judge import HFJudge, JudgeInput
-from emoji_rl.game.judge_openai import OpenAIJudge
+from emoji_rl.games.retrieval.judge import HFJudge, JudgeInput, OpenAIJudge
 from emoji_rl.io.endpoint import Endpoint
 from emoji_rl.lm import template
 from emoji_rl.rl import grpo

@@ -25,14 +25,15 @@ from emoji_rl.bench.row import Row
 from emoji_rl.decode.sampler import HFSampler
 from emoji_rl.emoji.alphabet import ALPHABET
 from emoji_rl.emoji.sender_prompts import sender_messages
-from emoji_rl.game.types import Episode, StepResult, Turn
+from emoji_rl.game.play import play
+from emoji_rl.game.types import Episode, GameSetup, StepResult, Turn
 from emoji_rl.lm import models, template
 from emoji_rl.rl import grpo
 from emoji_rl.rl.batch import collate
 from emoji_rl.rl.checkpoint import TrainState
 from emoji_rl.rl.policy import build_policy
-from emoji_rl.rl.rollout.collect import PromptStream, collect, play
-from emoji_rl.rl.train_config import Config
+from emoji_rl.rl.rollout.collect import PromptStream, collect
+from emoji_rl.rl.train_config import grpo_config
 from emoji_rl.rl.update import update
 
 if TYPE_CHECKING:
@@ -86,9 +87,9 @@ def bench_rollout_throughput(
     (`emoji_rl.decode.generate.decode`: 3.8x), and turn 2 goes on from each row's KV cache of turn 1
     instead of reading the episode again: 4.19-4.62x in four runs on a quiet machine, once both
     paths are warmed up."""
-    from emoji_rl.game.judge import LexiconJudge
-    from emoji_rl.game.retrieval import RetrievalBuilder, RetrievalRules
-    from emoji_rl.game.reward import Similarity
+    from emoji_rl.game.similarity import Similarity
+    from emoji_rl.games.retrieval.game import RetrievalBuilder, RetrievalRules
+    from emoji_rl.games.retrieval.judge import LexiconJudge
 
     tokenizer = models.load_tokenizer(models.SMOLLM2)
     policy = fresh_policy()
@@ -107,7 +108,7 @@ def bench_rollout_throughput(
         rollouts = asyncio.run(
             collect(
                 PromptStream(records, seed=0, state=TrainState()),
-                builder,
+                GameSetup(builder, records, None, "retrieval, lexicon judge"),
                 batched,
                 prompts,
                 group_size,
@@ -189,7 +190,7 @@ def update_peak_rss(
 
     from emoji_rl.emoji.constraint import compile_emoji_grammar
 
-    cfg = Config(
+    cfg = grpo_config(
         init_adapter=init_adapter,
         reference="init",
         beta=beta,

@@ -30,12 +30,12 @@ from emoji_rl.bench.grpo import (
 from emoji_rl.bench.row import Row
 from emoji_rl.decode.sampler import HFSampler
 from emoji_rl.emoji.sender_prompts import sender_messages
-from emoji_rl.game.types import Game, StepResult
+from emoji_rl.game.types import Game, GameSetup, StepResult
 from emoji_rl.lm import models, template
 from emoji_rl.rl.batch import collate_groups
 from emoji_rl.rl.checkpoint import TrainState
 from emoji_rl.rl.rollout.collect import PromptStream, collect
-from emoji_rl.rl.train_config import Config
+from emoji_rl.rl.train_config import grpo_config
 from emoji_rl.rl.update import update
 
 if TYPE_CHECKING:
@@ -77,7 +77,7 @@ class _OurStep:
     def __init__(self, records: list[dict[str, str]], group_size: int, max_new_tokens: int) -> None:
         from accelerate import Accelerator
 
-        self.cfg = Config(
+        self.cfg = grpo_config(
             batch_size=len(records),
             group_size=group_size,
             max_new_tokens=max_new_tokens,
@@ -106,7 +106,9 @@ class _OurStep:
         rollouts = asyncio.run(
             collect(
                 self.stream,
-                lambda record: OneTurnGame(self.tokenizer, record["target"]),
+                GameSetup(
+                    lambda r: OneTurnGame(self.tokenizer, r["target"]), self.stream.records, None, "one turn"
+                ),
                 self.sampler,
                 self.cfg.batch_size,
                 self.cfg.group_size,

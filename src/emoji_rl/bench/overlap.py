@@ -44,12 +44,13 @@ from emoji_rl.bench.step_times import StepTimes, describe, overlap_ratios, step_
 from emoji_rl.emoji.alphabet import parse_message
 from emoji_rl.emoji.constraint import compile_emoji_grammar
 from emoji_rl.emoji.sender_prompts import sender_messages
-from emoji_rl.game.types import Game, StepResult
+from emoji_rl.game.types import Game, GameSetup, StepResult
 from emoji_rl.io.metrics import read_metrics
 from emoji_rl.lm import models, template
 from emoji_rl.rl import train as grpo_train
 from emoji_rl.rl.policy import build_policy, checkpoint_layers
-from emoji_rl.rl.setup import GameSetup, build_sampler
+from emoji_rl.rl.setup import build_sampler
+from emoji_rl.rl.train_config import grpo_config
 
 KEY_ENV = "EMOJI_RL_BENCH_ENGINE_KEY"
 MAX_LORA_RANK = 16
@@ -208,7 +209,7 @@ class HashEmojiGame(Game):
 
 def _toy_run(server: Server, out: Path, shape: Shape, max_off_policy_steps: int, steps: int) -> list[dict]:
     """`steps` GRPO steps of the hash game with `engine vllm` on `server`; its metrics."""
-    cfg = grpo_train.Config(
+    cfg = grpo_config(
         output_dir=str(out),
         engine="vllm",
         vllm_url=server.url,
@@ -255,7 +256,7 @@ def _toy_run(server: Server, out: Path, shape: Shape, max_off_policy_steps: int,
 def _engine_test_run(server: Server, out: Path, max_off_policy_steps: int, steps: int) -> list[dict]:
     """tests/vllm_engine/test_grpo.py's run (the retrieval game, the judge on the same server) for
     `steps` steps; its metrics."""
-    cfg = grpo_train.Config(
+    cfg = grpo_config(
         train_data=str(ROOT / "data" / "samples" / "rl_eval.jsonl"),
         output_dir=str(out),
         batch_size=2,

@@ -36,16 +36,16 @@ from emoji_rl.data.prompts import Prompt, held_out, read_prompts
 from emoji_rl.decode.sampler import SamplingConfig
 from emoji_rl.emoji.alphabet import SEPARATOR, parse_message
 from emoji_rl.errors import UserError
-from emoji_rl.game.judge import JudgeInput
-from emoji_rl.game.judge_config import JudgeConfig
-from emoji_rl.game.reward import SimilarityConfig
+from emoji_rl.game.similarity import SimilarityConfig
+from emoji_rl.games.retrieval.judge import JudgeInput
+from emoji_rl.games.retrieval.judge_config import JudgeConfig
 from emoji_rl.io.jsonl import Record, read_jsonl, write_json, write_jsonl
 from emoji_rl.lm import models
 
 if TYPE_CHECKING:
     from emoji_rl.decode.generate import Reply
-    from emoji_rl.game.judge import Judge
-    from emoji_rl.game.reward import Similarity
+    from emoji_rl.game.similarity import Similarity
+    from emoji_rl.games.retrieval.judge import Judge
 
 log = logging.getLogger(__name__)
 
@@ -212,7 +212,7 @@ def write_outputs(
 def main(cfg: Config) -> None:
     from emoji_rl.decode.generate import generate_replies
     from emoji_rl.emoji.sender_prompts import sender_messages
-    from emoji_rl.game.reward import Similarity
+    from emoji_rl.game.similarity import Similarity
 
     prompts = read_prompts(cfg.prompts)
     sft_test = read_jsonl(

@@ -184,8 +184,8 @@ class StaticMaskLogitsProcessor(LogitsProcessor):
 class PaddingMaskLogitsProcessor(LogitsProcessor):
     """Masks to -inf the ids at or above the tokenizer's length: the rows a model's LM head is padded
     with (Qwen3.5: 248,077 tokens, 248,320 logits), which no text decodes from. The grammar and the
-    static mask allow none of them; sampling without either needs this (Wordle, the judge, chat
-    unconstrained)."""
+    static mask allow none of them; sampling without either needs this (free-text games, a partner
+    model, chat unconstrained)."""
 
     def __init__(self, tokens: int) -> None:
         self.tokens = tokens

@@ -2,8 +2,8 @@
 answers from a file, random emoji), the fixed answers the teacher and random systems give, and the
 sampler a model plays as sender with.
 
-It lives in decode/, beside the samplers it builds, so every stage that names its senders (eval-retrieval,
-eval-wordle, play-web) reads them from one place below them all; it takes its sampling settings as
+It lives in decode/, beside the samplers it builds, so every stage that names its senders (the games'
+evaluations, play-web) reads them from one place below them all; it takes its sampling settings as
 arguments, not a stage's config. Loading the adapters a system names is `lm/adapters.py`."""
 
 from __future__ import annotations
@@ -42,7 +42,7 @@ class System:
 
 
 def parse_systems(specs: Sequence[str]) -> dict[str, str | None]:
-    """Model senders (also read by eval-wordle and play-web): `base` -> no adapter; `NAME=DIR` -> that
+    """Model senders (also read by the evaluations and play-web): `base` -> no adapter; `NAME=DIR` -> that
     adapter. Names must be unique."""
     systems: dict[str, str | None] = {}
     for spec in specs:

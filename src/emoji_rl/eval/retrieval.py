@@ -71,15 +71,20 @@ from emoji_rl.eval.retrieval_records import (
     summarize,
     unplayed_batches,
 )
-from emoji_rl.game.judge_config import JudgeConfig
-from emoji_rl.game.retrieval import SUCCESS_THRESHOLDS, RetrievalBuilder, RetrievalConfig, RetrievalRules
-from emoji_rl.game.reward import SimilarityConfig
+from emoji_rl.game.play import play
+from emoji_rl.game.similarity import SimilarityConfig
 from emoji_rl.game.types import Episode
+from emoji_rl.games.retrieval.game import (
+    SUCCESS_THRESHOLDS,
+    RetrievalBuilder,
+    RetrievalConfig,
+    RetrievalRules,
+)
+from emoji_rl.games.retrieval.judge_config import JudgeConfig
 from emoji_rl.io.jsonl import AppendLog, Record, read_jsonl, write_json
 from emoji_rl.io.report import bar_figure, format_table
 from emoji_rl.lm import models
 from emoji_rl.lm.adapters import active_system, load_systems
-from emoji_rl.rl.rollout.collect import play
 
 Mode = Literal["single", "multi"]
 Protocol = Literal["ours", "seed"]
@@ -195,8 +200,8 @@ class Config(JudgeConfig, RetrievalConfig, SimilarityConfig, SamplingConfig, mod
 
 
 def main(cfg: Config) -> None:
-    from emoji_rl.game.judge import NAMES_CAVEAT
-    from emoji_rl.game.reward import Similarity
+    from emoji_rl.game.similarity import Similarity
+    from emoji_rl.games.retrieval.judge import NAMES_CAVEAT
 
     records = read_jsonl(cfg.data, hint="make it with `emoji-rl rl-prompts` (it writes the held-out split)")
     if cfg.max_examples:

@@ -20,13 +20,13 @@ from emoji_rl.emoji.stats import reply_stats
 from emoji_rl.errors import DataError, UserError
 from emoji_rl.eval.compare import LEVEL, sent_texts
 from emoji_rl.eval.intervals import bootstrap_mean
-from emoji_rl.game.retrieval import SUCCESS_THRESHOLDS
+from emoji_rl.games.retrieval.game import SUCCESS_THRESHOLDS
 from emoji_rl.io.jsonl import AppendLog, Record
 from emoji_rl.lm.adapters import adapter_hash, require_adapter
 
 if TYPE_CHECKING:
     from emoji_rl.decode.senders import System
-    from emoji_rl.game.reward import Similarity
+    from emoji_rl.game.similarity import Similarity
     from emoji_rl.game.types import Episode
 
 RECORDS_LOG = "retrieval_records.jsonl"

@@ -36,8 +36,8 @@ from emoji_rl.decode.generate import generate_replies
 from emoji_rl.decode.sampler import SamplingConfig
 from emoji_rl.emoji.sender_prompts import sender_messages
 from emoji_rl.errors import UserError
-from emoji_rl.game.judge_config import JudgeConfig
-from emoji_rl.game.reward import SimilarityConfig
+from emoji_rl.game.similarity import SimilarityConfig
+from emoji_rl.games.retrieval.judge_config import JudgeConfig
 from emoji_rl.io.jsonl import read_jsonl, write_json
 from emoji_rl.lm import models
 
@@ -112,7 +112,7 @@ def noise_report(first: Sequence[Sequence[float]], second: Sequence[Sequence[flo
 
 
 def main(cfg: Config) -> None:
-    from emoji_rl.game.reward import Similarity
+    from emoji_rl.game.similarity import Similarity
 
     records = read_jsonl(cfg.data, hint="make it with `emoji-rl rl-prompts`")
     if len(records) < cfg.groups:

@@ -26,14 +26,14 @@ import torch
 
 from emoji_rl.decode.sampler import HFSampler
 from emoji_rl.decode.senders import parse_systems
+from emoji_rl.game.play import play
 from emoji_rl.game.types import StepResult
-from emoji_rl.game.wordle import MAX_TURNS, WordleBuilder, WordleGame, WordleRules
-from emoji_rl.game.wordle_solver import EntropySolver
+from emoji_rl.games.wordle.game import MAX_TURNS, WordleBuilder, WordleGame, WordleRules
+from emoji_rl.games.wordle.solver import EntropySolver
 from emoji_rl.io.jsonl import read_jsonl, write_json
 from emoji_rl.io.report import bar_figure, format_table
 from emoji_rl.lm import models, template
 from emoji_rl.lm.adapters import active_system, load_systems
-from emoji_rl.rl.rollout.collect import play
 
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase

@@ -1,1 +1,3 @@
-"""The games: the RL contract (`types`), the judges and their config, similarity and reward, the retrieval game and Wordle."""
+"""What every game shares: the RL contract (`types`), the registry of games, the turn loop, the chat
+game base, the micro-batcher, the frozen-LLM completer and sentence similarity. The games themselves
+are in emoji_rl/games/."""

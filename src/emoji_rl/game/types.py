@@ -1,16 +1,22 @@
-"""The game protocol every environment implements, and the records a rollout produces.
+"""The game protocol every environment implements, the records a rollout produces, and what the
+trainer receives of a game (`GameSetup`).
 
 A game is played once: `start()` gives the first observation, each `step(action_ids)` takes the
-sender's sampled token ids and returns the next observation. Observations are token ids that extend
+policy's sampled token ids and returns the next observation. Observations are token ids that extend
 the previous prompt + action, so a whole episode is one token sequence, trained as one example with a
-loss mask over the sender's tokens. Anything shared (judge, embedder, tokenizer) is built once by the
-caller and passed into the game's constructor.
+loss mask over the policy's tokens. Anything shared (a partner model, an embedder, the tokenizer) is
+built once by the game's setup and passed into each game's constructor.
 """
 
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Protocol
+
+if TYPE_CHECKING:
+    from emoji_rl.emoji.constraint import EmojiConstraint
 
 
 @dataclass(frozen=True)
@@ -85,8 +91,8 @@ class EpisodeGroup:
     prompt_id: str
     episodes: tuple[Episode, ...]
     target: str = ""
-    """What the sender was trying to say (the retrieval target) or find (the Wordle answer), for the
-    rollout log: a rollout read without it cannot be judged."""
+    """What the record asks of the policy (`GameSetup.target`), for the rollout log: a rollout read
+    without it cannot be judged."""
     advantages: tuple[float, ...] = ()
     """Each episode's advantage, as the update trains on it (`rl.grpo.step_advantages`, set by the
     trainer's `collect`); empty until then."""
@@ -100,3 +106,36 @@ class EpisodeGroup:
     @property
     def rewards(self) -> tuple[float, ...]:
         return tuple(e.reward for e in self.episodes)
+
+
+class Stateful(Protocol):
+    """State of a run outside the model and the optimizer that a resume must restore, such as a
+    curriculum's phase: without it a resumed run would start the curriculum over."""
+
+    def state_dict(self) -> dict[str, object]: ...
+
+    def load_state_dict(self, state: dict[str, object]) -> None: ...
+
+
+Record = dict[str, str]
+"""One training or held-out record of a game: a JSONL line's fields (its `id` names its group)."""
+
+
+@dataclass
+class GameSetup:
+    """What the trainer needs of a game: a builder of games from records, the records, the constraint
+    the policy samples under (None: free text), a one-line description, what a record is about (its
+    target, shown beside its group in logs), its headline metric (label, key: the progress bar shows
+    it beside the reward), the seconds spent in the game's services since the start, any state of the run beyond the model that a checkpoint must hold (a curriculum), and what
+    learns from each step's groups, every process's, in rank order (the curriculum again): fed the
+    same groups on every process, the processes take the same decisions."""
+
+    make_game: Callable[[Record], Game]
+    records: list[Record]
+    constraint: EmojiConstraint | None
+    description: str
+    target: Callable[[Record], str] = lambda record: ""
+    headline: tuple[str, str] | None = None
+    seconds: Callable[[], dict[str, float]] = dict
+    state: Stateful | None = None
+    observe: Callable[[Sequence[EpisodeGroup]], None] = lambda groups: None

@@ -22,10 +22,11 @@ import re
 import sys
 import time
 from collections.abc import Iterator, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import httpx
 
+from emoji_rl.config import Checked
 from emoji_rl.errors import UserError
 
 log = logging.getLogger("emoji_rl.endpoint")
@@ -49,6 +50,20 @@ START_HINT = (
     "start it (make serve-judge / make serve-policy; launch/serve_judge.sh or launch/serve_policy.sh "
     "--dry-run prints its vllm serve command, host and port)"
 )
+
+
+@dataclass
+class ServerWaitConfig(Checked):
+    """How long a stage that talks to vLLM servers (a judge's, the policy's) waits for them to start."""
+
+    server_wait_s: float = field(
+        default=SERVER_WAIT_S,
+        metadata={
+            "help": "seconds to wait at start for a vLLM server to answer /health (it refuses connections "
+            f"while its model loads), saying so every {PROGRESS_S:g} s: the openai judge's, and in grpo "
+            "with --engine vllm the policy server's"
+        },
+    )
 
 
 @dataclass(frozen=True)

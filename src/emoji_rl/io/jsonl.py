@@ -234,3 +234,12 @@ class AppendLog:
         self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
     ) -> None:
         self.close()
+
+
+def read_records(path: str, key: str, hint: str) -> list[dict[str, str]]:
+    """The training records, each with a non-empty string `key` (checked here, before any model loads)."""
+    records = read_jsonl(path, hint=hint)
+    for number, record in enumerate(records, start=1):
+        if not isinstance(record.get(key), str) or not record[key].strip():
+            raise UserError(f"{path}:{number}: record has no non-empty string `{key}`")
+    return records

@@ -147,7 +147,7 @@ def token_logprobs(
     distribution the sampler drew from (docs/DESIGN.md §6). Under the grammar, only at the ids of its
     support: a softmax over the allowed tokens is the same whether the rest of the vocabulary is
     there at -inf or not, and the [N, V] logits and their fp32 copies are never built. Without a
-    grammar (Wordle), over the tokenizer's ids (`Batch.tokens`) a few hundred positions at a time
+    grammar (a free-text game), over the tokenizer's ids (`Batch.tokens`) a few hundred positions at a time
     (`grpo.head_token_logprobs`).
     `share_prefix`: the rows' common opening (a group's whole prompt) runs once (`shared_prefix`; one
     process, no activation checkpointing).

@@ -1,5 +1,5 @@
 """GRPO checkpoints: adapter, optimizer, scheduler, RNG states, the data cursor and the game's run
-state (the Wordle curriculum), written whole or not at all, so `--resume` goes on exactly where a run
+state (a curriculum), written whole or not at all, so `--resume` goes on exactly where a run
 stopped. Under `accelerate launch` the main process writes it, with every process's RNG states (they
 differ: each samples its own rollouts), and each process restores its own.
 
@@ -16,7 +16,7 @@ import random
 import shutil
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
@@ -28,16 +28,9 @@ from emoji_rl.lm.training import follow_schedule
 if TYPE_CHECKING:
     from peft import PeftModel
 
+    from emoji_rl.game.types import Stateful
+
 log = logging.getLogger(__name__)
-
-
-class Stateful(Protocol):
-    """State of a run outside the model and the optimizer that a resume must restore, such as the
-    Wordle curriculum's phase: without it a resumed run would start the curriculum over."""
-
-    def state_dict(self) -> dict[str, object]: ...
-
-    def load_state_dict(self, state: dict[str, object]) -> None: ...
 
 
 @dataclass

@@ -1,6 +1,7 @@
-"""`emoji-rl debug-rollout`: logged GRPO episodes, pretty-printed: per group the target the sender
-was trying to say; per turn the emoji, the judge's guess and the similarity; per episode the reward and
-its advantage in the group.
+"""`emoji-rl debug-rollout`: logged GRPO episodes, pretty-printed: per group its target; per turn what
+the game logged (its text: what the policy wrote, what its partner answered; its numbers); per episode
+the reward and its advantage in the group. Any game's episodes read the same way: the fields are the
+game's own (`StepResult.log` and `.metrics`, as rollouts.jsonl holds them).
 
     emoji-rl debug-rollout --run runs/grpo --step 5
     emoji-rl debug-rollout --run runs/grpo --step -1 --sort worst --limit 4
@@ -45,11 +46,10 @@ def format_episode(record: dict, with_target: bool = True) -> str:
     if with_target:
         lines.append(f"  {target_line(record)}")
     for t, turn in enumerate(record["turns"], start=1):
-        guess = turn.get("guess", "-")
-        similarity = f"{turn['similarity']:.3f}" if "similarity" in turn else "  -  "
-        lines.append(f"  turn {t}: {turn.get('emoji', ''):<24} sim {similarity}  judge: {guess}")
-        if "violation" in turn:
-            lines.append(f"          format violation: {turn['violation']}")
+        numbers = {key: value for key, value in turn.items() if isinstance(value, int | float)}
+        shown = "  ".join(f"{key} {value:.3f}" for key, value in numbers.items())
+        lines.append(f"  turn {t}: {shown}".rstrip())
+        lines.extend(f"    {key}: {value}" for key, value in turn.items() if key not in numbers)
     return "\n".join(lines)
 
 

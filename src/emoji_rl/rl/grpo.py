@@ -93,7 +93,7 @@ def head_token_logprobs(
     """`masked_token_logprobs` with no mask, of `head(hidden_N_H)`'s logits, `rows` positions at a
     time. With a gradient, each chunk's logits are recomputed in the backward pass instead of kept
     (activation checkpointing): at most one chunk's [rows, V] logits and their fp32 copies exist at
-    once, not the whole [N, V] (Wordle: N up to 6,144 tokens x Qwen3.5's 248,320 is 6 GB per fp32 copy;
+    once, not the whole [N, V] (six turns of 1,024 tokens: N up to 6,144 x Qwen3.5's 248,320 is 6 GB per fp32 copy;
     a chunk of 256 rows, 254 MB)."""
     from torch.utils.checkpoint import checkpoint
 

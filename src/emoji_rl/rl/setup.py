@@ -1,21 +1,17 @@
-"""The wiring of a GRPO run: which game it plays (records, judge, embedder, constraint, curriculum),
-which sampler plays it (in-process, or a vLLM server kept current by an adapter sync), and how each
-step's rollouts are played (in the loop's thread, or ahead of it on a thread of their own). The loop
-in `rl/train.py` receives what is built here and knows no game or engine."""
+"""The wiring of a GRPO run: which sampler plays the game (in-process, or a vLLM server kept current by
+an adapter sync), and how each step's rollouts are played (in the loop's thread, or ahead of it on a
+thread of their own). The loop in `rl/train.py` receives what is built here and knows no engine; the
+game comes from the registry (`game/registry.py`)."""
 
 from __future__ import annotations
 
 import asyncio
-import random
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from emoji_rl.decode.generate import Constraint
-from emoji_rl.errors import UserError
-from emoji_rl.io.jsonl import read_jsonl
-from emoji_rl.lm import models, template
+from emoji_rl.lm import template
 from emoji_rl.lm.training import gather
 from emoji_rl.rl.checkpoint import TrainState, behaviour_adapters
 from emoji_rl.rl.rollout.collect import PromptStream, collect
@@ -25,92 +21,13 @@ if TYPE_CHECKING:
     from peft import PeftModel
 
     from emoji_rl.decode.sampler import Sampler
-    from emoji_rl.emoji.constraint import EmojiConstraint
-    from emoji_rl.game.types import EpisodeGroup, Game
-    from emoji_rl.rl.checkpoint import Stateful
+    from emoji_rl.game.types import GameSetup
     from emoji_rl.rl.rollout.vllm import AdapterSync
-    from emoji_rl.rl.train_config import Config
-
-
-@dataclass
-class GameSetup:
-    """What the loop needs of a game: a builder of games, the records it reads, the constraint the
-    sender samples under (None: free text), the seconds spent in its services since the start, any
-    state of the run beyond the model that a checkpoint must hold (the Wordle curriculum), and what
-    learns from each step's groups, every process's, in rank order (the curriculum again): fed the
-    same groups on every process, the processes take the same decisions."""
-
-    make_game: Callable[[dict[str, str]], Game]
-    records: list[dict[str, str]]
-    constraint: EmojiConstraint | None
-    description: str
-    seconds: Callable[[], dict[str, float]] = dict
-    state: Stateful | None = None
-    observe: Callable[[Sequence[EpisodeGroup]], None] = lambda groups: None
-
-
-def read_records(path: str, key: str, hint: str) -> list[dict[str, str]]:
-    """The training records, each with a non-empty string `key` (checked here, before any model loads)."""
-    records = read_jsonl(path, hint=hint)
-    for number, record in enumerate(records, start=1):
-        if not isinstance(record.get(key), str) or not record[key].strip():
-            raise UserError(f"{path}:{number}: record has no non-empty string `{key}`")
-    return records
-
-
-def retrieval_setup(cfg: Config, tokenizer, runtime: models.Runtime, vocab_size: int) -> GameSetup:
-    from emoji_rl.emoji.constraint import compile_emoji_grammar
-    from emoji_rl.game.retrieval import RetrievalBuilder, RetrievalRules
-    from emoji_rl.game.reward import Background, RewardWeights, Similarity
-
-    records = read_records(cfg.train_data, "target", "make it with `emoji-rl rl-prompts`")
-    constraint = compile_emoji_grammar(tokenizer, cfg.min_emoji, cfg.max_emoji, vocab_size=vocab_size)
-    judge = cfg.build_judge(runtime)
-    similarity = Similarity(models.load_embedder(cfg.similarity_model, device=runtime.device))
-    weights = RewardWeights(
-        cfg.success_bonus, cfg.turn_cost, cfg.format_penalty, cfg.repetition_penalty, cfg.contrast
-    )
-    rules = RetrievalRules(cfg.max_turns, cfg.tau, cfg.min_emoji, cfg.max_emoji, weights)
-    background = None
-    if cfg.contrast > 0:
-        targets = [r["target"] for r in records]
-        sample = random.Random(cfg.seed).sample(targets, min(cfg.contrast_messages, len(targets)))
-        background = Background(similarity, sample)
-    builder = RetrievalBuilder(tokenizer, judge, similarity, rules, background)
-    return GameSetup(
-        builder,
-        records,
-        constraint,
-        f"retrieval, judge {judge.describe()}",
-        seconds=lambda: dict(builder.seconds),
-    )
-
-
-def wordle_setup(cfg: Config, tokenizer) -> GameSetup:
-    from emoji_rl.game.wordle import WordleBuilder, WordleRules
-    from emoji_rl.game.wordle_reward import Curriculum, CurriculumTracker
-
-    records = read_records(cfg.train_data, "answer", "make it with `emoji-rl wordle-data`")
-    tracker = (
-        CurriculumTracker(Curriculum(threshold=cfg.curriculum_threshold, window=cfg.curriculum_window))
-        if cfg.curriculum
-        else None
-    )
-    builder = WordleBuilder(tokenizer, WordleRules(max_turns=cfg.max_turns), tracker)
-    description = "wordle" + (" with curriculum" if tracker else "")
-    if tracker is None:
-        return GameSetup(builder, records, None, description)
-
-    def observe(groups: Sequence[EpisodeGroup]) -> None:
-        for group in groups:
-            for episode in group.episodes:
-                tracker.record(episode.turns[-1].result.metrics["format_rate"])
-
-    return GameSetup(builder, records, None, description, state=tracker, observe=observe)
+    from emoji_rl.rl.train_config import TrainConfig
 
 
 def build_sampler(
-    cfg: Config, policy: PeftModel, tokenizer, constraint: Constraint
+    cfg: TrainConfig, policy: PeftModel, tokenizer, constraint: Constraint
 ) -> tuple[Sampler, AdapterSync | None]:
     """The in-process sampler, or a vLLM server's with the adapter sync that keeps it current."""
     from emoji_rl.decode.sampler import HFSampler
@@ -154,7 +71,7 @@ def build_sampler(
 
 
 def rollouts_ahead(
-    cfg: Config,
+    cfg: TrainConfig,
     game: GameSetup,
     sampler: Sampler,
     weight_sync: AdapterSync | None,
@@ -182,9 +99,7 @@ def rollouts_ahead(
         bound = sampler if name is None else sampler.at(version, name, request_seed(cfg.seed, rank, step))
         stream.state.step = step  # the stream's own copy of the state: the step it draws for
         before = game.seconds()
-        played = await collect(
-            stream, game.make_game, bound, share, cfg.group_size, cfg.scale_rewards, rounds
-        )
+        played = await collect(stream, game, bound, share, cfg.group_size, cfg.scale_rewards, rounds)
         services = {k: v - before.get(k, 0.0) for k, v in game.seconds().items()}
         return Played(step, version, played, services, (stream.state.epoch, stream.state.cursor))
 

@@ -1,4 +1,5 @@
-"""`emoji-rl grpo`: multi-turn GRPO of the emoji sender on the retrieval game (docs/DESIGN.md §6).
+"""`emoji-rl grpo`: multi-turn GRPO of a LoRA policy on a game (docs/DESIGN.md §6): the emoji sender on
+its default game, any game the registry knows with `--game NAME` (game/registry.py).
 
 Each step plays B prompts x G rollouts to the end (every turn emoji-constrained), scores them with
 the terminal reward, turns rewards into group advantages, drops groups with no spread (they carry
@@ -6,8 +7,9 @@ no signal; `dynamic_sampling` draws more prompts to refill), and takes one clipp
 step on the LoRA adapter, with a KL to the reference (in the loss, or in the advantages as the
 original had it: docs/SEED_RECIPE.md): the starting (SFT) adapter kept frozen as a second PEFT adapter,
 or the base model via `disable_adapter()`, never a second copy of the weights.
-Here: the loop (its settings are `rl/train_config.py`, the update `rl/update.py`); what game is played
-with which sampler is wired in `rl/setup.py`, and what a step's rollouts report is in `rl/rollout/metrics.py`.
+Here: the loop (its settings are `rl/train_config.py`, the update `rl/update.py`); the game comes from
+the registry (`game/registry.py`), the sampler is wired in `rl/setup.py`, and what a step's rollouts
+report is in `rl/rollout/metrics.py`.
 
     emoji-rl grpo --config configs/cpu/grpo.yaml
     accelerate launch --num_processes 4 -m emoji_rl.cli grpo --config configs/gpu/grpo.yaml
@@ -32,6 +34,8 @@ from tqdm.auto import tqdm
 from emoji_rl.config import save_config
 from emoji_rl.decode.sampler import Sampler
 from emoji_rl.errors import UserError
+from emoji_rl.game import registry
+from emoji_rl.game.registry import GameContext
 from emoji_rl.io.jsonl import AppendLog, drop_steps_after
 from emoji_rl.io.metrics import MetricsWriter
 from emoji_rl.io.run_lock import holds_a_run
@@ -59,16 +63,20 @@ from emoji_rl.rl.checkpoint import (
 )
 from emoji_rl.rl.policy import build_policy, checkpoint_layers
 from emoji_rl.rl.rollout.collect import Rollouts
-from emoji_rl.rl.rollout.metrics import ROLLOUTS_FILE, log_rollouts, rollout_metrics
+from emoji_rl.rl.rollout.metrics import ROLLOUTS_FILE, log_rollouts, step_metrics
 from emoji_rl.rl.rollout.overlap import RolloutsAhead, without_stale
-from emoji_rl.rl.setup import GameSetup, build_sampler, retrieval_setup, rollouts_ahead, wordle_setup
-from emoji_rl.rl.train_config import Config
+from emoji_rl.rl.setup import build_sampler, rollouts_ahead
+from emoji_rl.rl.train_config import TrainConfig
+from emoji_rl.rl.train_config import (
+    config_for as config_for,  # the stage's Config for its game (cli.config_class)
+)
 from emoji_rl.rl.update import update
 
 if TYPE_CHECKING:
     from accelerate import Accelerator
     from peft import PeftModel
 
+    from emoji_rl.game.types import GameSetup
     from emoji_rl.rl.rollout.vllm import AdapterSync
 
 log = logging.getLogger("emoji_rl.grpo")
@@ -113,17 +121,6 @@ def _publish_weights(
     return _publish(sync, accelerator, version, lambda path: save_adapter(model, path, state))
 
 
-def _step_metrics(rollouts: Rollouts, services: dict[str, float]) -> dict[str, float]:
-    """What the step's rollouts report, over every process's (gathered) `Rollouts`, and times
-    (`services`: seconds per service) of the slowest process, which the step waits for."""
-    metrics = rollout_metrics(rollouts.played, len(rollouts.kept))
-    for key, seconds in services.items():
-        metrics[f"time/{key}_s"] = seconds
-    metrics["time/rollout_s"] = rollouts.seconds
-    metrics["throughput/tokens_per_s"] = metrics["tokens/sampled"] / max(rollouts.seconds, 1e-9)
-    return metrics
-
-
 def _gather_rollouts(
     rollouts: Rollouts, services: dict[str, float]
 ) -> tuple[Rollouts, dict[str, float], list[int]]:
@@ -140,7 +137,7 @@ def _gather_rollouts(
 
 
 def train(
-    cfg: Config,
+    cfg: TrainConfig,
     policy: PeftModel,
     tokenizer,
     game: GameSetup,
@@ -212,7 +209,7 @@ def train(
 
 
 def _loop(
-    cfg: Config,
+    cfg: TrainConfig,
     accelerator: Accelerator,
     model: torch.nn.Module,
     optimizer: torch.optim.Optimizer,
@@ -250,7 +247,7 @@ def _loop(
             state.epoch, state.cursor = played.position
             everyone, slowest, players = _gather_rollouts(played.rollouts, played.services)
             game.observe(everyone.played)
-            metrics = _step_metrics(everyone, slowest)
+            metrics = step_metrics(everyone, slowest)
             metrics["async/version_lag"] = float(step - played.version)
             metrics["async/dropped_episodes"] = float(sum(gather(dropped)))
             metrics["time/wait_rollouts_s"] = waited
@@ -295,12 +292,7 @@ def _loop(
             state.step = step + 1
             if writer is not None:
                 writer.write(state.step, metrics)
-            # Each game's headline beside the reward: the retrieval game's similarity, Wordle's win rate.
-            shown = {"sim": "game/similarity", "won": "game/won"}
-            bar.set_postfix(
-                reward=f"{metrics['reward/mean']:.3f}",
-                **{name: f"{metrics[key]:.3f}" for name, key in shown.items() if key in metrics},
-            )
+            bar.set_postfix(reward=f"{metrics['reward/mean']:.3f}", **_headline(game, metrics))
             if state.nan_streak >= cfg.nan_patience:
                 raise UserError(
                     f"{state.nan_streak} steps in a row had a non-finite loss or gradient (nan_patience="
@@ -323,6 +315,14 @@ def _loop(
         save_adapter(model, run_dir / "adapter", adapter)
     accelerator.wait_for_everyone()
     return state
+
+
+def _headline(game: GameSetup, metrics: dict[str, float]) -> dict[str, str]:
+    """The game's headline metric beside the reward on the progress bar (`GameSetup.headline`)."""
+    if game.headline is None or game.headline[1] not in metrics:
+        return {}
+    label, key = game.headline
+    return {label: f"{metrics[key]:.3f}"}
 
 
 def _save(
@@ -357,7 +357,7 @@ def _save(
     accelerator.wait_for_everyone()
 
 
-def main(cfg: Config) -> None:
+def main(cfg: TrainConfig) -> None:
     torch.manual_seed(cfg.seed)
     random.seed(cfg.seed)
     run_dir = Path(cfg.output_dir)
@@ -388,8 +388,7 @@ def main(cfg: Config) -> None:
     if cfg.gradient_checkpointing:
         checkpoint_layers(policy)
     width = policy.get_output_embeddings().weight.shape[0]
-    wordle = cfg.game == "wordle"
-    game = wordle_setup(cfg, tokenizer) if wordle else retrieval_setup(cfg, tokenizer, runtime, width)
+    game = registry.load(cfg.game).setup(cfg, GameContext(tokenizer, runtime, width))
     sampler, weight_sync = build_sampler(cfg, policy, tokenizer, "grammar" if game.constraint else "none")
     log.info("%s; %d prompts; B=%d G=%d", game.description, len(game.records), cfg.batch_size, cfg.group_size)
     with peers_named(run_dir, cfg.collective_timeout_s):

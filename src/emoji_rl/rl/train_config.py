@@ -1,17 +1,20 @@
-"""The `grpo` stage's settings: one dataclass read by the trainer (`rl/train.py`), its wiring
-(`rl/setup.py`) and its update (`rl/update.py`). Its own module, below all three, so that none of them
-imports another only to know the settings' type."""
+"""The `grpo` stage's settings: the trainer's own (`TrainConfig`), read by the trainer (`rl/train.py`),
+its wiring (`rl/setup.py`) and its update (`rl/update.py`), and the game's, which `--game NAME` adds
+(`config_class`: the game's `GameConfig` fields beside the trainer's, one flat dataclass, so that YAML
+and the command line set either alike). Its own module, below all three, so that none of them imports
+another only to know the settings' type."""
 
 from __future__ import annotations
 
+import dataclasses
+import functools
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
-from emoji_rl.config import override
+from emoji_rl.config import override, peek
 from emoji_rl.decode.sampler import SamplingConfig
-from emoji_rl.game.judge_config import JudgeConfig
-from emoji_rl.game.retrieval import RetrievalConfig
-from emoji_rl.game.reward import SimilarityConfig
+from emoji_rl.game import registry
+from emoji_rl.io.endpoint import ServerWaitConfig
 from emoji_rl.io.trackers import TrackerConfig, resolve
 from emoji_rl.lm.models import ModelConfig
 from emoji_rl.lm.processes import ProcessConfig
@@ -22,12 +25,19 @@ if TYPE_CHECKING:
 
 
 @dataclass
-class Config(
-    JudgeConfig, RetrievalConfig, SimilarityConfig, SamplingConfig, ProcessConfig, ModelConfig, TrackerConfig
-):
-    """Multi-turn GRPO of the emoji sender on the retrieval game (the judge_* fields: retrieval only)."""
+class TrainConfig(SamplingConfig, ProcessConfig, ModelConfig, TrackerConfig, ServerWaitConfig):
+    """Multi-turn GRPO of a LoRA policy on a game (`--game`; `--game NAME --help` lists its fields).
+
+    The trainer's half of grpo's Config (`config_class`); the game's `GameConfig` is the other, and
+    gives the `max_turns` and `off_policy_blocker` read here."""
 
     # --- core ---
+    game: str = field(
+        default=registry.DEFAULT_GAME,
+        metadata={
+            "help": "the game played: a name the game registry knows (emoji_rl/games/, or an installed package's)"
+        },
+    )
     init_adapter: str | None = field(
         default=None, metadata={"help": "LoRA adapter to start from (the SFT output); none = a fresh adapter"}
     )
@@ -36,7 +46,7 @@ class Config(
         metadata={"help": "KL reference: `init` = the starting adapter, frozen; `base` = the base model"},
     )
     train_data: str = field(
-        default="data/rl_train.jsonl", metadata={"help": "RL prompts, JSONL with `target`"}
+        default="data/rl_train.jsonl", metadata={"help": "the game's training records, JSONL"}
     )
     output_dir: str = field(
         default="runs/grpo", metadata={"help": "run directory: config, metrics, checkpoints"}
@@ -73,37 +83,6 @@ class Config(
         metadata={
             "help": "module names that get LoRA in a fresh adapter (none: as sft's default); init_adapter: its own"
         },
-    )
-    # --- game ---
-    game: Literal["retrieval", "wordle"] = field(
-        default="retrieval", metadata={"help": "retrieval (train_data holds `target`) or wordle (`answer`)"}
-    )
-    curriculum: bool = field(
-        default=True,
-        metadata={"help": "wordle: lower format and raise strategy weights once format is learned"},
-    )
-    curriculum_threshold: float = field(
-        default=0.9,
-        metadata={"help": "wordle: strict-format rate that starts the strategy phase (seed 003 §14)"},
-    )
-    curriculum_window: int = field(
-        default=64, metadata={"help": "wordle: episodes the format rate is taken over"}
-    )
-    success_bonus: float = field(default=0.5, metadata={"help": "reward added when similarity >= tau"})
-    turn_cost: float = field(default=0.1, metadata={"help": "reward subtracted per turn used"})
-    format_penalty: float = field(default=0.5, metadata={"help": "reward subtracted for an invalid turn"})
-    repetition_penalty: float = field(
-        default=0.3, metadata={"help": "times (1 - unique/total emoji); the original: none"}
-    )
-    contrast: float = field(
-        default=0.0,
-        metadata={
-            "help": "times the final guess's mean similarity to contrast_messages other training targets, "
-            "subtracted: a guess that fits any message earns no more than one that fits none (0: the original)"
-        },
-    )
-    contrast_messages: int = field(
-        default=64, metadata={"help": "training targets drawn (seeded) to measure how generic a guess is"}
     )
     # --- sampling (and the min_emoji, max_emoji and max_new_tokens fields) ---
     temperature: float = override(
@@ -184,7 +163,7 @@ class Config(
         default=False,
         metadata={
             "help": "recompute each decoder layer's activations in the backward pass instead of keeping "
-            "them: long multi-turn episodes (Wordle) fit in memory, for about a third more update compute"
+            "them: long multi-turn episodes (six turns of free text) fit in memory, for about a third more update compute"
         },
     )
     max_grad_norm: float = field(
@@ -220,10 +199,6 @@ class Config(
             raise ValueError(
                 "loss_type=dr_grpo normalizes by max_new_tokens * max_turns: set max_new_tokens > 0"
             )
-        if self.contrast < 0 or self.contrast_messages < 1:
-            raise ValueError(
-                f"contrast={self.contrast} must be >= 0 and contrast_messages={self.contrast_messages} >= 1"
-            )
         if self.max_grad_norm < 0:
             raise ValueError(f"max_grad_norm={self.max_grad_norm} must be >= 0 (0: no clipping)")
         if self.vllm_adapter_keep < self.max_off_policy_steps + 1:
@@ -236,11 +211,10 @@ class Config(
                 f"max_off_policy_steps={self.max_off_policy_steps} needs engine vllm: the in-process engine "
                 "samples with the weights being trained, so it cannot run ahead of them (set 0)"
             )
-        if self.max_off_policy_steps > 0 and self.game == "wordle" and self.curriculum:
+        blocker = self.off_policy_blocker() if self.max_off_policy_steps > 0 else None
+        if blocker is not None:
             raise ValueError(
-                f"max_off_policy_steps={self.max_off_policy_steps} with Wordle's curriculum: the curriculum "
-                "learns from each step's games, which would then be built before it saw the last step's "
-                "(set curriculum false, or max_off_policy_steps 0)"
+                f"max_off_policy_steps={self.max_off_policy_steps} with game {self.game}: {blocker}"
             )
         if self.reference == "init" and self.init_adapter is None and self.beta > 0:
             self.reference = "base"  # a fresh adapter starts equal to the base model
@@ -270,3 +244,26 @@ class Config(
             importance_weights=importance_weights,
             importance_sampling_cap=self.vllm_importance_sampling_cap,
         )
+
+
+@functools.cache
+def config_class(game: str) -> type[TrainConfig]:
+    """`grpo`'s Config for `game`: the game's fields (its `GameConfig`) beside the trainer's."""
+    spec = registry.load(game)
+    (chosen,) = (f for f in dataclasses.fields(TrainConfig) if f.name == "game")
+    return dataclasses.make_dataclass(
+        "Config",
+        [("game", str, field(default=game, metadata=chosen.metadata))],
+        bases=(TrainConfig, spec.config),
+        namespace={"__doc__": f"Multi-turn GRPO on the {game} game: {spec.description}."},
+    )
+
+
+def config_for(argv: list[str]) -> type[TrainConfig]:
+    """The Config a command line asks for: its `--game`, or its YAML's `game`, or the default."""
+    return config_class(peek(argv, "game") or registry.DEFAULT_GAME)
+
+
+def grpo_config(**values: Any) -> TrainConfig:
+    """A Config from field values, for the game `values["game"]` names (the default's if none)."""
+    return config_class(values.get("game", registry.DEFAULT_GAME))(**values)

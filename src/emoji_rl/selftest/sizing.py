@@ -92,11 +92,12 @@ class Plan:
 def gpu_plans() -> list[Plan]:
     """configs/gpu/grpo.yaml (episodes as bench-scale writes them) and sft.yaml (sequences of
     max_length tokens, an upper bound), their unset fields at the stages' defaults."""
-    from emoji_rl.rl.train_config import Config as GrpoConfig
+    from emoji_rl.game.registry import DEFAULT_GAME
+    from emoji_rl.rl.train_config import config_class
     from emoji_rl.sft.trl_config import Config as SftConfig
 
     plans = []
-    for stage, defaults in (("grpo", GrpoConfig), ("sft", SftConfig)):
+    for stage, defaults in (("grpo", config_class(DEFAULT_GAME)), ("sft", SftConfig)):
         path = CONFIGS / f"{stage}.yaml"
         if not path.is_file():
             raise Skipped(f"no {path}: not run from a clone? (docs/gpu/SELFTEST.md)")

@@ -238,7 +238,7 @@ def grpo_steps(cfg: Config, runtime: models.Runtime) -> Result:
     need_module("sentence_transformers", "the grpo stage's similarity")
     _stages_device(runtime)
     from emoji_rl.rl import train as grpo
-    from emoji_rl.rl.train_config import Config as GrpoConfig
+    from emoji_rl.rl.train_config import grpo_config
 
     with tempfile.TemporaryDirectory() as tmp:
         directory = Path(tmp)
@@ -260,9 +260,9 @@ def grpo_steps(cfg: Config, runtime: models.Runtime) -> Result:
         before: list[dict] = []
 
         def both() -> None:
-            grpo.main(GrpoConfig(max_steps=FIRST_STEPS, **fields))
+            grpo.main(grpo_config(max_steps=FIRST_STEPS, **fields))
             before.extend(_metrics(directory / "grpo"))
-            grpo.main(GrpoConfig(max_steps=FIRST_STEPS + 1, resume=True, **fields))
+            grpo.main(grpo_config(max_steps=FIRST_STEPS + 1, resume=True, **fields))
 
         memory = _peak(runtime, both)
         after = _metrics(directory / "grpo")

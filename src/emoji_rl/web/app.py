@@ -18,9 +18,9 @@ from dataclasses import dataclass, field
 from emoji_rl.config import override
 from emoji_rl.decode.generate import MAX_NEW_TOKENS
 from emoji_rl.errors import UserError
-from emoji_rl.game.judge_config import JudgeConfig
-from emoji_rl.game.retrieval import RetrievalConfig
-from emoji_rl.game.reward import SimilarityConfig
+from emoji_rl.game.similarity import SimilarityConfig
+from emoji_rl.games.retrieval.game import RetrievalConfig
+from emoji_rl.games.retrieval.judge_config import JudgeConfig
 from emoji_rl.io.jsonl import read_jsonl
 from emoji_rl.lm import models
 from emoji_rl.web.rounds import TURN_LIMIT, Rounds, target_ids
@@ -78,7 +78,7 @@ def load_game(cfg: Config) -> Rounds:
     import torch
 
     from emoji_rl.decode.senders import parse_systems
-    from emoji_rl.game.reward import Similarity
+    from emoji_rl.game.similarity import Similarity
     from emoji_rl.lm.adapters import load_systems
 
     torch.set_num_threads(cfg.threads)

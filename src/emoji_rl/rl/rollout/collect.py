@@ -6,7 +6,6 @@ processes, and refills its own share."""
 
 from __future__ import annotations
 
-import asyncio
 import random
 import time
 from collections.abc import Callable, Sequence
@@ -14,40 +13,12 @@ from dataclasses import dataclass, replace
 
 import torch
 
-from emoji_rl.decode.sampler import Sample, Sampler
-from emoji_rl.game.types import Episode, EpisodeGroup, Game, StepResult, Turn
+from emoji_rl.decode.sampler import Sampler
+from emoji_rl.game.play import play
+from emoji_rl.game.types import EpisodeGroup, GameSetup
 from emoji_rl.lm.training import gather
 from emoji_rl.rl import grpo
 from emoji_rl.rl.checkpoint import TrainState
-
-
-async def play(games: Sequence[Game], sampler: Sampler) -> list[Episode]:
-    """Play every game to the end. Each turn, all live episodes are sampled in one call and stepped
-    concurrently, so their judge calls and similarities batch too."""
-    observations = list(await asyncio.gather(*(game.start() for game in games)))
-    sequences = [tuple(obs) for obs in observations]
-    turns: list[list[Turn]] = [[] for _ in games]
-    live = list(range(len(games)))
-    previous: dict[int, Sample] = {}
-    while live:
-        samples = await sampler.sample([sequences[i] for i in live], [previous.get(i) for i in live])
-        previous = {}
-        results: list[StepResult] = list(
-            await asyncio.gather(*(games[i].step(s.token_ids) for i, s in zip(live, samples, strict=True)))
-        )
-        still_live = []
-        for i, sample, result in zip(live, samples, results, strict=True):
-            turns[i].append(
-                Turn(tuple(observations[i]), sample.token_ids, sample.logprobs, result, sample.version)
-            )
-            if not result.done:
-                observations[i] = result.next_observation_ids
-                sequences[i] = (*sequences[i], *sample.token_ids, *result.next_observation_ids)
-                previous[i] = sample
-                still_live.append(i)
-        live = still_live
-        del samples  # the finished episodes' KV caches (`Sample.resume`) go before the next turn decodes
-    return [Episode(tuple(t)) for t in turns]
 
 
 class PromptStream:
@@ -102,7 +73,7 @@ class Rollouts:
 
 async def collect(
     stream: PromptStream,
-    make_game: Callable[[dict[str, str]], Game],
+    game: GameSetup,
     sampler: Sampler,
     batch_size: int,
     group_size: int,
@@ -121,13 +92,13 @@ async def collect(
         records = stream.take(batch_size - len(kept_at))
         if not records:
             continue
-        games = [make_game(record) for record in records for _ in range(group_size)]
+        games = [game.make_game(record) for record in records for _ in range(group_size)]
         episodes = await play(games, sampler)
         for p, record in enumerate(records):
             group = EpisodeGroup(
                 str(record.get("id", p)),
                 tuple(episodes[p * group_size : (p + 1) * group_size]),
-                target=str(record.get("target", record.get("answer", ""))),
+                target=game.target(record),
             )
             if not grpo.zero_spread_groups(torch.tensor([group.rewards], dtype=torch.float)).item():
                 kept_at.append(len(played))

@@ -12,6 +12,7 @@ import torch
 from emoji_rl.emoji.stats import reply_stats
 from emoji_rl.game.types import EpisodeGroup, Turn
 from emoji_rl.io.jsonl import AppendLog
+from emoji_rl.rl.rollout.collect import Rollouts
 
 ROLLOUTS_FILE = "rollouts.jsonl"
 
@@ -46,6 +47,17 @@ def rollout_metrics(played: Sequence[EpisodeGroup], kept: int) -> dict[str, floa
         metrics["emoji/distinct"] = float(stats.distinct_emoji)
         metrics["emoji/entropy_bits"] = stats.entropy_bits
         metrics["emoji/per_message"] = stats.emoji_per_message
+    return metrics
+
+
+def step_metrics(rollouts: Rollouts, services: dict[str, float]) -> dict[str, float]:
+    """What the step's rollouts report, over every process's (gathered) `Rollouts`, and times
+    (`services`: seconds per service) of the slowest process, which the step waits for."""
+    metrics = rollout_metrics(rollouts.played, len(rollouts.kept))
+    for key, seconds in services.items():
+        metrics[f"time/{key}_s"] = seconds
+    metrics["time/rollout_s"] = rollouts.seconds
+    metrics["throughput/tokens_per_s"] = metrics["tokens/sampled"] / max(rollouts.seconds, 1e-9)
     return metrics
 
 

@@ -3,7 +3,7 @@ adapter (docs/DESIGN.md §7; requests and answers as in docs/VLLM.md §2, §4, �
 
 - `VLLMSampler` sends each prompt of a turn batch as its own seeded `/v1/completions` request, all
   at once, with a token-id prompt and the emoji grammar as top-level `structured_outputs` (none for
-  a free-text game such as Wordle, whose trainer masks only the LM head's padding ids: the request
+  a free-text game, whose trainer masks only the LM head's padding ids: the request
   biases them off, `PADDING_BIAS`), and keeps the returned token ids as sampled (stop token
   included) with their log-probs: never re-tokenized text.
 - `AdapterSync` saves the adapter after each update, loads it under a versioned name, points the

@@ -6,8 +6,8 @@ import re
 import numpy as np
 import pytest
 
-from emoji_rl.game.wordle_rules import consistent, expected_information, load_word_lists
-from emoji_rl.game.wordle_solver import EntropySolver, entropies
+from emoji_rl.games.wordle.rules import consistent, expected_information, load_word_lists
+from emoji_rl.games.wordle.solver import EntropySolver, entropies
 
 
 @pytest.fixture(scope="module")

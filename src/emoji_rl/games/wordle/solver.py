@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from emoji_rl.game.wordle_rules import (
+from emoji_rl.games.wordle.rules import (
     ALL_GREEN,
     Knowledge,
     Mark,

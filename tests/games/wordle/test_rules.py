@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from emoji_rl.game.wordle_rules import (
+from emoji_rl.games.wordle.rules import (
     Knowledge,
     Mark,
     consistent,

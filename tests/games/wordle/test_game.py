@@ -8,8 +8,8 @@ from collections import Counter
 
 import pytest
 
-from emoji_rl.game.wordle import WordleBuilder, WordleRules
-from emoji_rl.game.wordle_reward import (
+from emoji_rl.games.wordle.game import WordleBuilder, WordleRules
+from emoji_rl.games.wordle.reward import (
     FORMAT_PHASE,
     STRATEGY_PHASE,
     Curriculum,
@@ -18,7 +18,7 @@ from emoji_rl.game.wordle_reward import (
     WordleWeights,
     episode_terms,
 )
-from emoji_rl.game.wordle_rules import consistent, feedback, load_word_lists
+from emoji_rl.games.wordle.rules import consistent, feedback, load_word_lists
 from emoji_rl.lm.template import stop_token_id
 
 

@@ -1,6 +1,7 @@
-"""What the retrieval game scores: MiniLM cosine similarity between the target message and the judge's
-guess (docs/DESIGN.md §3), and retrieval@1, which asks whether a guess is closer to its own target than to
-any other.
+"""How close a text comes to a message: MiniLM cosine similarity (docs/DESIGN.md §3), which the games
+that guess messages score with (the retrieval game's judge, the reader); retrieval@1, which asks
+whether a guess is closer to its own target than to any other; and how well a guess fits messages in
+general (`Background`), which a contrast term charges.
 
 The embedder is built once by the caller (`models.load_embedder`) and passed in; these functions do
 no I/O and read no config.
@@ -121,47 +122,3 @@ class Background:
             return []
         skip = torch.tensor([[message == target for message in self.messages] for target in targets])
         return mean_similarity(self.similarity.embed(guesses), self.vectors, skip).tolist()
-
-
-@dataclass(frozen=True)
-class RewardWeights:
-    """Weights of the retrieval game's terminal reward (docs/DESIGN.md §3)."""
-
-    success_bonus: float = 0.5
-    turn_cost: float = 0.1
-    format_penalty: float = 0.5
-    repetition_penalty: float = 0.3
-    contrast: float = 0.0
-
-
-def terminal_reward(
-    similarity: float,
-    turns: int,
-    violation: bool,
-    unique_emoji: int,
-    total_emoji: int,
-    tau: float,
-    weights: RewardWeights,
-    background: float = 0.0,
-) -> dict[str, float]:
-    """The reward of a finished episode and its terms:
-
-    sim_T + success_bonus*[sim_T >= tau] - turn_cost*T - format_penalty*[violation]
-          - repetition_penalty*(1 - unique/total) - contrast*background_T
-
-    background_T is the final guess's mean similarity to other messages (`Background`): with contrast 1
-    the first and last terms reward what the guess says about this message and not about any message.
-
-    Terminal only: per-turn similarity deltas summed into a return reward a weak first turn (the
-    original's defect), since a bad first guess leaves more room to improve.
-    """
-    repetition = 1.0 - unique_emoji / total_emoji if total_emoji else 0.0
-    terms = {
-        "similarity": similarity,
-        "success": weights.success_bonus * float(similarity >= tau),
-        "turns": -weights.turn_cost * turns,
-        "format": -weights.format_penalty * float(violation),
-        "repetition": -weights.repetition_penalty * repetition,
-        "contrast": -weights.contrast * background,
-    }
-    return {**terms, "total": sum(terms.values())}

@@ -27,9 +27,9 @@ import random
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from emoji_rl.game.wordle import MAX_TURNS, board_message, feedback_line, wordle_messages
-from emoji_rl.game.wordle_rules import load_word_lists
-from emoji_rl.game.wordle_solver import EntropySolver, SolverTurn
+from emoji_rl.games.wordle.game import MAX_TURNS, board_message, feedback_line, wordle_messages
+from emoji_rl.games.wordle.rules import load_word_lists
+from emoji_rl.games.wordle.solver import EntropySolver, SolverTurn
 from emoji_rl.io.jsonl import Record, write_json, write_jsonl
 
 

@@ -6,7 +6,7 @@ import json
 import pytest
 
 from emoji_rl.cli import main as cli_main
-from emoji_rl.game.wordle import WordleBuilder, WordleRules
+from emoji_rl.games.wordle.game import WordleBuilder, WordleRules
 from emoji_rl.io.jsonl import read_jsonl
 from emoji_rl.lm.template import stop_token_id
 

@@ -4,10 +4,12 @@ earlier guesses, never the target, and answers with one plain sentence.
 Kinds:
 - `lexicon`: no LLM; the guess is the names of the emoji sent so far. Deterministic and fast: for
   tests, for the cpu demo when time is short, and as the floor any LLM judge should beat.
-- `hf`: a frozen causal LM in this process, batched decoding.
-- `openai` (lands with issue 5): any OpenAI-compatible server. It subclasses `Judge`, sends
-  `judge_messages(...)` to `/v1/chat/completions` with the sampling settings below under a
-  semaphore, and passes each answer through `clean_guess`; `Judge.guess` is async for its sake.
+- `hf`: a frozen causal LM in this process, batched decoding (`game.completer.HFCompleter`).
+- `openai`: any OpenAI-compatible server, such as vLLM serving Qwen/Qwen3-30B-A3B-Instruct-2507
+  (launch/serve_judge.sh; docs/DESIGN.md §4, docs/VLLM.md §3): one `/v1/chat/completions` request
+  per episode (`game.completer.OpenAICompleter`).
+Both LLM judges send `judge_messages(...)` with the sampling settings below and pass each answer
+through `clean_guess`; `Judge.guess` is async for the server's sake.
 
 The view is what an LLM judge is shown: `raw` (the emoji alone, the real game, for judges that read
 emoji) or `gloss` (each emoji followed by its name, for small judges: SmolLM2-135M shown raw emoji only
@@ -22,20 +24,20 @@ other text), while stripping works the same for `hf` and `openai` and still show
 
 from __future__ import annotations
 
-import asyncio
 import re
 from abc import ABC, abstractmethod
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Literal
 
 import emoji as emoji_pkg
-from emoji_rl.decode.generate import generate_from_ids, ids_containing
 from emoji_rl.emoji.alphabet import emoji_name
-from emoji_rl.lm import template
+from emoji_rl.game.completer import THINKING_OFF, Completer, Completion, HFCompleter, OpenAICompleter
 
 if TYPE_CHECKING:
     from transformers import PreTrainedModel, PreTrainedTokenizerBase
+
+    from emoji_rl.io.endpoint import Endpoint
 
 JudgeKind = Literal["lexicon", "hf", "openai"]
 JudgeView = Literal["raw", "gloss"]
@@ -210,9 +212,25 @@ class LexiconJudge(Judge):
         return "lexicon"
 
 
-class HFJudge(Judge):
-    """A frozen causal LM in this process; all pending episodes are decoded in batches
-    (`emoji_rl.decode.generate`), the judge prompt's system message and examples read once per batch."""
+class LLMJudge(Judge):
+    """A frozen LLM as the judge: it answers `judge_messages`, and each answer is cleaned to one
+    sentence (`clean_guess`)."""
+
+    def __init__(self, completer: Completer, view: JudgeView) -> None:
+        self.completer = completer
+        self.view: JudgeView = view
+
+    async def guess(self, episodes: Sequence[JudgeInput]) -> list[Guess]:
+        answers = await self.completer.complete([judge_messages(episode, self.view) for episode in episodes])
+        return [clean_guess(answer) for answer in answers]
+
+    def describe(self) -> str:
+        return self.completer.describe(f"view={self.view}")
+
+
+class HFJudge(LLMJudge):
+    """A frozen causal LM in this process: pending episodes decoded in batches, each distinct input
+    once at temperature 0 (up to MEMO_SIZE of them), an answer stopped at its first sentence's end."""
 
     def __init__(
         self,
@@ -224,47 +242,37 @@ class HFJudge(Judge):
         temperature: float = TEMPERATURE,
         max_new_tokens: int = MAX_NEW_TOKENS,
     ) -> None:
-        self.model = model
-        self.tokenizer = tokenizer
-        self.view = view
-        self.name = name
-        self.batch_size = batch_size
-        self.temperature = temperature
-        self.max_new_tokens = max_new_tokens
-        self.sentence_ends = ids_containing(tokenizer, SENTENCE_ENDS)
-        self._memo: dict[JudgeInput, Guess] = {}
-
-    async def guess(self, episodes: Sequence[JudgeInput]) -> list[Guess]:
-        """At temperature 0 the guess is a function of what the judge sees, so each distinct input is
-        decoded once per judge (up to MEMO_SIZE of them): the same emoji always read the same way."""
-        if self.temperature > 0:
-            return await self._decode(episodes)
-        new = list(dict.fromkeys(ep for ep in episodes if ep not in self._memo))
-        for episode, guess in zip(new, await self._decode(new) if new else [], strict=True):
-            self._memo[episode] = guess
-        answers = [self._memo[ep] for ep in episodes]
-        while len(self._memo) > MEMO_SIZE:
-            del self._memo[next(iter(self._memo))]
-        return answers
-
-    async def _decode(self, episodes: Sequence[JudgeInput]) -> list[Guess]:
-        prompts = [template.chat_ids(self.tokenizer, judge_messages(ep, self.view)) for ep in episodes]
-        # A thread, so that other coroutines (an HTTP sender, a progress bar) run while torch computes.
-        answers = await asyncio.to_thread(self._generate, prompts)
-        return [clean_guess(answer) for answer in answers]
-
-    def _generate(self, prompts: list[list[int]]) -> list[str]:
-        replies = generate_from_ids(
-            self.model,
-            self.tokenizer,
-            prompts,
-            constraint="none",
-            temperature=self.temperature,
-            max_new_tokens=self.max_new_tokens,
-            batch_size=self.batch_size,
-            stop_ids=self.sentence_ends,
+        settings = Completion(temperature, max_new_tokens)
+        completer = HFCompleter(
+            model, tokenizer, name, settings, batch_size=batch_size, stop_text=SENTENCE_ENDS, memo=MEMO_SIZE
         )
-        return [reply.text for reply in replies]
+        super().__init__(completer, view)
 
-    def describe(self) -> str:
-        return f"hf({self.name}, view={self.view}, T={self.temperature:g})"
+
+class OpenAIJudge(LLMJudge):
+    """A frozen judge behind an OpenAI-compatible `/v1/chat/completions`."""
+
+    def __init__(
+        self,
+        endpoint: Endpoint,
+        model: str,
+        view: JudgeView = "raw",
+        *,
+        max_concurrency: int = 64,
+        temperature: float = TEMPERATURE,
+        max_tokens: int = MAX_NEW_TOKENS,
+        chat_template_kwargs: Mapping[str, object] | None = THINKING_OFF,
+    ) -> None:
+        completer = OpenAICompleter(
+            endpoint,
+            model,
+            Completion(temperature, max_tokens),
+            max_concurrency=max_concurrency,
+            chat_template_kwargs=chat_template_kwargs,
+            model_hint="JUDGE_NAME in launch/serve_judge.sh",
+        )
+        super().__init__(completer, view)
+
+    def request_body(self, episode: JudgeInput) -> dict[str, object]:
+        assert isinstance(self.completer, OpenAICompleter)
+        return self.completer.request_body(judge_messages(episode, self.view))

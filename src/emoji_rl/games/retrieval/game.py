@@ -6,18 +6,21 @@ guess and the original, and sends emoji to correct it. The reward is terminal on
 
 from __future__ import annotations
 
-import asyncio
 import time
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Generic, TypeVar
+from typing import TYPE_CHECKING
 
+from emoji_rl.config import override
 from emoji_rl.emoji.alphabet import MAX_EMOJI, MIN_EMOJI, parse_message
 from emoji_rl.emoji.sender_prompts import correction_message, sender_messages
-from emoji_rl.game.judge import Guess, Judge, JudgeInput
-from emoji_rl.game.reward import Background, RewardWeights, Similarity, terminal_reward
-from emoji_rl.game.types import Game, StepResult
-from emoji_rl.lm.template import chat_ids, continuation_ids, end_of_turn_ids
+from emoji_rl.game.batching import MicroBatcher
+from emoji_rl.game.chat import ChatGame
+from emoji_rl.game.registry import GameConfig
+from emoji_rl.game.similarity import Background, Similarity
+from emoji_rl.game.types import StepResult
+from emoji_rl.games.retrieval.judge import Guess, Judge, JudgeInput
+from emoji_rl.games.retrieval.reward import RewardWeights, terminal_reward
 
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
@@ -28,12 +31,10 @@ SUCCESS_THRESHOLDS = (0.5, 0.65, 0.7, TAU)
 
 
 @dataclass
-class RetrievalConfig:
+class RetrievalConfig(GameConfig):
     """The retrieval game's length and success threshold, in every stage that plays it."""
 
-    max_turns: int = field(
-        default=MAX_TURNS, metadata={"help": "sender turns before the game ends", "min": 1}
-    )
+    max_turns: int = override(GameConfig, "max_turns", MAX_TURNS, help="sender turns before the game ends")
     tau: float = field(default=TAU, metadata={"help": "similarity that ends the game as a success"})
 
 
@@ -53,7 +54,7 @@ class RetrievalRules:
     weights: RewardWeights = field(default_factory=RewardWeights)
 
 
-class RetrievalGame(Game):
+class RetrievalGame(ChatGame):
     """One episode for one target message. `ask_judge` and `score` are shared, batched services."""
 
     def __init__(
@@ -64,26 +65,19 @@ class RetrievalGame(Game):
         score: Score,
         rules: RetrievalRules,
     ) -> None:
+        super().__init__(tokenizer, sender_messages(target))
         self.target = target
-        self.tokenizer = tokenizer
         self.ask_judge = ask_judge
         self.score = score
         self.rules = rules
-        self.history = sender_messages(target)
         self.turns: list[tuple[str, ...]] = []
         self.guesses: list[Guess] = []
         self.similarities: list[float] = []
         self.backgrounds: list[float] = []
-        self._turn_ends = frozenset(end_of_turn_ids(tokenizer))
-
-    async def start(self) -> tuple[int, ...]:
-        return tuple(chat_ids(self.tokenizer, self.history))
 
     async def step(self, action_ids: tuple[int, ...]) -> StepResult:
-        # 1. parse: what the sender wrote, up to its end-of-turn token (any id that ends a message
-        # on the vLLM server too: template.end_of_turn_ids)
-        ended = bool(action_ids) and action_ids[-1] in self._turn_ends
-        text = self.tokenizer.decode(action_ids[:-1] if ended else action_ids, skip_special_tokens=True)
+        # 1. parse: what the sender wrote, up to its end-of-turn token
+        text, ended = self.read(action_ids)
         parsed = parse_message(text, self.rules.min_emoji, self.rules.max_emoji)
         self.turns.append(parsed.emoji)
         if not (ended and parsed.ok):
@@ -100,13 +94,9 @@ class RetrievalGame(Game):
         log = {"emoji": text, "guess": guess.text, "judge_raw": guess.raw}
         if similarity >= self.rules.tau or len(self.turns) == self.rules.max_turns:
             return self._finish(violation=False, log=log)
-        correction = correction_message(guess.text, self.target)
-        observation = continuation_ids(self.tokenizer, self.history, correction, action_ids)
-        self.history = [*self.history, {"role": "assistant", "content": text}, correction]
+        observation = self.reply(text, action_ids, correction_message(guess.text, self.target))
         metrics = {"similarity": similarity}
-        return StepResult(
-            done=False, reward=0.0, next_observation_ids=tuple(observation), metrics=metrics, log=log
-        )
+        return StepResult(done=False, reward=0.0, next_observation_ids=observation, metrics=metrics, log=log)
 
     def _finish(self, violation: bool, log: dict[str, str]) -> StepResult:
         final = self.similarities[-1] if self.similarities else 0.0
@@ -169,47 +159,3 @@ class RetrievalBuilder:
 
     def __call__(self, record: dict[str, str]) -> RetrievalGame:
         return RetrievalGame(record["target"], self.tokenizer, self._ask_judge, self._score, self.rules)
-
-
-# Micro-batching for concurrent games: every game awaits its own judge call or similarity, and the
-# calls made in the same event-loop pass run as one batch (one `generate`, one embedding call), the
-# way a vLLM server batches concurrent HTTP requests.
-
-X = TypeVar("X")
-Y = TypeVar("Y")
-
-# Passes of the event loop to wait before a flush: games do a little synchronous work (parsing)
-# between resuming and calling in, so one pass can miss the slower ones.
-_SETTLE_PASSES = 3
-
-
-class MicroBatcher(Generic[X, Y]):
-    """`await batcher(x)` -> `y`, with all calls pending in the same loop pass sent to `fn` together."""
-
-    def __init__(self, fn: Callable[[Sequence[X]], Awaitable[list[Y]]]) -> None:
-        self._fn = fn
-        self._pending: list[tuple[X, asyncio.Future[Y]]] = []
-        self._flush: asyncio.Task[None] | None = None
-        self.batch_sizes: list[int] = []
-
-    async def __call__(self, item: X) -> Y:
-        future: asyncio.Future[Y] = asyncio.get_running_loop().create_future()
-        self._pending.append((item, future))
-        if self._flush is None:
-            self._flush = asyncio.create_task(self._run())
-        return await future
-
-    async def _run(self) -> None:
-        for _ in range(_SETTLE_PASSES):
-            await asyncio.sleep(0)
-        batch, self._pending, self._flush = self._pending, [], None
-        self.batch_sizes.append(len(batch))
-        try:
-            results = await self._fn([item for item, _ in batch])
-            assert len(results) == len(batch), (len(results), len(batch))
-        except Exception as err:  # every caller sees the failure, none hangs
-            for _, future in batch:
-                future.set_exception(err)
-            return
-        for (_, future), result in zip(batch, results, strict=True):
-            future.set_result(result)

@@ -13,9 +13,10 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from emoji_rl.errors import UserError
-from emoji_rl.game.types import Game, StepResult
-from emoji_rl.game.wordle_reward import CurriculumTracker, TurnScore, WordleWeights, episode_terms
-from emoji_rl.game.wordle_rules import (
+from emoji_rl.game.chat import ChatGame
+from emoji_rl.game.types import StepResult
+from emoji_rl.games.wordle.reward import CurriculumTracker, TurnScore, WordleWeights, episode_terms
+from emoji_rl.games.wordle.rules import (
     SYMBOLS,
     WORD_LENGTH,
     Knowledge,
@@ -32,7 +33,6 @@ from emoji_rl.game.wordle_rules import (
     pattern_matrix,
     render_marks,
 )
-from emoji_rl.lm.template import chat_ids, continuation_ids, end_of_turn_ids
 
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
@@ -81,7 +81,7 @@ class WordleRules:
     weights: WordleWeights = field(default_factory=WordleWeights)
 
 
-class WordleGame(Game):
+class WordleGame(ChatGame):
     """One episode for one secret word. Word lists and the encoded answer list are shared."""
 
     def __init__(
@@ -93,28 +93,22 @@ class WordleGame(Game):
         rules: WordleRules,
         tracker: CurriculumTracker | None = None,
     ) -> None:
+        super().__init__(tokenizer, wordle_messages(rules.max_turns))
         self.answer = answer
-        self.tokenizer = tokenizer
         self.words = words
         self.answers_array = answers_array
         self.rules = rules
         # Weights are fixed when the game is built, so the G games of a group are scored alike.
         self.phase = tracker.phase if tracker is not None else 0
         self.weights = tracker.weights if tracker is not None else rules.weights
-        self.history = wordle_messages(rules.max_turns)
         self.board: list[tuple[str, tuple[Mark, ...]]] = []
         self.lines: list[str] = []
         self.scores: list[TurnScore] = []
         self.candidates = np.arange(len(answers_array))
-        self._turn_ends = frozenset(end_of_turn_ids(tokenizer))
-
-    async def start(self) -> tuple[int, ...]:
-        return tuple(chat_ids(self.tokenizer, self.history))
 
     async def step(self, action_ids: tuple[int, ...]) -> StepResult:
         # 1. parse: the reply up to its end-of-turn token; a cut-off reply is never strict
-        ended = bool(action_ids) and action_ids[-1] in self._turn_ends
-        text = self.tokenizer.decode(action_ids[:-1] if ended else action_ids, skip_special_tokens=True)
+        text, ended = self.read(action_ids)
         guess, strict, reason = parse_reply(text)
         strict = strict and ended
         if guess is not None and guess not in self.words.allowed:
@@ -139,11 +133,9 @@ class WordleGame(Game):
         if solved or len(self.scores) == self.rules.max_turns:
             return self._finish(solved, log)
         # 4. the next user turn shows the whole board (continuation_ids closes a cut-off reply)
-        message = board_message(self.lines, self.rules.max_turns)
-        observation = continuation_ids(self.tokenizer, self.history, message, action_ids)
-        self.history = [*self.history, {"role": "assistant", "content": text}, message]
+        observation = self.reply(text, action_ids, board_message(self.lines, self.rules.max_turns))
         metrics = {"candidates": float(len(self.candidates))}
-        return StepResult(False, 0.0, tuple(observation), metrics, log)
+        return StepResult(False, 0.0, observation, metrics, log)
 
     def _score(self, guess: str | None, valid: bool, strict: bool, codes: np.ndarray | None) -> TurnScore:
         if guess is None:

@@ -15,7 +15,8 @@ import emoji as emoji_pkg
 from emoji_rl.config import build_parser, parse_config
 from emoji_rl.emoji.alphabet import ALPHABET
 from emoji_rl.errors import UserError
-from emoji_rl.game.judge import (
+from emoji_rl.game.similarity import Similarity
+from emoji_rl.games.retrieval.judge import (
     FEW_SHOT,
     JUDGE_FIRST_TURN,
     JUDGE_NEXT_TURN,
@@ -29,8 +30,7 @@ from emoji_rl.game.judge import (
     plain_name,
     render_turn,
 )
-from emoji_rl.game.judge_config import JudgeConfig, make_judge
-from emoji_rl.game.reward import Similarity
+from emoji_rl.games.retrieval.judge_config import JudgeConfig, make_judge
 
 
 @pytest.mark.parametrize(
@@ -156,7 +156,7 @@ JUDGE_FLAGS = [
 def _stage_config(stage):
     from emoji_rl import cli
 
-    return importlib.import_module(cli.STAGES[stage][0]).Config
+    return cli.config_class(importlib.import_module(cli.STAGES[stage][0]), [])
 
 
 @pytest.mark.parametrize(("stage", "default"), JUDGE_STAGES.items())
@@ -242,8 +242,8 @@ async def test_a_greedy_hf_judge_decodes_each_distinct_input_once(smollm2_model,
     pizza, beach, cat = (JudgeInput((turn,)) for turn in [("🍕", "🎬"), ("🏖️", "☀️"), ("🐈", "🎂")])
 
     def counting(judge):
-        decoded, generate = [], judge._generate
-        judge._generate = lambda prompts: decoded.append(len(prompts)) or generate(prompts)
+        decoded, generate = [], judge.completer._generate
+        judge.completer._generate = lambda prompts: decoded.append(len(prompts)) or generate(prompts)
         return judge, decoded
 
     judge, decoded = counting(HFJudge(smollm2_model, smollm2_tokenizer, "gloss", "smollm2", temperature=0.0))

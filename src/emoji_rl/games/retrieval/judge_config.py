@@ -1,15 +1,22 @@
 """The judge a stage asks for: the `judge_*` fields every judging stage's config inherits
-(`JudgeConfig`), and `make_judge`, which builds any kind from them. It sits above the kinds
-(`rl/judge.py`: the interface, lexicon and hf; `rl/judge_openai.py`), so that no kind imports another."""
+(`JudgeConfig`), and `make_judge`, which builds any kind from them (`judge.py`)."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 
 from emoji_rl.errors import UserError
-from emoji_rl.game.judge import BATCH_SIZE, TEMPERATURE, HFJudge, Judge, JudgeKind, JudgeView, LexiconJudge
-from emoji_rl.game.judge_openai import OpenAIJudge
-from emoji_rl.io.endpoint import PROGRESS_S, SERVER_WAIT_S, Endpoint, wait_for_server
+from emoji_rl.games.retrieval.judge import (
+    BATCH_SIZE,
+    TEMPERATURE,
+    HFJudge,
+    Judge,
+    JudgeKind,
+    JudgeView,
+    LexiconJudge,
+    OpenAIJudge,
+)
+from emoji_rl.io.endpoint import SERVER_WAIT_S, Endpoint, ServerWaitConfig, wait_for_server
 from emoji_rl.lm import models
 
 JUDGE_URL = "http://127.0.0.1:8001"  # launch/serve_judge.sh's default host and port
@@ -60,7 +67,7 @@ def make_judge(
 
 
 @dataclass
-class JudgeConfig:
+class JudgeConfig(ServerWaitConfig):
     """The judge fields of every stage that asks a judge (grpo, rl-prompts, judge-check, eval-sft,
     eval-retrieval, play-game): stage configs inherit them, so the flags, defaults and help texts are
     the same everywhere. A stage whose default differs overrides that field (eval-sft: no judge)."""
@@ -101,16 +108,9 @@ class JudgeConfig:
         default=JUDGE_API_KEY_ENV,
         metadata={"help": "env var holding the openai judge server's key; unset sends none"},
     )
-    server_wait_s: float = field(
-        default=SERVER_WAIT_S,
-        metadata={
-            "help": "seconds to wait at start for a vLLM server to answer /health (it refuses connections "
-            f"while its model loads), saying so every {PROGRESS_S:g} s: the openai judge's, and in grpo "
-            "with --engine vllm the policy server's"
-        },
-    )
 
     def __post_init__(self) -> None:
+        super().__post_init__()
         check_view(self.judge, self.judge_view)
 
     def wait_for_judge(self) -> None:

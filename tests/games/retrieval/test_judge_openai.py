@@ -11,8 +11,7 @@ from tests.fakes.fake_lm import FakeLM
 from tests.fakes.vllm_server import FakeVLLMServer, default_chat_reply
 
 from emoji_rl.errors import UserError
-from emoji_rl.game.judge import JudgeInput, clean_guess, judge_messages
-from emoji_rl.game.judge_openai import OpenAIJudge
+from emoji_rl.games.retrieval.judge import JudgeInput, OpenAIJudge, clean_guess, judge_messages
 from emoji_rl.io.endpoint import Endpoint
 
 KEY_ENV = "EMOJI_RL_TEST_JUDGE_KEY"
@@ -109,7 +108,7 @@ def test_a_judge_server_that_stays_down_is_a_clear_error(make_server):
 def test_a_wrong_model_name_points_at_the_served_name(make_server):
     server = make_server()
     judge = judge_for(server)
-    judge.model = "qwen"
+    judge.completer.model = "qwen"
     with pytest.raises(UserError, match="JUDGE_NAME") as caught:
         asyncio.run(judge.guess(EPISODES[:1]))
     assert "param model" in str(caught.value) and len(server.requests) == 1
