@@ -239,8 +239,17 @@ def test_two_nodes_train_as_one_die_apart_and_resume(tiny_qwen, tmp_path):
     assert jsonl(run / "rollouts.jsonl") == rollouts
 
     # --- a run directory each node sees apart (each its own disk) is named at the start -------------
+    # Each node looks for the main process's file for 2 s (an NFS client may show it late).
     apart = [
-        cli_args({**SFT, "model": tiny_qwen, "train_data": chats, "output_dir": runs / f"disk{node}"})
+        cli_args(
+            {
+                **SFT,
+                "model": tiny_qwen,
+                "train_data": chats,
+                "output_dir": runs / f"disk{node}",
+                "shared_dir_wait_s": 2,
+            }
+        )
         for node in (0, 1)
     ]
     stopped = Nodes(
@@ -255,12 +264,14 @@ def test_two_nodes_train_as_one_die_apart_and_resume(tiny_qwen, tmp_path):
     assert [list((runs / f"disk{node}").glob("*")) for node in (0, 1)] == [[], []]
 
     # Over every run above: no file written, directory made, renamed or removed under the run
-    # directories by a process other than the global main one, but the RNG state the Trainer saves per
-    # process into its checkpoint.
+    # directories by a process other than the global main one, but the run directory itself (every
+    # process makes it: on NFS that drops a "no such directory" its node cached) and the RNG state the
+    # Trainer saves per process into its checkpoint.
     written = audit(tmp_path)
     assert {e["rank"] for e in written} == {0, 1}  # the audit ran in both
     others = {(e["event"], e["path"]) for e in written if e["rank"] != 0}
     assert others <= {
+        *(("os.mkdir", run) for run in ("sft", "grpo", "one", "killed", "disk1")),
         *(("os.mkdir", f"sft/checkpoint-{n}") for n in (1, 2)),
         *(("open", f"sft/checkpoint-{n}/rng_state_1.pth") for n in (1, 2)),
     }, others
