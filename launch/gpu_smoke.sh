@@ -42,8 +42,8 @@ pick_python
 require_int WAIT_S "$WAIT_S" 1
 require_int SMOKE_EXAMPLES "$SMOKE_EXAMPLES" 1
 
-judge_url="http://127.0.0.1:$JUDGE_PORT"
-policy_url="http://127.0.0.1:$POLICY_PORT"
+judge_url=$(server_url JUDGE)
+policy_url=$(server_url POLICY)
 POLL_S=5  # how often a dead server is noticed while waiting
 # The trainer reads the keys from the same variables the servers were started with. For an openai
 # judge, judge_model is the name the server serves.

@@ -1,7 +1,7 @@
 """The job's processes, as a trainer stage (`sft`, `grpo`) starts them: joining the process group with a
-collective timeout (`ProcessConfig`), its failures raised as Python exceptions, checking that every
-process sees the run directory as one directory, and naming the peers when a collective fails because
-one of them is gone.
+collective timeout (`ProcessConfig`), with as many processes on every node and collective failures
+raised as Python exceptions, checking that every process sees the run directory as one directory, and
+naming the peers when a collective fails because one of them is gone.
 
 Over several nodes (`NNODES`, docs/gpu/README.md) the global main process alone writes the run's
 files, and every process reads the checkpoints back on `--resume`: a run directory that is a local
@@ -19,6 +19,7 @@ import socket
 import struct
 import time
 import uuid
+from collections import Counter
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from datetime import timedelta
@@ -94,7 +95,8 @@ _PEERS: list[Peer] = []
 
 def join_processes(timeout_s: int) -> PartialState:
     """Join the job's process group (a single process without a launcher), with `timeout_s` as the
-    longest any collective waits. Every process calls it first."""
+    longest any collective waits, and check that every node runs as many processes. Every process
+    calls it first."""
     from accelerate import PartialState
 
     if timeout_s < 1:
@@ -109,6 +111,7 @@ def join_processes(timeout_s: int) -> PartialState:
     state = PartialState(cpu=without_cuda(), timeout=timedelta(seconds=timeout_s))
     if state.num_processes > 1:
         _PEERS[:] = gather(_here(state.process_index))
+        _check_nodes_alike(_PEERS)
     return state
 
 
@@ -154,6 +157,20 @@ def _ipv4_address(interface: str) -> str | None:
         except OSError:  # no IPv4 address
             return None
     return socket.inet_ntoa(request[20:24])  # struct ifreq: the name, then a sockaddr_in
+
+
+def _check_nodes_alike(peers: list[Peer]) -> None:
+    """Refuse nodes that run different numbers of processes. torch's agent sums whatever each node
+    starts into the job, but accelerate launch's --num_processes counts the job's processes as
+    NNODES equal shares, and the batch a step splits among the processes was sized for that count."""
+    counts = Counter(peer.node for peer in peers)
+    if len(set(counts.values())) > 1:
+        each = ", ".join(f"node {node} runs {n}" for node, n in sorted(counts.items()))
+        raise UserError(
+            f"the nodes run unequal numbers of processes ({each}: {len(peers)} in all): start every node "
+            "with the same number, one per GPU of TRAIN_GPUS (NGPUS without GPUs); accelerate launch "
+            "divides --num_processes equally among --num_machines"
+        )
 
 
 def check_shared_dir(run_dir: Path, state: PartialState, wait_s: float) -> None:
