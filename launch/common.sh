@@ -95,18 +95,36 @@ node_settings() {
   [[ -z "${MAIN_PORT:-}" ]] || die "MAIN_PORT=$MAIN_PORT: the setting is MASTER_PORT now, as in train_grpo.sh"
   NNODES=${NNODES:-1}
   NODE_RANK=${NODE_RANK:-0}
-  MASTER_ADDR=${MASTER_ADDR:-127.0.0.1}
   MASTER_PORT=${MASTER_PORT:-29500}
   LAUNCHER=${LAUNCHER:-accelerate}
   STRATEGY=${STRATEGY:-ddp}
   require_int NNODES "$NNODES" 1
   require_int NODE_RANK "$NODE_RANK" 0
   (( NODE_RANK < NNODES )) || die "NODE_RANK=$NODE_RANK must be below NNODES=$NNODES"
+  # A loopback MASTER_ADDR on node 1 is node 1 itself: its launcher would wait for a rendezvous store
+  # there until the rendezvous timed out. Nodes on one machine (GPUS=0, tests/test_two_nodes.py) are
+  # the one place it is right.
+  if (( NNODES > 1 )); then
+    [[ -n "${MASTER_ADDR:-}" ]] \
+      || die "NNODES=$NNODES needs MASTER_ADDR: node 0's address on the network the nodes share, the same on every node"
+    [[ "${GPUS:-}" == 0 ]] || ! is_loopback "$MASTER_ADDR" \
+      || die "MASTER_ADDR=$MASTER_ADDR is a loopback address here, which the other nodes cannot reach: set node 0's address on the network the nodes share, the same on every node (only GPUS=0 runs nodes on one machine)"
+  fi
+  MASTER_ADDR=${MASTER_ADDR:-127.0.0.1}
   require_int MASTER_PORT "$MASTER_PORT" 1
   require_one_of LAUNCHER "$LAUNCHER" accelerate torchrun
   require_one_of STRATEGY "$STRATEGY" ddp fsdp
   [[ "$LAUNCHER" == accelerate || "$STRATEGY" == ddp ]] \
     || die "STRATEGY=$STRATEGY needs LAUNCHER=accelerate (torchrun runs plain DDP)"
+}
+
+# Whether ADDR is this machine's loopback (127.0.0.0/8, ::1), as an address or as a name that resolves
+# only to loopback addresses here ($(hostname) does, to 127.0.1.1, on Debian's and Ubuntu's /etc/hosts).
+is_loopback() {  # ADDR
+  local addrs
+  addrs=$(getent ahosts "$1" 2>/dev/null | awk '{print $1}' | sort -u) || true
+  [[ -n "$addrs" ]] || addrs=$1
+  ! grep -qvE '^(127\.|::1$|::ffff:127\.)' <<< "$addrs"
 }
 
 # Sets LAUNCH: the launcher (accelerate or torchrun, from node_settings) that starts PROCESSES
@@ -255,6 +273,21 @@ on_cpu() { [[ "${GPU_LAYOUT:-}" == 0 ]]; }
 has_server() {  # PREFIX
   local gpus="$1_GPUS"
   on_cpu || [[ -n "${!gpus}" ]]
+}
+
+# The URL this machine reaches a server (JUDGE or POLICY) at: its bind address, PREFIX_HOST, with
+# a wildcard (all interfaces) reached through loopback; a server bound to one interface's address does
+# not answer on 127.0.0.1.
+server_url() {  # PREFIX
+  local host="$1_HOST" port="$1_PORT"
+  host=${!host:-127.0.0.1}
+  case "$host" in
+    0.0.0.0) host=127.0.0.1 ;;
+    ::|'[::]') host='[::1]' ;;
+    \[*) ;;
+    *:*) host="[$host]" ;;  # an IPv6 address
+  esac
+  echo "http://$host:${!port}"
 }
 
 # Where a server runs, for its command: DEVICE_ENV (words for `env`) and DEVICE_FLAGS (`vllm serve`).

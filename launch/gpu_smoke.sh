@@ -3,8 +3,11 @@
 # with the cpu profile's configs), on the GPU layout below: starts the
 # judge vLLM server and, where the layout has one, the policy server, waits for them, runs two GRPO
 # steps with the openai judge (the vllm engine, or --engine hf without a policy server), then one
-# retrieval evaluation, and reports PASS / FAIL / SKIP per stage (budget: 15 minutes). Servers are
-# stopped on exit; every stage's output is in SMOKE_DIR/<stage>.log.
+# retrieval evaluation, and reports PASS / FAIL / SKIP per stage (budget: 15 minutes). On GPUs with a
+# policy server a last stage, sampling, measures that server's tokens/s with and without the
+# rollouts' per-request seed and padding logit_bias (python -m emoji_rl.bench.sampling) and the
+# summary prints its figures. Servers are stopped on exit; every stage's output is in
+# SMOKE_DIR/<stage>.log.
 #
 #   launch/gpu_smoke.sh                              # this box's layout (GPUS: what nvidia-smi lists)
 #   GPUS=2 launch/gpu_smoke.sh                       # judge 0 (TP 1), trainer 1 with --engine hf
@@ -42,8 +45,8 @@ pick_python
 require_int WAIT_S "$WAIT_S" 1
 require_int SMOKE_EXAMPLES "$SMOKE_EXAMPLES" 1
 
-judge_url="http://127.0.0.1:$JUDGE_PORT"
-policy_url="http://127.0.0.1:$POLICY_PORT"
+judge_url=$(server_url JUDGE)
+policy_url=$(server_url POLICY)
 POLL_S=5  # how often a dead server is noticed while waiting
 # The trainer reads the keys from the same variables the servers were started with. For an openai
 # judge, judge_model is the name the server serves.
@@ -62,6 +65,12 @@ eval_args=(
   --systems base "rl=$SMOKE_DIR/grpo/adapter" --max_examples "$SMOKE_EXAMPLES" --output_dir "$SMOKE_DIR/eval" "${judge_flags[@]}"
 )
 wait_cmd() { print_cmd "$PYTHON" -m emoji_rl.io.endpoint "$1" --timeout "$POLL_S"; }
+# What the rollouts' per-request seed and padding bias cost the policy server: GPU figures, which no
+# CPU can give (make bench has the CPU engine's).
+sampling_cmd=()
+if has_server POLICY && ! on_cpu; then
+  sampling_cmd=("$PYTHON" -m emoji_rl.bench.sampling --url "$policy_url" --model "$POLICY_NAME" --api_key_env POLICY_API_KEY)
+fi
 
 if [[ "$DRY_RUN" == 1 ]]; then
   echo "# stage judge-server: in the background, log in $SMOKE_DIR/judge-server.log"
@@ -77,12 +86,17 @@ if [[ "$DRY_RUN" == 1 ]]; then
   CONFIG="$GRPO_CONFIG" launch/train_grpo.sh --dry-run "${grpo_args[@]}"
   echo "# stage eval: log in $SMOKE_DIR/eval.log"
   CONFIG="$EVAL_CONFIG" launch/eval_retrieval.sh --dry-run "${eval_args[@]}"
+  if [[ ${#sampling_cmd[@]} -gt 0 ]]; then
+    echo "# stage sampling: log in $SMOKE_DIR/sampling.log"
+    print_cmd "${sampling_cmd[@]}"
+  fi
   exit 0
 fi
 
 rm -rf "$SMOKE_DIR"
 mkdir -p "$SMOKE_DIR"
 stages=("${servers[@]}" grpo eval)
+[[ ${#sampling_cmd[@]} -eq 0 ]] || stages+=(sampling)
 declare -A result=() took=()
 pids=()
 
@@ -139,6 +153,9 @@ fi
 if [[ "${result[grpo]:-}" == PASS ]]; then
   run_stage eval env CONFIG="$EVAL_CONFIG" launch/eval_retrieval.sh "${eval_args[@]}"
 fi
+if [[ "$servers_up" == 1 && ${#sampling_cmd[@]} -gt 0 ]]; then
+  run_stage sampling "${sampling_cmd[@]}"
+fi
 
 failed=0
 elapsed=$((SECONDS - total))
@@ -147,6 +164,8 @@ for stage in "${stages[@]}"; do
   summary+=$'\n'$(printf '%-14s %-6s %s' "$stage" "${result[$stage]:-SKIP}" "${took[$stage]:--}")
   [[ "${result[$stage]:-SKIP}" == PASS ]] || failed=1
 done
+# The sampling stage's table: seeded / plain and biased / plain tokens/s, for the first GPU run.
+[[ "${result[sampling]:-}" != PASS ]] || summary+=$'\n'$(sed -n '/^benchmark /,$p' "$SMOKE_DIR/sampling.log")
 (( elapsed <= 900 )) || summary+=$'\n'"slow: $elapsed s, over the 15-minute budget"
 if [[ "$failed" == 0 ]]; then
   summary+=$'\n'"gpu_smoke: PASS in $elapsed s"

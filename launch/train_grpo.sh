@@ -9,22 +9,23 @@
 #   launch/train_grpo.sh                                       # TRAIN_GPUS, configs/gpu/grpo.yaml
 #   GPUS=4 launch/train_grpo.sh --max_steps 2                  # GPU 3; 0-2 serve the judge and policy
 #   NNODES=2 NODE_RANK=0 MASTER_ADDR=10.0.0.1 launch/train_grpo.sh   # on node 0, beside the servers
-#   NNODES=2 NODE_RANK=1 MASTER_ADDR=10.0.0.1 JUDGE_GPUS= POLICY_GPUS= TRAIN_GPUS=0,1,2,3,4,5,6,7 \
+#   NNODES=2 NODE_RANK=1 MASTER_ADDR=10.0.0.1 JUDGE_GPUS= POLICY_GPUS= TRAIN_GPUS=0,1,2,3 \
 #     launch/train_grpo.sh --judge_url http://10.0.0.1:8001 --vllm_url http://10.0.0.1:8002   # node 1
 #   LAUNCHER=torchrun launch/train_grpo.sh
 #   MAX_OFF_POLICY_STEPS=2 launch/train_grpo.sh                # with serve_policy.sh started so too
 #   GPUS=0 CONFIG=configs/cpu/grpo.yaml launch/train_grpo.sh --engine vllm   # no GPU: one CPU process
-#   GPUS=0 NNODES=2 NODE_RANK=0 launch/train_grpo.sh --engine hf   # no GPU: one gloo process per node
+#   GPUS=0 NNODES=2 NODE_RANK=0 MASTER_ADDR=127.0.0.1 launch/train_grpo.sh --engine hf   # no GPU: a gloo process a node
 #   launch/train_grpo.sh --dry-run                             # print the command, run nothing
 #
 # Settings (environment, default):
 #   GPUS         the box's GPU count: picks the layout   (what nvidia-smi lists, else 1)
 #   TRAIN_GPUS   CUDA_VISIBLE_DEVICES of the trainer     (the layout's: 1 on 2 GPUs, 3 on 4, 4,5,6,7 on 8)
 #   NGPUS        processes on this node                  (the number of TRAIN_GPUS; set, it must match;
-#                with GPUS=0, CPU processes over gloo: 1)
+#                with GPUS=0, CPU processes over gloo: 1). Every node must run as many.
 #   NNODES       nodes in the job                        (1)
 #   NODE_RANK    this node's rank, 0..NNODES-1           (0)
-#   MASTER_ADDR  address of node 0, reachable from all   (127.0.0.1)
+#   MASTER_ADDR  address of node 0, reachable from all   (127.0.0.1 on one node; NNODES > 1 needs it set,
+#                not to a loopback address unless GPUS=0)
 #   MASTER_PORT  rendezvous port on node 0               (29500; change it to run two jobs at once)
 #   LAUNCHER     accelerate | torchrun                   (accelerate)
 #   STRATEGY     ddp | fsdp, for accelerate              (ddp: configs/accelerate/ddp.yaml)

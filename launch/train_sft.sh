@@ -12,11 +12,13 @@
 #   launch/train_sft.sh --dry-run                         # print the command, run nothing
 #
 # Settings (environment, default):
-#   NGPUS       processes on this node, one per GPU (GPUS: what nvidia-smi lists, else 1; GPUS=0: 1)
+#   NGPUS       processes on this node, one per GPU (GPUS: what nvidia-smi lists, else 1; GPUS=0: 1);
+#               every node must run as many
 #   TRAIN_GPUS  CUDA_VISIBLE_DEVICES of the run    (unset: all; set, NGPUS must be its count)
 #   NNODES      nodes in the job                   (1)
 #   NODE_RANK   this node's rank, 0..NNODES-1      (0)
-#   MASTER_ADDR address of node 0, reachable from all (127.0.0.1)
+#   MASTER_ADDR address of node 0, reachable from all (127.0.0.1 on one node; NNODES > 1 needs it set,
+#               not to a loopback address unless GPUS=0)
 #   MASTER_PORT rendezvous port on node 0          (29500; change it to run two jobs at once)
 #   LAUNCHER    accelerate | torchrun              (accelerate)
 #   STRATEGY    ddp | fsdp, for accelerate         (ddp: configs/accelerate/ddp.yaml)

@@ -15,7 +15,8 @@
 # Settings (environment, default):
 #   SERVER_LOG_DIR  the servers' logs                                  (runs/servers)
 #   WAIT_S          seconds to wait for each server to answer /health  (900)
-#   JUDGE_PORT, POLICY_PORT, and every setting of serve_judge.sh and serve_policy.sh; the command
+#   JUDGE_HOST, JUDGE_PORT, POLICY_HOST, POLICY_PORT, and every setting of serve_judge.sh and
+#                   serve_policy.sh; /health is asked at the bind host (0.0.0.0: 127.0.0.1); the command
 #                   sees them too (MAX_OFF_POLICY_STEPS: the policy server's and train_grpo.sh's K)
 #   GPUS, JUDGE_GPUS, POLICY_GPUS, TRAIN_GPUS   the layout (below), checked first
 #   PYTHON          interpreter with emoji-rl installed                (.venv/bin/python if present, else python3)
@@ -43,7 +44,7 @@ pick_python
 
 wanted=(judge)
 [[ "$SERVERS" == judge,policy ]] && has_server POLICY && wanted+=(policy)
-url_of() { if [[ "$1" == judge ]]; then echo "http://127.0.0.1:$JUDGE_PORT"; else echo "http://127.0.0.1:$POLICY_PORT"; fi; }
+url_of() { if [[ "$1" == judge ]]; then server_url JUDGE; else server_url POLICY; fi; }
 answers() { "$PYTHON" -m emoji_rl.io.endpoint "$1" --timeout 5 > /dev/null 2>&1; }
 
 if [[ "$DRY_RUN" == 1 ]]; then

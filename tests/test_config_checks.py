@@ -85,3 +85,21 @@ def test_a_bound_broken_in_the_config_file_names_the_file(tmp_path):
 def test_chat_refuses_an_empty_message():
     with pytest.raises(UserError, match="an empty message has nothing to say"):
         parse_config(chat.Config, ["--message", "hello", " "], prog="chat")
+
+
+@pytest.mark.parametrize(("k", "keep"), [(0, 2), (1, 2), (2, 3), (4, 5)])
+def test_the_adapter_versions_kept_follow_max_off_policy_steps_unless_set(k, keep):
+    # launch/train_grpo.sh passes MAX_OFF_POLICY_STEPS as --max_off_policy_steps alone: the versions
+    # kept must follow it, as the policy server's --max-loras max(2, K+1) does.
+    argv = ["--engine", "vllm", "--max_off_policy_steps", str(k)]
+    assert parse_config(train_config.Config, argv, prog="grpo").vllm_adapter_keep == keep
+    kept = parse_config(train_config.Config, [*argv, "--vllm_adapter_keep", "6"], prog="grpo")
+    assert kept.vllm_adapter_keep == 6
+
+
+def test_adapter_versions_kept_set_below_the_versions_in_use_are_refused():
+    argv = ["--engine", "vllm", "--max_off_policy_steps", "2", "--vllm_adapter_keep", "2"]
+    with pytest.raises(
+        UserError, match=re.escape("vllm_adapter_keep=2 must be >= max_off_policy_steps + 1 = 3")
+    ):
+        parse_config(train_config.Config, argv, prog="grpo")

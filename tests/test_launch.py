@@ -592,9 +592,9 @@ def test_gpu_smoke_dry_run_prints_every_stage():
     assert result.returncode == 0, result.stderr
     comments = [line for line in result.stdout.splitlines() if line.startswith("#")]
     assert [c.split(":")[0] for c in comments if c.startswith("# stage")] == [
-        "# stage judge-server", "# stage policy-server", "# stage grpo", "# stage eval",
+        "# stage judge-server", "# stage policy-server", "# stage grpo", "# stage eval", "# stage sampling",
     ]  # fmt: skip
-    judge, policy, wait_judge, wait_policy, grpo, evaluate = dry_run("gpu_smoke.sh", GPUS="4")
+    judge, policy, wait_judge, wait_policy, grpo, evaluate, sampling = dry_run("gpu_smoke.sh", GPUS="4")
     assert gpus_of(judge) == {"0", "1"} and flag(judge, "--tensor-parallel-size") == "2"
     assert gpus_of(policy) == {"2"}
     assert wait_judge[1:4] == ["-m", "emoji_rl.io.endpoint", "http://127.0.0.1:8001"]
@@ -612,6 +612,15 @@ def test_gpu_smoke_dry_run_prints_every_stage():
         "base",
         "rl=runs/gpu-smoke/grpo/adapter",
     ]
+    # The policy server's tokens/s with and without the rollouts' seed and padding bias, measured by
+    # `make bench`'s own arms: its parser takes the printed flags.
+    from emoji_rl.bench import sampling as bench_sampling
+
+    assert sampling[1:3] == ["-m", "emoji_rl.bench.sampling"]
+    with pytest.raises(SystemExit), contextlib.redirect_stdout(io.StringIO()):
+        bench_sampling.main([*sampling[3:], "--help"])
+    assert flag(sampling, "--url") == "http://127.0.0.1:8002" and flag(sampling, "--model") == "policy"
+    assert flag(sampling, "--api_key_env") == "POLICY_API_KEY"
 
 
 def test_gpu_smoke_on_two_gpus_runs_grpo_in_process_without_a_policy_server():
@@ -627,7 +636,7 @@ def test_gpu_smoke_on_two_gpus_runs_grpo_in_process_without_a_policy_server():
 
 
 def test_gpu_smoke_on_eight_gpus():
-    judge, policy, _, _, grpo, evaluate = dry_run("gpu_smoke.sh", GPUS="8")
+    judge, policy, _, _, grpo, evaluate, _ = dry_run("gpu_smoke.sh", GPUS="8")
     assert gpus_of(judge) == {"0", "1"} and gpus_of(policy) == {"2", "3"}
     assert gpus_of(grpo) == gpus_of(evaluate) == {"4", "5", "6", "7"}
 

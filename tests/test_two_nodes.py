@@ -25,6 +25,8 @@ from pathlib import Path
 
 import pytest
 import torch
+from tests.fakes.fake_lm import FakeLM
+from tests.fakes.vllm_server import FakeVLLMServer
 from tests.launching import cli_args, free_port, read_weights
 from tests.rl.test_distributed import SETTINGS as RL
 from tests.rl.test_distributed import TARGETS
@@ -151,7 +153,7 @@ def step_batches(records: list[dict]) -> list[set[str]]:
 
 
 @pytest.mark.slow
-def test_two_nodes_train_as_one_die_apart_and_resume(tiny_qwen, tmp_path):
+def test_two_nodes_train_as_one_die_apart_and_resume(tiny_qwen, smollm2_tokenizer, tmp_path):
     runs = tmp_path / "runs"
     chats = write_chats(tmp_path / "chats.jsonl", PAIRS[:32])
     records = [{"id": f"t{i}", "target": t} for i, t in enumerate(TARGETS)]
@@ -203,6 +205,29 @@ def test_two_nodes_train_as_one_die_apart_and_resume(tiny_qwen, tmp_path):
     assert max((reference[k] - adapter(runs / "one")[k]).abs().max().item() for k in reference) == 0.0
     assert jsonl(runs / "one" / "rollouts.jsonl") == rollouts
 
+    # --- accelerate: GRPO rolled out on the fake policy server, one version ahead ----------------------
+    # The rollout thread draws its prompts in a gloo group of its own: made here over both nodes, and
+    # bound to the interface each node reaches MASTER_ADDR through (lm/processes.py).
+    served = runs / "served"
+    settings = {**GRPO, "engine": "vllm", "max_off_policy_steps": 1, "max_steps": 3, "output_dir": served}
+    with FakeVLLMServer(FakeLM(smollm2_tokenizer), logprobs_mode="processed_logprobs") as server:
+        settings["vllm_url"] = server.url
+        args = cli_args({**settings, "init_adapter": runs / "sft" / "adapter", "model": tiny_qwen})
+        remote = Nodes(
+            tmp_path, "served", "train_grpo.sh", [[*args, "--train_data", str(rl_data)]] * 2,
+            CONFIG="configs/cpu/grpo.yaml", POLICY_API_KEY=server.api_key,
+        )  # fmt: skip
+        logs = remote.wait()
+        completions = server.bodies("/v1/completions")
+    assert [p.returncode for p in remote.procs] == [0, 0], [log[-3000:] for log in logs]
+    played = jsonl(served / "rollouts.jsonl")
+    for step, batch in enumerate(step_batches(records)[:3], 1):
+        assert {r["prompt_id"] for r in played if r["step"] == step} == batch
+        assert {r["rank"] for r in played if r["step"] == step} == {0, 1}
+    assert [m["async/version_lag"] for m in jsonl(served / "metrics.jsonl")] == [0.0, 1.0, 1.0]
+    # Every episode's turn was sampled there: one request a turn, from both nodes' processes.
+    assert len(completions) >= sum(len(r["turns"]) for r in played) and len(played) == 3 * B * G
+
     # --- torchrun: GRPO again; node 1 killed mid-run ----------------------------------------------------
     run = runs / "killed"
     killed = Nodes(
@@ -239,8 +264,17 @@ def test_two_nodes_train_as_one_die_apart_and_resume(tiny_qwen, tmp_path):
     assert jsonl(run / "rollouts.jsonl") == rollouts
 
     # --- a run directory each node sees apart (each its own disk) is named at the start -------------
+    # Each node looks for the main process's file for 2 s (an NFS client may show it late).
     apart = [
-        cli_args({**SFT, "model": tiny_qwen, "train_data": chats, "output_dir": runs / f"disk{node}"})
+        cli_args(
+            {
+                **SFT,
+                "model": tiny_qwen,
+                "train_data": chats,
+                "output_dir": runs / f"disk{node}",
+                "shared_dir_wait_s": 2,
+            }
+        )
         for node in (0, 1)
     ]
     stopped = Nodes(
@@ -255,12 +289,14 @@ def test_two_nodes_train_as_one_die_apart_and_resume(tiny_qwen, tmp_path):
     assert [list((runs / f"disk{node}").glob("*")) for node in (0, 1)] == [[], []]
 
     # Over every run above: no file written, directory made, renamed or removed under the run
-    # directories by a process other than the global main one, but the RNG state the Trainer saves per
-    # process into its checkpoint.
+    # directories by a process other than the global main one, but the run directory itself (every
+    # process makes it: on NFS that drops a "no such directory" its node cached) and the RNG state the
+    # Trainer saves per process into its checkpoint.
     written = audit(tmp_path)
     assert {e["rank"] for e in written} == {0, 1}  # the audit ran in both
     others = {(e["event"], e["path"]) for e in written if e["rank"] != 0}
     assert others <= {
+        *(("os.mkdir", run) for run in ("sft", "grpo", "served", "one", "killed", "disk1")),
         *(("os.mkdir", f"sft/checkpoint-{n}") for n in (1, 2)),
         *(("open", f"sft/checkpoint-{n}/rng_state_1.pth") for n in (1, 2)),
     }, others

@@ -154,8 +154,8 @@ def bench_judge_signal() -> list[Row]:
 
 
 def _grpo(module: str, name: str) -> Callable[[], list[Row]]:
-    """A GRPO row, imported when it runs: it loads torch and TRL, which `--help` and the other rows
-    do without."""
+    """A GRPO or engine row, imported when it runs: it loads torch and TRL, which `--help` and the
+    other rows do without."""
 
     def run() -> list[Row]:
         return getattr(importlib.import_module(f"emoji_rl.bench.{module}"), name)()
@@ -172,6 +172,7 @@ BENCHMARKS: dict[str, Callable[[], list[Row]]] = {
     "grpo_step_vs_trl": _grpo("grpo_vs_trl", "bench_grpo_step_vs_trl"),
     "grpo_kl_memory": _grpo("grpo", "bench_kl_reference_memory"),
     "grpo_overlap": _grpo("overlap", "bench_overlap"),
+    "engine_sampling": _grpo("sampling", "bench_engine_sampling"),
     "play_web": bench_play_web,
 }
 

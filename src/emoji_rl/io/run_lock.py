@@ -53,10 +53,11 @@ def _acquire(path: Path, what: str) -> int:
             ) from None
         except OSError as err:
             os.close(fd)
-            if err.errno in (errno.ENOLCK, errno.EOPNOTSUPP):
+            # ENOSYS: Lustre mounted without -o flock (or with -o noflock).
+            if err.errno in (errno.ENOLCK, errno.EOPNOTSUPP, errno.ENOSYS):
                 raise UserError(
                     f"{what}: {path} cannot be locked ({err.strerror}): the filesystem does not support "
-                    "flock; choose a directory on one that does"
+                    "flock (Lustre needs to be mounted with -o flock); choose a directory on one that does"
                 ) from None
             raise
         # A holder that made the directory removes it and its lock file on leaving: what we locked may

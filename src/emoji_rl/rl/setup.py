@@ -85,7 +85,7 @@ def rollouts_ahead(
     background = weight_sync is not None
     # The thread's prompt draws are a collective among the processes: on a group of their own, so
     # that they never interleave with the update's.
-    group = rollout_group() if background else None
+    group = rollout_group(cfg.collective_timeout_s) if background else None
     stream = PromptStream(
         game.records, cfg.seed, replace(state), rank, gather_counts=lambda n: gather(n, group)
     )
@@ -114,10 +114,13 @@ def rollouts_ahead(
     )
 
 
-def rollout_group():
-    """A gloo process group for the rollout thread's collectives; None with one process."""
+def rollout_group(timeout_s: int):
+    """A gloo process group for the rollout thread's collectives, which wait `timeout_s` for a peer as
+    the run's own group does (gloo's default is 30 minutes); None with one process."""
+    from datetime import timedelta
+
     import torch.distributed as dist
 
     if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
-        return dist.new_group(backend="gloo")
+        return dist.new_group(backend="gloo", timeout=timedelta(seconds=timeout_s))
     return None

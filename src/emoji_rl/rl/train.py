@@ -364,7 +364,7 @@ def main(cfg: TrainConfig) -> None:
     # The process group under a launcher (one process otherwise), shared with train()'s Accelerator.
     processes = join_processes(cfg.collective_timeout_s)
     prompts_per_process(cfg.batch_size, processes.num_processes)  # before any model loads
-    check_shared_dir(run_dir, processes)
+    check_shared_dir(run_dir, processes, cfg.shared_dir_wait_s)
     if holds_a_run(run_dir) and not cfg.resume:
         raise UserError(
             f"{run_dir} already holds a run: pass --resume true to continue it, or another --output_dir"

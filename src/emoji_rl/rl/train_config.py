@@ -107,8 +107,13 @@ class TrainConfig(SamplingConfig, ProcessConfig, ModelConfig, TrackerConfig, Ser
         default="POLICY_API_KEY",
         metadata={"help": "env var holding the policy server's key; unset sends none"},
     )
-    vllm_adapter_keep: int = field(
-        default=2, metadata={"help": "adapter versions kept loaded and on disk (>= 1, <= --max-cpu-loras)"}
+    vllm_adapter_keep: int | None = field(
+        default=None,
+        metadata={
+            "help": "adapter versions kept loaded and on disk (>= max_off_policy_steps + 1, <= the server's "
+            "--max-cpu-loras); none: max(2, max_off_policy_steps + 1), what launch/serve_policy.sh sizes for",
+            "min": 1,
+        },
     )
     vllm_timeout_s: float = field(default=300.0, metadata={"help": "seconds per request before a retry"})
     max_off_policy_steps: int = field(
@@ -201,6 +206,10 @@ class TrainConfig(SamplingConfig, ProcessConfig, ModelConfig, TrackerConfig, Ser
             )
         if self.max_grad_norm < 0:
             raise ValueError(f"max_grad_norm={self.max_grad_norm} must be >= 0 (0: no clipping)")
+        if self.vllm_adapter_keep is None:
+            # Every version a step may still sample by, K + 1, and never fewer than 2: the sizes
+            # launch/serve_policy.sh gives the server for the same K (--max-loras max(2, K+1)).
+            self.vllm_adapter_keep = max(2, self.max_off_policy_steps + 1)
         if self.vllm_adapter_keep < self.max_off_policy_steps + 1:
             raise ValueError(
                 f"vllm_adapter_keep={self.vllm_adapter_keep} must be >= max_off_policy_steps + 1 = "

@@ -55,7 +55,7 @@ def main(cfg: Config) -> None:
     output_dir = Path(cfg.output_dir)
     processes = join_processes(cfg.collective_timeout_s)
     world_size, is_main = processes.num_processes, processes.is_main_process
-    check_shared_dir(output_dir, processes)
+    check_shared_dir(output_dir, processes, cfg.shared_dir_wait_s)
     checkpoint = checkpoint_to_resume(output_dir, cfg.resume, is_main)
     saved = trainer_state(checkpoint) if checkpoint is not None else None
     runtime = models.pick_runtime(dtype=cfg.dtype)
