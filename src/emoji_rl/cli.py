@@ -104,6 +104,17 @@ def logging_options(environ: Mapping[str, str]) -> dict[str, object]:
     }
 
 
+HTTP_CLIENT_LOGGERS = ("httpx", "httpcore")
+
+
+def quiet_http_clients() -> None:
+    """The HTTP clients' own lines only from warnings up: httpx logs every request at info, one line per
+    rollout request on the server path (177 of 199 lines of a 5-step run), burying the progress bar.
+    Our clients say what matters themselves: a retry, a server down, the request that failed."""
+    for name in HTTP_CLIENT_LOGGERS:
+        logging.getLogger(name).setLevel(logging.WARNING)
+
+
 # Writing output failed for a reason of the machine's, not a bug: one line, no traceback.
 _OUTPUT_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EACCES})
 OUTPUT_KEYS = ("output_dir", "out_dir", "run_dir")
@@ -159,6 +170,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"emoji-rl: unknown stage {stage!r}\n\n{_usage()}", file=sys.stderr)
         return 2
     logging.basicConfig(**logging_options(os.environ))
+    quiet_http_clients()
     try:
         module = importlib.import_module(STAGES[stage][0])
         cfg = parse_config(config_class(module, rest), rest, prog=f"emoji-rl {stage}")

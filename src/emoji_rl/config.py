@@ -7,7 +7,9 @@ Fields several stages share are declared once, in a small dataclass beside the c
 (`JudgeConfig`, `ModelConfig`, `SamplingConfig`, `SimilarityConfig`, `RetrievalConfig`), and a stage's
 Config inherits them; a stage whose default differs redeclares the field with `override`, keeping its
 help. A field renamed keeps its old name as an alias (`metadata={"aliases": (...)}`) on the command
-line and in YAML.
+line and in YAML. The command line also takes TRL's spellings, as `HfArgumentParser` does: dashes for
+underscores (`--learning-rate`), `--no_FIELD` to turn a flag off, and TRL's field names
+where ours differ (`--model_name_or_path` for `model`).
 """
 
 from __future__ import annotations
@@ -88,7 +90,18 @@ def _add_field(parser: argparse.ArgumentParser, field: dataclasses.Field, tp: An
         kwargs["default"] = field.default_factory()
     else:
         kwargs["required"] = True
-    parser.add_argument(f"--{field.name}", *(f"--{alias}" for alias in _aliases(field)), **kwargs)
+    parser.add_argument(*_options(field.name, _aliases(field)), **kwargs)
+    if tp is bool:
+        # HfArgumentParser's spelling for turning a flag off (`--no_gradient_checkpointing`), for any
+        # flag: TRL's defaults differ from ours (its gradient_checkpointing is on), so users type it.
+        off = _options(f"no_{field.name}", tuple(f"no_{alias}" for alias in _aliases(field)))
+        parser.add_argument(*off, dest=field.name, action="store_false", help=argparse.SUPPRESS)
+
+
+def _options(name: str, aliases: tuple[str, ...]) -> list[str]:
+    """`--name` and its aliases, each also with dashes, as TRL's parser takes them: `--learning-rate`."""
+    names = [name, *aliases]
+    return list(dict.fromkeys(f"--{spelling}" for n in names for spelling in (n, n.replace("_", "-"))))
 
 
 def _aliases(field: dataclasses.Field) -> tuple[str, ...]:
