@@ -140,6 +140,8 @@ def test_the_console_shows_no_line_per_http_request(capfd):
     handler = logging.StreamHandler()  # what cli.main's basicConfig installs: the root logger, at info
     root = logging.getLogger()
     level = root.level
+    for name in cli.HTTP_CLIENT_LOGGERS:  # as a fresh process has them (cli.main run before quiets them)
+        logging.getLogger(name).setLevel(logging.NOTSET)
     root.addHandler(handler)
     root.setLevel(logging.INFO)
     try:

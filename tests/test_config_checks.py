@@ -93,7 +93,9 @@ def test_the_adapter_versions_kept_follow_max_off_policy_steps_unless_set(k, kee
     # kept must follow it, as the policy server's --max-loras max(2, K+1) does.
     argv = ["--engine", "vllm", "--max_off_policy_steps", str(k)]
     assert parse_config(train_config.config_class("retrieval"), argv, prog="grpo").vllm_adapter_keep == keep
-    kept = parse_config(train_config.config_class("retrieval"), [*argv, "--vllm_adapter_keep", "6"], prog="grpo")
+    kept = parse_config(
+        train_config.config_class("retrieval"), [*argv, "--vllm_adapter_keep", "6"], prog="grpo"
+    )
     assert kept.vllm_adapter_keep == 6
 
 

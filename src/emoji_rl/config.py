@@ -90,18 +90,19 @@ def _add_field(parser: argparse.ArgumentParser, field: dataclasses.Field, tp: An
         kwargs["default"] = field.default_factory()
     else:
         kwargs["required"] = True
-    parser.add_argument(*_options(field.name, _aliases(field)), **kwargs)
+    names = [field.name, *_aliases(field)]
+    parser.add_argument(*(f"--{name}" for name in names), **kwargs)
+    # TRL's spellings, kept out of --help and of argparse's messages, which name the field as we do.
+    hidden = {**kwargs, "help": argparse.SUPPRESS}
+    hidden.pop("required", None)
+    dashed = [f"--{name.replace('_', '-')}" for name in names if "_" in name]
+    if dashed:
+        parser.add_argument(*dashed, **hidden)
     if tp is bool:
         # HfArgumentParser's spelling for turning a flag off (`--no_gradient_checkpointing`), for any
         # flag: TRL's defaults differ from ours (its gradient_checkpointing is on), so users type it.
-        off = _options(f"no_{field.name}", tuple(f"no_{alias}" for alias in _aliases(field)))
+        off = dict.fromkeys(f"--no{sep}{n.replace('_', sep)}" for n in names for sep in "_-")
         parser.add_argument(*off, dest=field.name, action="store_false", help=argparse.SUPPRESS)
-
-
-def _options(name: str, aliases: tuple[str, ...]) -> list[str]:
-    """`--name` and its aliases, each also with dashes, as TRL's parser takes them: `--learning-rate`."""
-    names = [name, *aliases]
-    return list(dict.fromkeys(f"--{spelling}" for n in names for spelling in (n, n.replace("_", "-"))))
 
 
 def _aliases(field: dataclasses.Field) -> tuple[str, ...]:
@@ -201,6 +202,11 @@ def _yaml_value(path: Path, key: str, tp: Any, value: Any) -> Any:
         (item,) = get_args(tp)[:1]
         if get_origin(item) is Literal and isinstance(value, str):
             value = [value]  # one name stands for a list of one, as TRL's `report_to: wandb`
+        if get_origin(item) is Literal and not isinstance(value, list):
+            names = ", ".join(map(str, get_args(item)))
+            raise UserError(
+                f"config file {path}: {key} must be one of {names}, or a list of them; got {value!r}"
+            )
         if not isinstance(value, list):
             raise UserError(
                 f"config file {path}: {key} must be a list, e.g. {key}: [{value!r}], got {value!r}"

@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
 
+from emoji_rl.config import Checked
 from emoji_rl.errors import UserError
 from emoji_rl.io.jsonl import write_json
 
@@ -31,7 +32,7 @@ STATE_FILE = "trackers.json"
 
 
 @dataclass
-class TrackerConfig:
+class TrackerConfig(Checked):
     """Where a training stage's metrics go besides metrics.jsonl (TRL's field names)."""
 
     report_to: list[ReportTo] = field(
@@ -48,6 +49,31 @@ class TrackerConfig:
         default=None,
         metadata={"help": "the run's name in wandb and trackio; none: the output directory's name and an id"},
     )
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if not self.report_to:
+            raise UserError(
+                "report_to is empty: name the trackers (tensorboard, wandb, trackio, all), or none"
+            )
+        if not self.project.strip():
+            raise UserError(
+                "project is empty: the wandb and trackio project a run is logged under needs a name"
+            )
+        if "wandb" in resolve(self.report_to):
+            _check_wandb_names(self.project, self.run_name)
+
+
+def _check_wandb_names(project: str, run_name: str | None) -> None:
+    """The project name as wandb itself checks it (its Settings), here rather than after the model has
+    loaded; trackers.json keeps a run's names, so a name wandb refuses must never reach it."""
+    import wandb
+    from wandb.errors import UsageError
+
+    try:
+        wandb.Settings(project=project, run_name=run_name)
+    except (UsageError, ValueError) as err:
+        raise UserError(f"project={project!r}: wandb refuses it ({err}); choose another --project") from None
 
 
 def _require(name: str) -> None:

@@ -133,6 +133,7 @@ class Config(ProcessConfig, models.ModelConfig, TrackerConfig):
     )
 
     def __post_init__(self) -> None:
+        super().__post_init__()
         resolve(self.report_to)  # a tracker that does not import is named before any work
         for name in ("learning_rate", "lora_r", "lora_alpha", "max_length", "per_device_train_batch_size"):
             if getattr(self, name) <= 0:
