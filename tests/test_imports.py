@@ -118,11 +118,12 @@ def test_no_emoji_rl_modules_import_each_other():
 
 
 def test_games_know_the_tokenizer_and_their_partner_not_the_samplers_or_the_trainer():
-    """A game is the environment: the player (the turn loop, `game/play.py`) samples, the game never
-    does. Partners that decode (the hf judge) reach `decode/generate.py`, below the samplers."""
+    """A game is the environment: the player (the turn loop, `game/play.py`, and the evaluation path
+    that drives it, `game/evaluate.py`) samples, the game never does. Partners that decode (the hf
+    judge) reach `decode/generate.py`, below the samplers."""
     from emoji_rl import cli
 
-    players = {"emoji_rl.game.play"} | {
+    players = {"emoji_rl.game.play", "emoji_rl.game.evaluate"} | {
         module for module, _ in cli.STAGES.values()
     }  # a game's stages play it
     graph = import_graph()

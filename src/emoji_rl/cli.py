@@ -47,7 +47,7 @@ STAGES: dict[str, tuple[str, str]] = {
     "debug-rollout": ("emoji_rl.rl.debug_rollout", "pretty-print logged GRPO episodes"),
     "play-game": ("emoji_rl.play_game", "play the retrieval game against the model, as sender or judge"),
     "eval-retrieval": (
-        "emoji_rl.eval.retrieval",
+        "emoji_rl.games.retrieval.evaluate",
         "base vs SFT vs RL (vs teacher, random) on held-out targets, paired intervals: table, JSON, PNG",
     ),
     "experiment-report": (
