@@ -63,8 +63,8 @@ def comparisons(
 
 
 def format_comparisons(rows: Sequence[Record], unit: str = "message") -> str:
-    """One line per comparison with an interval; `unit` is what one record is (the retrieval game's
-    held-out message unless a game says otherwise)."""
+    """One line per comparison with an interval; `unit` is what one record is (a held-out message
+    unless a game says otherwise)."""
     lines = [
         f"{r['a']} - {r['b']} ({r['mode']}, {r['n']} {unit}s) {r['metric']:<12} "
         f"{r['mean']:+.3f}  [{r['low']:+.3f}, {r['high']:+.3f}]"

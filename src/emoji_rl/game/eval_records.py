@@ -38,8 +38,8 @@ def sha256(value: object) -> str:
 
 
 def fingerprint(data: object, systems: Mapping[str, str], settings: Record) -> Record:
-    """What a game's record depends on besides its system, mode and record: the held-out data (in
-    the retrieval game every target is another's distractor), what each system is
+    """What a game's record depends on besides its system, mode and record: the held-out data (a
+    game may draw on the other records, as distractors), what each system is
     (`system_fingerprint`) and the config's settings that change a game (`EvalConfig.result_fields`)."""
     return {"data": sha256(data), "systems": dict(systems), **settings}
 

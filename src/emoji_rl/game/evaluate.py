@@ -116,6 +116,11 @@ def named_systems(cfg: EvalConfig, scripted: Mapping[str, Scripted]) -> dict[str
     for name in cfg.system_names():
         if name in scripted:
             systems[name] = scripted[name]
+        elif name not in senders:
+            raise ValueError(
+                f"system {name!r}: the config names it, but it is no model and the game's setup made no "
+                f"scripted system of that name (it made {sorted(scripted)})"
+            )
         else:
             path = senders[name]
             systems[name] = System(name, "base" if path is None else "adapter", path)

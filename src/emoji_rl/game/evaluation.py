@@ -3,9 +3,9 @@
 The path plays systems x held-out records through the game, in each of the game's modes, keeps one
 record per game, and reports each system's row of the game's own final metrics and paired bootstrap
 intervals of the differences between systems. A system is a model (`base`, or NAME=ADAPTER_DIR) or a
-`Scripted` one, whose replies follow from the records alone (the retrieval game's teacher and random
-emoji, Wordle's entropy solver). How a game adds its evaluation: docs/EVALUATION.md, "A game's
-evaluation".
+`Scripted` one, whose replies follow from the records alone (a teacher's answers, random answers, a
+solver's moves). How a game adds its evaluation: docs/EVALUATION.md, "A game's evaluation". The path
+names no game (tests/test_imports.py).
 """
 
 from __future__ import annotations
@@ -116,7 +116,7 @@ class Report:
     heading: str = ""
     """Printed above the table."""
     note: str | None = None
-    """Printed under the comparisons (a caveat a reader must not miss)."""
+    """Printed under the comparisons (a caveat not to be missed)."""
     cells: Callable[[Record], Record] = lambda row: row
     """A row as the table prints it (an interval as one text cell)."""
 
