@@ -11,7 +11,7 @@ import pytest
 from emoji_rl import chat, play_game
 from emoji_rl.config import parse_config
 from emoji_rl.errors import UserError
-from emoji_rl.eval import retrieval
+from emoji_rl.games.retrieval import evaluate as retrieval
 from emoji_rl.rl import train_config
 
 

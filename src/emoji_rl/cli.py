@@ -47,7 +47,7 @@ STAGES: dict[str, tuple[str, str]] = {
     "debug-rollout": ("emoji_rl.rl.debug_rollout", "pretty-print logged GRPO episodes"),
     "play-game": ("emoji_rl.play_game", "play the retrieval game against the model, as sender or judge"),
     "eval-retrieval": (
-        "emoji_rl.eval.retrieval",
+        "emoji_rl.games.retrieval.evaluate",
         "base vs SFT vs RL (vs teacher, random) on held-out targets, paired intervals: table, JSON, PNG",
     ),
     "experiment-report": (
@@ -60,7 +60,10 @@ STAGES: dict[str, tuple[str, str]] = {
         "emoji_rl.games.wordle.data",
         "Wordle SFT traces from the entropy solver + RL answer splits",
     ),
-    "eval-wordle": ("emoji_rl.eval.wordle", "Wordle base vs SFT vs RL on held-out answers: table, JSON, PNG"),
+    "eval-wordle": (
+        "emoji_rl.games.wordle.evaluate",
+        "Wordle base vs SFT vs RL (vs the solver) on held-out answers, paired intervals: table, JSON, PNG",
+    ),
     "chat": ("emoji_rl.chat", "talk to a model; emoji-constrained by default"),
     "pipeline": ("emoji_rl.pipeline", "run a list of stages in order, resumable (configs/*/experiment.yaml)"),
     "selftest": (
@@ -188,7 +191,7 @@ def main(argv: list[str] | None = None) -> int:
         where = f" ({err.filename})" if err.filename else ""
         print(
             f"emoji-rl {stage}: error: {err.strerror}{where}; what was written before stays, and the stages "
-            "that resume (teacher, sft, grpo, eval-retrieval, pipeline) go on from it when rerun",
+            "that resume (teacher, sft, grpo, eval-retrieval, eval-wordle, pipeline) go on from it when rerun",
             file=sys.stderr,
         )
         return 1
