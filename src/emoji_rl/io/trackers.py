@@ -21,7 +21,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
 
-from emoji_rl.config import Checked
 from emoji_rl.errors import UserError
 from emoji_rl.io.jsonl import write_json
 
@@ -32,7 +31,7 @@ STATE_FILE = "trackers.json"
 
 
 @dataclass
-class TrackerConfig(Checked):
+class TrackerConfig:
     """Where a training stage's metrics go besides metrics.jsonl (TRL's field names)."""
 
     report_to: list[ReportTo] = field(
@@ -50,18 +49,14 @@ class TrackerConfig(Checked):
         metadata={"help": "the run's name in wandb and trackio; none: the output directory's name and an id"},
     )
 
-    def __post_init__(self) -> None:
-        super().__post_init__()
-        if not self.report_to:
-            raise UserError(
-                "report_to is empty: name the trackers (tensorboard, wandb, trackio, all), or none"
-            )
-        if not self.project.strip():
-            raise UserError(
-                "project is empty: the wandb and trackio project a run is logged under needs a name"
-            )
-        if "wandb" in resolve(self.report_to):
-            _check_wandb_names(self.project, self.run_name)
+
+def check_trackers(trackers: TrackerConfig) -> None:
+    """A training stage's trackers checked where its config is, before any work (its __post_init__):
+    each named one imports (`resolve`), and the names a run is logged under are ones they take."""
+    if not trackers.project.strip():
+        raise UserError("project is empty: the wandb and trackio project a run is logged under needs a name")
+    if "wandb" in resolve(trackers.report_to):
+        _check_wandb_names(trackers.project, trackers.run_name)
 
 
 def _check_wandb_names(project: str, run_name: str | None) -> None:
@@ -89,6 +84,8 @@ def resolve(report_to: Sequence[str]) -> tuple[str, ...]:
     """The trackers `report_to` names, checked before any work: `none` alone means none, `all` means
     those installed (tensorboard always), and each named one must import."""
     names = tuple(dict.fromkeys(report_to))
+    if not names:
+        raise UserError("report_to is empty: name the trackers (tensorboard, wandb, trackio, all), or none")
     if "none" in names:
         if len(names) > 1:
             raise UserError(f"report_to: none means no tracker, so it stands alone; got {' '.join(names)}")
