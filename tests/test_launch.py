@@ -7,6 +7,7 @@ from __future__ import annotations
 import contextlib
 import importlib
 import io
+import json
 import os
 import shlex
 import shutil
@@ -191,6 +192,55 @@ def test_policy_server_refuses_fewer_loras_than_the_versions_in_use(env, message
 def test_lockstep_may_serve_one_adapter():
     [argv] = dry_run("serve_policy.sh", GPUS="4", MAX_OFF_POLICY_STEPS="0", POLICY_MAX_LORAS="1")
     assert flag(argv, "--max-loras") == "1"
+
+
+def hybrid_dir(path: Path, layer_types: list[str]) -> str:
+    path.mkdir()
+    (path / "config.json").write_text(json.dumps({"model_type": "qwen3_5_text", "layer_types": layer_types}))
+    return str(path)
+
+
+def test_a_hybrid_policy_gets_cache_hits_finer_than_its_blocks_on_gpus(tmp_path):
+    # Qwen3.5's blocks are 528 or 576 tokens on a GPU, longer than most turns: without a finer unit a
+    # turn reuses nothing of the turns before it (docs/VLLM.md §9).
+    [argv] = dry_run("serve_policy.sh", GPUS="4")
+    assert flag(argv, "--prefix-match-unit") == "16"
+    assert 528 % 16 == 576 % 16 == 0  # the unit must divide every block vLLM picks (§9)
+    [argv] = dry_run("serve_policy.sh", GPUS="8", POLICY_MODEL="qwen/qwen3.5-9b")
+    assert flag(argv, "--prefix-match-unit") == "16"
+    local = hybrid_dir(tmp_path / "hybrid", ["linear_attention"] * 3 + ["full_attention"])
+    [argv] = dry_run("serve_policy.sh", GPUS="4", POLICY_MODEL=local, POLICY_PREFIX_MATCH_UNIT="64")
+    assert flag(argv, "--prefix-match-unit") == "64"
+    # Set but empty: vLLM's whole blocks.
+    [argv] = dry_run("serve_policy.sh", GPUS="4", POLICY_PREFIX_MATCH_UNIT="")
+    assert "--prefix-match-unit" not in argv
+
+
+def test_a_full_attention_policy_and_the_cpu_layout_get_no_unit(tmp_path):
+    full = hybrid_dir(tmp_path / "full", ["full_attention"] * 4)
+    for env in ({"GPUS": "4", "POLICY_MODEL": full}, {"GPUS": "4", "POLICY_MODEL": "org/llama-3"}, CPU):
+        [argv] = dry_run("serve_policy.sh", **env)
+        assert "--prefix-match-unit" not in argv, env
+    # On the CPU engine a hybrid model gets none either: a seeded rollout whose prefill is split at a
+    # checkpoint fails there (docs/VLLM.md §2).
+    hybrid = hybrid_dir(tmp_path / "hybrid", ["linear_attention", "full_attention"])
+    [argv] = dry_run("serve_policy.sh", **CPU, POLICY_MODEL=hybrid)
+    assert "--prefix-match-unit" not in argv
+
+
+@pytest.mark.parametrize(
+    ("env", "message"),
+    [
+        ({"POLICY_PREFIX_MATCH_UNIT": "0"}, "POLICY_PREFIX_MATCH_UNIT=0 must be an integer >= 1"),
+        (
+            {"POLICY_PREFIX_MATCH_UNIT": "16", "POLICY_MODEL": "org/llama-3"},
+            "POLICY_PREFIX_MATCH_UNIT=16 is for a hybrid model (Qwen3.5); vLLM refuses it for org/llama-3",
+        ),
+    ],
+)
+def test_policy_server_refuses_a_unit_vllm_would_refuse(env, message):
+    result = run("serve_policy.sh", "--dry-run", GPUS="4", **env)
+    assert result.returncode == 2 and result.stdout == "" and message in result.stderr
 
 
 # --- train_grpo.sh -------------------------------------------------------------------------------------
