@@ -643,8 +643,11 @@ def test_gpu_smoke_dry_run_prints_every_stage():
     comments = [line for line in result.stdout.splitlines() if line.startswith("#")]
     assert [c.split(":")[0] for c in comments if c.startswith("# stage")] == [
         "# stage judge-server", "# stage policy-server", "# stage grpo", "# stage eval", "# stage sampling",
+        "# stage prefix-cache",
     ]  # fmt: skip
-    judge, policy, wait_judge, wait_policy, grpo, evaluate, sampling = dry_run("gpu_smoke.sh", GPUS="4")
+    judge, policy, wait_judge, wait_policy, grpo, evaluate, sampling, prefix = dry_run(
+        "gpu_smoke.sh", GPUS="4"
+    )
     assert gpus_of(judge) == {"0", "1"} and flag(judge, "--tensor-parallel-size") == "2"
     assert gpus_of(policy) == {"2"}
     assert wait_judge[1:4] == ["-m", "emoji_rl.io.endpoint", "http://127.0.0.1:8001"]
@@ -671,6 +674,15 @@ def test_gpu_smoke_dry_run_prints_every_stage():
         bench_sampling.main([*sampling[3:], "--help"])
     assert flag(sampling, "--url") == "http://127.0.0.1:8002" and flag(sampling, "--model") == "policy"
     assert flag(sampling, "--api_key_env") == "POLICY_API_KEY"
+    # The policy server's prefix-cache hit rate on multi-turn episodes and the block it settled on
+    # (docs/VLLM.md §9), by `make bench`'s own episodes: its parser takes the printed flags.
+    from emoji_rl.bench import prefix_cache as bench_prefix_cache
+
+    assert prefix[1:3] == ["-m", "emoji_rl.bench.prefix_cache"]
+    with pytest.raises(SystemExit), contextlib.redirect_stdout(io.StringIO()):
+        bench_prefix_cache.main([*prefix[3:], "--help"])
+    assert flag(prefix, "--url") == "http://127.0.0.1:8002" and flag(prefix, "--model") == "policy"
+    assert flag(prefix, "--api_key_env") == "POLICY_API_KEY"
 
 
 def test_gpu_smoke_on_two_gpus_runs_grpo_in_process_without_a_policy_server():
@@ -686,7 +698,7 @@ def test_gpu_smoke_on_two_gpus_runs_grpo_in_process_without_a_policy_server():
 
 
 def test_gpu_smoke_on_eight_gpus():
-    judge, policy, _, _, grpo, evaluate, _ = dry_run("gpu_smoke.sh", GPUS="8")
+    judge, policy, _, _, grpo, evaluate, _, _ = dry_run("gpu_smoke.sh", GPUS="8")
     assert gpus_of(judge) == {"0", "1"} and gpus_of(policy) == {"2", "3"}
     assert gpus_of(grpo) == gpus_of(evaluate) == {"4", "5", "6", "7"}
 
