@@ -9,7 +9,7 @@
 # summary prints its figures; then prefix-cache plays 32 five-turn episodes shaped like the
 # retrieval game's against it and prints the share of their prompt tokens the server read from its
 # prefix cache, and the block size it settled on (python -m emoji_rl.bench.prefix_cache; Qwen3.5's
-# blocks are 528 or 576 tokens, docs/VLLM.md §9). Servers are stopped on exit; every stage's output is
+# blocks are 528 to 640 tokens, docs/VLLM.md §9). Servers are stopped on exit; every stage's output is
 # in SMOKE_DIR/<stage>.log.
 #
 #   launch/gpu_smoke.sh                              # this box's layout (GPUS: what nvidia-smi lists)

@@ -41,7 +41,7 @@
 #   POLICY_GPU_MEMORY     --gpu-memory-utilization, in (0, 1]       (0.90)
 #   POLICY_PREFIX_MATCH_UNIT  a hybrid model's --prefix-match-unit: its prefix-cache hits land on
 #                         multiples of this many tokens, not on whole blocks, which vLLM makes as
-#                         large as a linear-attention state (528 or 576 tokens for Qwen3.5-4B, longer
+#                         large as a linear-attention state (528 to 640 tokens for Qwen3.5-4B, longer
 #                         than most turns: docs/VLLM.md §9); empty: whole blocks
 #                         (16 for a hybrid model on GPUs; empty otherwise and on the CPU layout)
 #   POLICY_API_KEY        key the server requires                   (unset: none); passed as VLLM_API_KEY, never printed

@@ -201,11 +201,11 @@ def hybrid_dir(path: Path, layer_types: list[str]) -> str:
 
 
 def test_a_hybrid_policy_gets_cache_hits_finer_than_its_blocks_on_gpus(tmp_path):
-    # Qwen3.5's blocks are 528 or 576 tokens on a GPU, longer than most turns: without a finer unit a
+    # Qwen3.5's blocks are 528, 576 or 640 tokens on a GPU, longer than most turns: without a finer unit a
     # turn reuses nothing of the turns before it (docs/VLLM.md §9).
     [argv] = dry_run("serve_policy.sh", GPUS="4")
     assert flag(argv, "--prefix-match-unit") == "16"
-    assert 528 % 16 == 576 % 16 == 0  # the unit must divide every block vLLM picks (§9)
+    assert 528 % 16 == 576 % 16 == 640 % 16 == 0  # the unit must divide every block vLLM picks (§9)
     [argv] = dry_run("serve_policy.sh", GPUS="8", POLICY_MODEL="qwen/qwen3.5-9b")
     assert flag(argv, "--prefix-match-unit") == "16"
     local = hybrid_dir(tmp_path / "hybrid", ["linear_attention"] * 3 + ["full_attention"])

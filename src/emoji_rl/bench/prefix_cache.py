@@ -2,10 +2,11 @@
 server reads from its prefix cache, from the server's own counters (`io.endpoint.read_prefix_cache`).
 
 Qwen3.5 is hybrid: vLLM 0.33 makes the attention blocks of a hybrid model at least as large as one
-Gated DeltaNet state (`Platform._align_hybrid_block_size`, vllm/platforms/interface.py): 528 or 576
-tokens for Qwen3.5-4B in bf16 on a GPU, where a full-attention model's are 16. A cache hit is whole
-blocks unless `--prefix-match-unit` is finer, and our episodes are a few hundred tokens: which one a
-server runs decides whether turn t+1 re-reads turn t's whole context (docs/VLLM.md §9).
+Gated DeltaNet state (`Platform._align_hybrid_block_size`, vllm/platforms/interface.py): 528, 576
+or 640 tokens for Qwen3.5-4B in bf16 on a GPU, with its kernels, and 640 on the CPU, where a
+full-attention model's are 16. A cache hit is whole blocks unless `--prefix-match-unit` is finer, and
+our episodes are a few hundred tokens: which one a server runs decides whether turn t+1 re-reads turn
+t's whole context (docs/VLLM.md §9).
 
 The episodes: `targets` retrieval targets x `group` rollouts each (a GRPO group shares its opening),
 `turns` sender turns, all of a turn's requests at once. Turn 1's prompt is the sender's chat in
