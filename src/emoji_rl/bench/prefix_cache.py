@@ -29,7 +29,6 @@ plays the same episodes against the GPU's policy server:
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import random
 import tempfile
@@ -38,8 +37,9 @@ from pathlib import Path
 
 import httpx
 
-from emoji_rl.bench.engine import ENGINE_VENV, engine_env, start_server
+from emoji_rl.bench.engine import ENGINE_VENV, engine_env, server_endpoint, server_parser, start_server
 from emoji_rl.bench.row import Row
+from emoji_rl.decode.prefill import common_length
 from emoji_rl.emoji.sender_prompts import correction_message, sender_messages
 from emoji_rl.errors import UserError
 from emoji_rl.io.endpoint import Endpoint, PrefixCache, cache_config, read_metrics, read_prefix_cache, request
@@ -116,21 +116,12 @@ def episodes(
     return played, ids([tokenizer.im_end_id])[0]
 
 
-def _shared(a: list[int], b: list[int]) -> int:
-    n = 0
-    for x, y in zip(a, b, strict=False):
-        if x != y:
-            break
-        n += 1
-    return n
-
-
 def reusable(prompts: list[list[int]], computed: list[list[int]]) -> int:
     """What of `prompts` an exact prefix cache holds, given `computed` before them: each prompt's
     longest prefix shared with one of those or with an earlier prompt, less its last token."""
     total = 0
     for i, prompt in enumerate(prompts):
-        best = max((_shared(prompt, seq) for seq in [*computed, *prompts[:i]]), default=0)
+        best = max((common_length(prompt, seq) for seq in [*computed, *prompts[:i]]), default=0)
         total += min(best, len(prompt) - 1)
     return total
 
@@ -292,18 +283,16 @@ def bench_engine_prefix_cache() -> list[Row]:
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(
-        prog="python -m emoji_rl.bench.prefix_cache",
-        description="The prefix-cache hit rate of multi-turn episodes shaped like ours on a running vLLM server.",
+    parser = server_parser(
+        "python -m emoji_rl.bench.prefix_cache",
+        "The prefix-cache hit rate of multi-turn episodes shaped like ours on a running vLLM server.",
+        "the served base model to sample from",
     )
-    parser.add_argument("--url", required=True, help="the server's base URL, e.g. http://127.0.0.1:8002")
-    parser.add_argument("--model", default="policy", help="the served base model to sample from")
-    parser.add_argument("--api_key_env", default=None, help="environment variable holding its key")
     parser.add_argument("--targets", type=int, default=TARGETS, help="episodes per target: --group")
     parser.add_argument("--group", type=int, default=GROUP)
     parser.add_argument("--turns", type=int, default=TURNS)
     args = parser.parse_args(argv)
-    endpoint = Endpoint(args.url, args.api_key_env, timeout_s=600.0)
+    endpoint = server_endpoint(args)
     rows = play(endpoint, args.model, args.targets, args.group, args.turns)
     # launch/gpu_smoke.sh's summary prints from this line on.
     print_turns(rows, f"prefix cache, {endpoint.url} {args.model}: {blocks(endpoint)}")
