@@ -181,7 +181,7 @@ def test_two_nodes_train_as_one_die_apart_and_resume(tiny_qwen, smollm2_tokenize
     sft_steps = [r["step"] for r in jsonl(runs / "sft" / "metrics.jsonl") if "train/loss" in r]
     assert sft_steps == [1, 2]
     assert [m["step"] for m in jsonl(ref / "metrics.jsonl")] == list(range(1, STEPS + 1))
-    assert len(list((runs / "sft" / "runs").glob("*/events.out.tfevents.*"))) == 1
+    assert len(list((runs / "sft" / "tensorboard").glob("events.out.tfevents.*"))) == 1
     assert len(list((ref / "tensorboard").glob("events.out.tfevents.*"))) == 1
     assert sorted(p.name for p in (ref / "checkpoints").iterdir()) == ["latest", "step-000004", "step-000006"]
 

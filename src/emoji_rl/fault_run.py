@@ -10,7 +10,7 @@ one PYTHONHASHSEED, so their data, adapters, metrics, evaluation and report are 
 
 Left out of the comparison, each because it records when, how long or where, not what:
 - `pipeline.log` and `stages/*.done`: the runner's banners, durations and finish times;
-- `**/tensorboard/**`, `sft/runs/**`: event files named by and holding wall-clock times;
+- `**/tensorboard/**`: event files named by and holding wall-clock times;
 - `**/training_args.bin`: TRL's arguments, pickled: they hold the run's own output_dir, in binary;
 - `sft/checkpoint-*`, `grpo/checkpoints`: how a stage resumes, not what it made (a killed run can hold
   a checkpoint an uninterrupted one has deleted);
@@ -46,7 +46,6 @@ EXCLUDED = (
     "pipeline.log",
     "stages/*",
     "*/tensorboard/*",
-    "sft/runs/*",
     "*training_args.bin",
     "sft/checkpoint-*",
     "grpo/checkpoints/*",

@@ -91,10 +91,10 @@ def _tiny_run(tmp_path) -> dict:
     )
 
 
-def test_trls_callbacks_report_to_wandb_and_trackio_and_a_resume_continues_their_run(tmp_path):
-    """`report_to` reaches TRL's own callbacks: the first run's wandb and trackio points are
-    metrics.jsonl's lines (less the closing summary's totals, which wandb keeps as its summary and
-    trackio drops); the resumed run logs into the same wandb run and trackio run, each step once."""
+def test_wandb_and_trackio_get_metrics_jsonl_at_its_steps_and_a_resume_continues_their_run(tmp_path):
+    """`report_to` reaches the stage's own writer, not TRL's callbacks: each tracker's points are
+    metrics.jsonl's lines at its step numbers (wandb merges the lines of one step into one row); the
+    resumed run logs into the same wandb run and trackio run, each step once."""
     from tests.trackers import trackio_rows, wandb_runs
 
     from emoji_rl.io.trackers import TrackerRun, WandbWriter
@@ -102,30 +102,31 @@ def test_trls_callbacks_report_to_wandb_and_trackio_and_a_resume_continues_their
     # A stage before, in this process, with a run directory of its own: wandb must not keep to it.
     WandbWriter(TrackerRun("before00", "emoji-rl", "before"), tmp_path / "before", {}).close()
     run = tmp_path / "run"
-    common = dict(_tiny_run(tmp_path), output_dir=str(run), report_to=["wandb", "trackio"])
+    common = dict(_tiny_run(tmp_path), output_dir=str(run), report_to=["tensorboard", "wandb", "trackio"])
     train.main(train.Config(max_steps=2, **common))
     tracker = json.loads((run / "trackers.json").read_text())
-    totals = ("train/train_runtime", "train/train_samples_per_second", "train/train_steps_per_second")
-    totals += ("train/train_loss", "train/total_flos")
     lines = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
-    lines = [{k: v for k, v in line.items() if k not in totals} for line in lines]
 
-    def as_line(point):
-        """A tracker's point as a metrics.jsonl line: its step TRL's `train/global_step`."""
-        own = ("train/global_step", "step", "timestamp")
-        values = {k: v for k, v in point.items() if k not in own and not k.startswith("_")}
-        return {"step": point["train/global_step"], **values}
+    def values(point):
+        return {k: v for k, v in point.items() if k not in ("step", "timestamp") and not k.startswith("_")}
 
+    by_step: dict[int, dict] = {}
+    for line in lines:
+        by_step.setdefault(line["step"], {}).update(values(line))
     [(first_id, first)] = wandb_runs(run)
-    assert first_id == tracker["id"] and [as_line(p) for p in first] == lines
-    assert [as_line(p) for p in trackio_rows(tracker["project"], tracker["name"])] == lines
+    assert first_id == tracker["id"] and {p["_step"]: values(p) for p in first} == by_step
+    points = trackio_rows(tracker["project"], tracker["name"])
+    assert [(p["step"], values(p)) for p in points] == [(line["step"], values(line)) for line in lines]
+    assert len(list((run / "tensorboard").glob("events.out.tfevents.*"))) == 1
 
     train.main(train.Config(max_steps=4, resume=True, **common))
     (_, first), (second_id, second) = wandb_runs(run)
     assert second_id == first_id
-    assert [p["train/global_step"] for p in first + second if "train/loss" in p] == [1, 2, 3, 4]
+    assert [p["_step"] for p in first + second if "train/loss" in p] == [1, 2, 3, 4]
     points = trackio_rows(tracker["project"], tracker["name"])
-    assert [p["train/global_step"] for p in points if "train/loss" in p] == [1, 2, 3, 4]
+    assert [p["step"] for p in points if "train/loss" in p] == [1, 2, 3, 4]
+    # TensorBoard: one log directory, the resumed run appending to it.
+    assert (run / "tensorboard").is_dir() and not (run / "runs").exists()
 
 
 def test_resume_with_more_steps_follows_the_new_schedule(tmp_path):
@@ -176,8 +177,8 @@ def test_resume_after_a_crash_logs_each_step_once(tmp_path, monkeypatch):
     train.main(train.Config(output_dir=str(tmp_path / "full"), **common))
 
     # The first attempt dies right after logging step 3, before its checkpoint: the last is step 2's.
-    def log_then_die(path):
-        callback = real_callback(path)
+    def log_then_die(writer):
+        callback = real_callback(writer)
         log = callback.on_log
 
         def on_log(args, state, control, logs=None, **kwargs):
@@ -188,10 +189,10 @@ def test_resume_after_a_crash_logs_each_step_once(tmp_path, monkeypatch):
         callback.on_log = on_log
         return callback
 
-    real_callback = train.jsonl_metrics_callback
+    real_callback = train.metrics_callback
     run = tmp_path / "split"
     with monkeypatch.context() as patch, pytest.raises(Interrupted):
-        patch.setattr(train, "jsonl_metrics_callback", log_then_die)
+        patch.setattr(train, "metrics_callback", log_then_die)
         train.main(train.Config(output_dir=str(run), **common))
     assert [r["step"] for r in _lines(run)] == [0, 1, 2, 3]  # eval at the start, then one line a step
     assert not (run / "checkpoint-3").exists()
@@ -242,8 +243,8 @@ def test_gradient_checkpointing_recomputes_every_layer_and_trains(tiny_qwen, tmp
     def count_run(*_):
         seen["layer runs with gradients"] += torch.is_grad_enabled()
 
-    def watching(path):
-        callback = real_callback(path)
+    def watching(writer):
+        callback = real_callback(writer)
 
         def on_train_begin(args, state, control, model=None, **kwargs):
             layers = [m for m in model.modules() if isinstance(m, GradientCheckpointingLayer)]
@@ -254,8 +255,8 @@ def test_gradient_checkpointing_recomputes_every_layer_and_trains(tiny_qwen, tmp
         callback.on_train_begin = on_train_begin
         return callback
 
-    real_callback = train.jsonl_metrics_callback
-    monkeypatch.setattr(train, "jsonl_metrics_callback", watching)
+    real_callback = train.metrics_callback
+    monkeypatch.setattr(train, "metrics_callback", watching)
     run = tmp_path / "run"
     # The tiny Qwen3.5: both kinds of decoder layer, as on the gpu profile. 2 steps of one forward each.
     settings = dict(_tiny_run(tmp_path), model=str(tiny_qwen), eval_data=None, max_steps=2)

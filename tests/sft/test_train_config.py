@@ -12,8 +12,10 @@ import yaml
 from emoji_rl import cli
 from emoji_rl.config import parse_config
 from emoji_rl.errors import UserError
+from emoji_rl.io.metrics import MetricsWriter
+from emoji_rl.io.trackers import TrackerConfig
 from emoji_rl.lm.models import Runtime
-from emoji_rl.sft.callbacks import jsonl_metrics_callback
+from emoji_rl.sft.callbacks import metrics_callback
 from emoji_rl.sft.loss import logged_loss_sum, whole_run_loss
 from emoji_rl.sft.resume import checkpoint_to_resume
 from emoji_rl.sft.trl_config import Config, accumulation_steps, build_sft_config
@@ -166,10 +168,11 @@ def test_metrics_callback_appends_one_json_line_per_log(tmp_path):
     from transformers import TrainerState
 
     path = tmp_path / "metrics.jsonl"
-    callback = jsonl_metrics_callback(path)
     state = TrainerState(global_step=3)
-    callback.on_log(None, state, None, logs={"loss": 1.5, "epoch": 0.5})
-    callback.on_log(None, state, None, logs={"eval_loss": 1.25})
+    with MetricsWriter(tmp_path, trackers=TrackerConfig(report_to=["none"])) as writer:
+        callback = metrics_callback(writer)
+        callback.on_log(None, state, None, logs={"loss": 1.5, "epoch": 0.5})
+        callback.on_log(None, state, None, logs={"eval_loss": 1.25})
     lines = [json.loads(line) for line in path.read_text().splitlines()]
     # Named as TensorBoard, wandb and trackio name them, the epoch included.
     assert lines == [{"step": 3, "train/loss": 1.5, "train/epoch": 0.5}, {"step": 3, "eval/loss": 1.25}]

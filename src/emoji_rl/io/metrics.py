@@ -13,17 +13,19 @@ from pathlib import Path
 from types import TracebackType
 
 from emoji_rl.config import to_dict
-from emoji_rl.io.jsonl import drop_steps_after, last_step
+from emoji_rl.io.jsonl import drop_steps_after
 from emoji_rl.io.trackers import TrackerConfig, TrackioWriter, WandbWriter, resolve, tracker_run
 
 
 class MetricsWriter:
     """Appends `{"step": n, **metrics}` lines; a resumed run keeps the lines of earlier steps only.
 
-    TensorBoard forgets the redone steps too (`purge_step`). wandb's and trackio's histories only go
-    forward: the steps a killed run logged after its checkpoint keep the values it gave them there,
-    and the resumed run logs to them from the step after (a run resumed from its checkpoint redoes
-    those steps alike)."""
+    Every tracker ends with each step once, at metrics.jsonl's step numbers, whatever killed the run
+    before and wherever. TensorBoard forgets the redone steps (`purge_step`). wandb's and trackio's
+    histories only go forward, and a kill -9 can drop what they held in memory: each says the last
+    step it holds (`held`), and the lines of metrics.jsonl after it are sent again before the run goes
+    on; a step it holds past the checkpoint keeps the value the dead run gave it, and the redone step
+    is not sent twice."""
 
     def __init__(
         self, run_dir: str | Path, resume_from_step: int = 0, trackers: TrackerConfig | None = None
@@ -32,10 +34,8 @@ class MetricsWriter:
         names = resolve(trackers.report_to)
         self.path = Path(run_dir) / "metrics.jsonl"
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        self._forward_from = max(resume_from_step, last_step(self.path))
         # Steps after the checkpoint were logged by a run that then died: they are redone, so drop them.
         drop_steps_after(self.path, resume_from_step)
-        self._file = self.path.open("a")
         self._tb = None
         if "tensorboard" in names:
             from torch.utils.tensorboard import SummaryWriter
@@ -49,18 +49,26 @@ class MetricsWriter:
                 self._forward.append(WandbWriter(run, run_dir, config))
             if "trackio" in names:
                 self._forward.append(TrackioWriter(run, config))
+        kept = read_metrics(run_dir) if self._forward and self.path.is_file() else []
+        for tracker in self._forward:
+            for row in kept:
+                if row["step"] > tracker.held:
+                    tracker.write(row["step"], _scalars(row))
+        self._file = self.path.open("a")
 
-    def write(self, step: int, metrics: dict[str, float]) -> None:
-        clean = {k: (v if math.isfinite(v) else None) for k, v in metrics.items()}
+    def write(self, step: int, metrics: dict) -> None:
+        """One line: numbers as given (NaN and inf as null), anything else as JSON has it; the trackers
+        get the finite numbers."""
+        clean = {k: (None if _number(v) and not math.isfinite(v) else v) for k, v in metrics.items()}
         self._file.write(json.dumps({"step": step, **clean}) + "\n")
         self._file.flush()
-        finite = {key: value for key, value in metrics.items() if math.isfinite(value)}
+        finite = _scalars(clean)
         if self._tb is not None:
             for key, value in finite.items():
                 self._tb.add_scalar(key, value, step)
             self._tb.flush()
-        if step > self._forward_from:
-            for tracker in self._forward:
+        for tracker in self._forward:
+            if step > tracker.held:
                 tracker.write(step, finite)
 
     def close(self, failed: bool = False) -> None:
@@ -82,3 +90,12 @@ class MetricsWriter:
 def read_metrics(run_dir: str | Path) -> list[dict[str, float]]:
     path = Path(run_dir) / "metrics.jsonl"
     return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+def _number(value: object) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool)
+
+
+def _scalars(row: dict) -> dict[str, float]:
+    """A line's finite numbers, its step aside: what a tracker plots."""
+    return {k: v for k, v in row.items() if k != "step" and _number(v) and math.isfinite(v)}

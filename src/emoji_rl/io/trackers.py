@@ -9,20 +9,20 @@ wandb and trackio read theirs from their own environment variables and files.
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import importlib
 import importlib.util
 import json
 import os
 import secrets
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
 
 from emoji_rl.errors import UserError
 from emoji_rl.io.jsonl import write_json
+from emoji_rl.io.wandb_file import offline_last_step
 
 TRACKERS = ("tensorboard", "wandb", "trackio")
 ReportTo = Literal["tensorboard", "wandb", "trackio", "all", "none"]
@@ -135,7 +135,8 @@ def wandb_dir(run_dir: str | Path) -> str:
 
 
 class WandbWriter:
-    """Metrics to wandb at our step numbers, in the run directory's wandb run."""
+    """Metrics to wandb at our step numbers, in the run directory's wandb run. `held`: the last step
+    wandb already holds for it (-1: none; an SFT run logs a step 0), which a resumed run replays after."""
 
     def __init__(self, run: TrackerRun, run_dir: str | Path, config: dict) -> None:
         import wandb
@@ -148,6 +149,13 @@ class WandbWriter:
             dir=wandb_dir(run_dir),
             config=config,
         )
+        if self._run.offline:
+            # wandb holds in memory what it has not written yet, so a kill -9 drops the tail of the
+            # dead process's file: read what every earlier file of this run kept.
+            self.held = offline_last_step(wandb_dir(run_dir), run.id, exclude=Path(self._run.dir).parent)
+        else:
+            # The server's: the step a resumed run goes on from is the one after its history's last.
+            self.held = self._run.starting_step - 1
 
     def write(self, step: int, metrics: dict[str, float]) -> None:
         self._run.log(metrics, step=step)
@@ -157,41 +165,20 @@ class WandbWriter:
 
 
 class TrackioWriter:
-    """Metrics to trackio (its local store, $TRACKIO_DIR, unless a Space is set up) at our step numbers."""
+    """Metrics to trackio (its local store, $TRACKIO_DIR, unless a Space is set up) at our step numbers.
+    `held`: the last step its store holds for the run (-1: none)."""
 
     def __init__(self, run: TrackerRun, config: dict) -> None:
         import trackio
+        from trackio.sqlite_storage import SQLiteStorage
 
         self._trackio = trackio
         self._run = trackio.init(project=run.project, name=run.name, resume="allow", config=config)
+        last = SQLiteStorage.get_last_step(run.project, run=run.name)
+        self.held = -1 if last is None else last
 
     def write(self, step: int, metrics: dict[str, float]) -> None:
         self._run.log(metrics, step=step)
 
     def close(self, failed: bool = False) -> None:
         self._trackio.finish()
-
-
-@contextlib.contextmanager
-def trl_tracking(
-    names: Sequence[str], run: TrackerRun | None, run_dir: str | Path, config: dict
-) -> Iterator[None]:
-    """The trackers of a block in which transformers' callbacks report (`sft`). Its wandb callback logs
-    into the run it finds started, so the run directory's is started here, by id, in the run directory
-    (wandb reads WANDB_DIR once per process: set for the callback, a second stage of one process would
-    write into the first one's directory); its trackio callback resumes the run the
-    training arguments name. Neither finishes its run after the Trainer's last evaluation: done here,
-    so that the next run in this process starts its own."""
-    wandb_run = WandbWriter(run, run_dir, config) if run is not None and "wandb" in names else None
-    failed = True
-    try:
-        yield
-        failed = False
-    finally:
-        if wandb_run is not None:
-            wandb_run.close(failed)
-        if "trackio" in names:
-            import trackio
-
-            if trackio.context_vars.current_run.get() is not None:
-                trackio.finish()

@@ -1,35 +1,33 @@
-"""The Trainer callbacks of the `sft` stage: every log as a line of metrics.jsonl (keys named as
-transformers' tracker callbacks name them: TensorBoard, wandb, trackio), and on resume the learning
-rate set from this run's schedule."""
+"""The Trainer callbacks of the `sft` stage: every log as a line of metrics.jsonl and a point in each
+tracker (keys named as transformers' tracker callbacks name them), and on resume the learning rate set
+from this run's schedule."""
 
 from __future__ import annotations
 
-import json
-from pathlib import Path
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from transformers import TrainerCallback
 
+    from emoji_rl.io.metrics import MetricsWriter
 
-def jsonl_metrics_callback(path: Path) -> TrainerCallback:
-    """A callback that appends each Trainer log (train and eval) as one JSON line, on the main process.
+
+def metrics_callback(writer: MetricsWriter) -> TrainerCallback:
+    """A callback that hands each Trainer log (train and eval) to the stage's `MetricsWriter`, on the
+    main process: a line of metrics.jsonl and a point in each tracker, at the Trainer's global step.
     On resume, the stage (`train.main`) first drops the lines the checkpoint does not know
     (`keep_first_lines`)."""
     from transformers import TrainerCallback
     from transformers.integrations.integration_utils import rewrite_logs
 
-    class JsonlMetrics(TrainerCallback):
+    class Metrics(TrainerCallback):
         def on_log(self, args, state, control, logs=None, **kwargs):
-            if not state.is_world_process_zero or not logs:
-                return
-            # The trackers' own names (`loss` -> `train/loss`, `eval_loss` -> `eval/loss`), so a line
-            # and a tracker's point compare key for key.
-            row = {"step": state.global_step, **rewrite_logs(logs)}
-            with path.open("a", encoding="utf-8") as out:
-                out.write(json.dumps(row) + "\n")
+            if state.is_world_process_zero and logs:
+                # The trackers' own names (`loss` -> `train/loss`, `eval_loss` -> `eval/loss`), as
+                # transformers' tracker callbacks name them.
+                writer.write(state.global_step, rewrite_logs(logs))
 
-    return JsonlMetrics()
+    return Metrics()
 
 
 def scheduled_lr_callback() -> TrainerCallback:

@@ -12,25 +12,27 @@ and the tokens after the generation prompt (the emoji, end of turn) carry the lo
     torchrun --nproc_per_node 8 -m emoji_rl.cli sft --config configs/gpu/sft.yaml   # DDP without accelerate
     emoji-rl sft --config configs/gpu/sft.yaml --resume true         # go on from the last checkpoint
 
-The run directory (`output_dir`) holds config.yaml, metrics.jsonl, TensorBoard logs under runs/
-(`report_to`: the trackers TRL's callbacks report to; trackers.json: their wandb and trackio run),
+The run directory (`output_dir`) holds config.yaml, metrics.jsonl, TensorBoard logs under tensorboard/
+(`report_to`: the trackers it also reports to, at metrics.jsonl's steps; trackers.json: their wandb and
+trackio run),
 checkpoint-N/ and, at the end, adapter/: a PEFT LoRA adapter (adapter_config.json +
 adapter_model.safetensors) that `PeftModel.from_pretrained` and vLLM's `--lora-modules` load.
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import time
 from pathlib import Path
 
-from emoji_rl.config import save_config, to_dict
+from emoji_rl.config import save_config
 from emoji_rl.io.jsonl import keep_first_lines
-from emoji_rl.io.trackers import tracker_run, trl_tracking
+from emoji_rl.io.metrics import MetricsWriter
 from emoji_rl.lm import models
 from emoji_rl.lm.processes import check_shared_dir, join_processes, peers_named
 from emoji_rl.lm.training import warn_if_fsdp_ignored
-from emoji_rl.sft.callbacks import jsonl_metrics_callback, scheduled_lr_callback
+from emoji_rl.sft.callbacks import metrics_callback, scheduled_lr_callback
 from emoji_rl.sft.data import encode_file, to_dataset
 from emoji_rl.sft.loss import answer_loss_trainer, own_loss_blocker
 from emoji_rl.sft.resume import (
@@ -72,14 +74,10 @@ def main(cfg: Config) -> None:
         args.gradient_accumulation_steps,
         world_size * args.per_device_train_batch_size * args.gradient_accumulation_steps,
     )
-    run = None
     if is_main:
         save_config(cfg, output_dir)
         # The steps after the checkpoint are redone, so the lines a dead run logged after it go.
         keep_first_lines(output_dir / METRICS_FILE, logged_lines(saved))
-        if {"wandb", "trackio"} & set(args.report_to):
-            run = tracker_run(output_dir, cfg)  # a resumed run's, kept in the run directory
-            args.run_name, args.project = run.name, run.project
 
     # --- data: validated and tokenized up front, so a bad line fails before the model loads
     tokenizer = models.load_tokenizer(cfg.model)
@@ -91,7 +89,9 @@ def main(cfg: Config) -> None:
     )
     logger.info("data: %d train, %d eval examples", len(train_set), len(eval_set) if eval_set else 0)
 
-    with trl_tracking(args.report_to, run, output_dir, to_dict(cfg)):
+    resumed_at = saved["global_step"] if saved is not None else 0
+    metrics = MetricsWriter(output_dir, resumed_at, cfg) if is_main else contextlib.nullcontext()
+    with metrics:
         # --- model: left on the CPU; the Trainer places it on this process's device (DDP, FSDP)
         model = models.load_base_model(cfg.model, runtime)
         trainer = answer_loss_trainer()(
@@ -101,7 +101,7 @@ def main(cfg: Config) -> None:
             eval_dataset=eval_set,
             processing_class=tokenizer,
             peft_config=lora_config(cfg, model),
-            callbacks=[jsonl_metrics_callback(output_dir / METRICS_FILE), scheduled_lr_callback()],
+            callbacks=[*([metrics_callback(metrics)] if is_main else []), scheduled_lr_callback()],
         )
         models.warn_if_slow_linear_attention(model, runtime)
         # TRL decides padding-free (padding_free, or packing with a bfd strategy, in sft_overrides).

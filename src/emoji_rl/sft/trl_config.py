@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Literal
 import yaml
 
 from emoji_rl.errors import UserError
-from emoji_rl.io.trackers import TrackerConfig, check_trackers, resolve
+from emoji_rl.io.trackers import TrackerConfig, check_trackers
 from emoji_rl.lm import lora, models
 from emoji_rl.lm.processes import ProcessConfig
 from emoji_rl.sft.data import Overlong
@@ -226,9 +226,9 @@ def build_sft_config(cfg: Config, runtime: models.Runtime, world_size: int) -> S
         "save_strategy": "steps",
         "save_steps": cfg.save_steps,
         "save_total_limit": cfg.save_total_limit,
-        # TRL's own callbacks report; the stage names the run (`trackers.json`) before training.
-        "report_to": list(resolve(cfg.report_to)),
-        "project": cfg.project,
+        # The stage reports to the trackers itself, at metrics.jsonl's step numbers (io/metrics.py):
+        # TRL's callbacks would count their own steps and log a resume's redone steps twice.
+        "report_to": "none",
         "run_name": cfg.run_name,
         "seed": cfg.seed,
         "data_seed": cfg.seed,

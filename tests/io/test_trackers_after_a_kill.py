@@ -1,0 +1,94 @@
+"""Every tracker holds every step once after a real kill -9 and a resume: the stage run as a user runs
+it (`emoji-rl sft` / `grpo` in its own process group), killed once it has logged a step past its last
+checkpoint, then resumed; wandb's offline files, trackio's store and TensorBoard's events read back.
+wandb and trackio keep what they have not written yet in memory, so the kill drops it: the resume
+sends again what each lacks (io/metrics.py)."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from tests.trackers import trackio_rows, wandb_runs
+
+ROOT = Path(__file__).resolve().parents[2]
+STEPS = 4
+KILL_AFTER = 3  # logged, while the last checkpoint is step 2's (save_steps 2)
+
+
+def _stage_args(stage: str, tmp_path: Path) -> list[str]:
+    if stage == "sft":
+        data = tmp_path / "chats.jsonl"
+        rows = [
+            {
+                "messages": [
+                    {"role": "user", "content": f"say {e}"},
+                    {"role": "assistant", "content": f"{e} {e}"},
+                ]
+            }
+            for e in ["🍕", "🎉", "🐱", "🌧️"]
+        ]
+        data.write_text("".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows), encoding="utf-8")
+        return ["sft", "--config", "configs/cpu/sft.yaml", "--train_data", str(data), "--eval_data", str(data),
+                "--per_device_train_batch_size", "2", "--effective_batch_size", "2", "--lora_r", "4",
+                "--logging_steps", "1"]  # fmt: skip
+    data = tmp_path / "rl.jsonl"
+    targets = ["the cat sleeps on the sofa", "we missed the last train", "pizza night with friends"]
+    data.write_text("".join(json.dumps({"target": t}) + "\n" for t in targets))
+    return ["grpo", "--config", "configs/cpu/grpo.yaml", "--train_data", str(data), "--judge", "lexicon", "--init_adapter", "none",
+            "--max_turns", "1", "--batch_size", "1", "--group_size", "2", "--max_new_tokens", "8"]  # fmt: skip
+
+
+def _logged(metrics: Path, step: int) -> bool:
+    if not metrics.is_file():
+        return False
+    lines = metrics.read_text().splitlines()
+    return any(line.endswith("}") and json.loads(line)["step"] >= step for line in lines)
+
+
+def _tensorboard_steps(run: Path, key: str) -> list[int]:
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    events = EventAccumulator(str(run / "tensorboard"))
+    events.Reload()
+    return [event.step for event in events.Scalars(key)]
+
+
+@pytest.mark.parametrize("stage", ["sft", "grpo"])
+def test_every_tracker_holds_every_step_once_after_a_kill_between_checkpoints(tmp_path, stage):
+    run = tmp_path / "run"
+    command = [sys.executable, "-m", "emoji_rl.cli", *_stage_args(stage, tmp_path), "--output_dir", str(run),
+               "--max_steps", str(STEPS), "--save_steps", "2", "--report_to", "tensorboard", "wandb", "trackio"]  # fmt: skip
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1"}
+    log = (tmp_path / "killed.log").open("w")
+    killed = subprocess.Popen(command, cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)  # fmt: skip
+    deadline = time.monotonic() + 600
+    while not _logged(run / "metrics.jsonl", KILL_AFTER):
+        assert killed.poll() is None, (tmp_path / "killed.log").read_text()[-3000:]
+        assert time.monotonic() < deadline, "the run logged no step 3 in 10 minutes"
+        time.sleep(0.1)
+    os.killpg(killed.pid, signal.SIGKILL)  # the stage, wandb's own process, trackio's threads: all at once
+    killed.wait()
+
+    resumed = subprocess.run(
+        [*command, "--resume", "true"], cwd=ROOT, env=env, capture_output=True, text=True
+    )
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+
+    key = "train/loss" if stage == "sft" else "reward/mean"
+    metrics = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    assert [m["step"] for m in metrics if key in m] == list(range(1, STEPS + 1))
+    tracker = json.loads((run / "trackers.json").read_text())
+    runs = wandb_runs(run)
+    # A file killed before wandb wrote its run record holds nothing, and no other run.
+    assert {run_id for run_id, _ in runs} - {None} == {tracker["id"]}
+    assert sorted(row["_step"] for _, rows in runs for row in rows if key in row) == list(range(1, STEPS + 1))
+    rows = trackio_rows(tracker["project"], tracker["name"])
+    assert sorted(row["step"] for row in rows if key in row) == list(range(1, STEPS + 1))
+    assert _tensorboard_steps(run, key) == list(range(1, STEPS + 1))
