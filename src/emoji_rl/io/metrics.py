@@ -71,6 +71,17 @@ class MetricsWriter:
             if step > tracker.held:
                 tracker.write(step, finite)
 
+    def table(self, step: int, name: str, columns: list[str], rows: list[list]) -> None:
+        """Rows of text and numbers to read, not plot: a table in wandb and trackio, markdown text in
+        TensorBoard. Not in metrics.jsonl (what it shows is in its own file, such as rollouts.jsonl), so
+        a resume does not send the steps a kill took again."""
+        if self._tb is not None:
+            self._tb.add_text(name, markdown_table(columns, rows), step)
+            self._tb.flush()
+        for tracker in self._forward:
+            if step > tracker.held:
+                tracker.table(step, name, columns, rows)
+
     def close(self, failed: bool = False) -> None:
         self._file.close()
         if self._tb is not None:
@@ -99,3 +110,14 @@ def _number(value: object) -> bool:
 def _scalars(row: dict) -> dict[str, float]:
     """A line's finite numbers, its step aside: what a tracker plots."""
     return {k: v for k, v in row.items() if k != "step" and _number(v) and math.isfinite(v)}
+
+
+def markdown_table(columns: list[str], rows: list[list]) -> str:
+    """A markdown table, as TensorBoard's text tab renders one; a cell's newlines and pipes escaped."""
+
+    def cell(value: object) -> str:
+        text = f"{value:.4g}" if isinstance(value, float) else str(value)
+        return text.replace("|", "\\|").replace("\n", "<br>")
+
+    lines = [columns, ["---"] * len(columns), *rows]
+    return "\n".join("| " + " | ".join(cell(value) for value in line) + " |" for line in lines)

@@ -160,6 +160,11 @@ class WandbWriter:
     def write(self, step: int, metrics: dict[str, float]) -> None:
         self._run.log(metrics, step=step)
 
+    def table(self, step: int, name: str, columns: list[str], rows: list[list]) -> None:
+        import wandb
+
+        self._run.log({name: wandb.Table(columns=columns, data=rows)}, step=step)
+
     def close(self, failed: bool = False) -> None:
         self._run.finish(exit_code=int(failed))
 
@@ -179,6 +184,13 @@ class TrackioWriter:
 
     def write(self, step: int, metrics: dict[str, float]) -> None:
         self._run.log(metrics, step=step)
+
+    def table(self, step: int, name: str, columns: list[str], rows: list[list]) -> None:
+        import pandas
+
+        # trackio's Table ignores `columns` beside `data`: a DataFrame carries the names.
+        frame = pandas.DataFrame(rows, columns=columns)
+        self._run.log({name: self._trackio.Table(dataframe=frame)}, step=step)
 
     def close(self, failed: bool = False) -> None:
         self._trackio.finish()

@@ -63,25 +63,58 @@ def step_metrics(rollouts: Rollouts, services: dict[str, float]) -> dict[str, fl
 
 def log_rollouts(
     log_file: AppendLog, step: int, groups: Sequence[EpisodeGroup], ranks: Sequence[int]
-) -> None:
-    """One record per episode: the target its group played for, the process that played it (`ranks`,
-    one per group: over several processes each plays its share of the step), its reward, the advantage
-    it trained with (`group.advantages`; 0 in a group with no spread), and every turn's log and metrics,
-    with the adapter version that sampled it on a server."""
-    for group, rank in zip(groups, ranks, strict=True):
-        for g, (episode, advantage) in enumerate(zip(group.episodes, group.advantages, strict=True)):
-            log_file.append(
-                {
-                    "step": step,
-                    "rank": rank,
-                    "prompt_id": group.prompt_id,
-                    "target": group.target,
-                    "rollout": g,
-                    "reward": episode.reward,
-                    "advantage": advantage,
-                    "turns": [_turn_record(turn) for turn in episode.turns],
-                }
-            )
+) -> list[dict]:
+    """One record per episode, appended and returned: the target its group played for, the process that
+    played it (`ranks`, one per group: over several processes each plays its share of the step), its
+    reward, the advantage it trained with (`group.advantages`; 0 in a group with no spread), and every
+    turn's log and metrics, with the adapter version that sampled it on a server."""
+    records = [
+        {
+            "step": step,
+            "rank": rank,
+            "prompt_id": group.prompt_id,
+            "target": group.target,
+            "rollout": g,
+            "reward": episode.reward,
+            "advantage": advantage,
+            "turns": [_turn_record(turn) for turn in episode.turns],
+        }
+        for group, rank in zip(groups, ranks, strict=True)
+        for g, (episode, advantage) in enumerate(zip(group.episodes, group.advantages, strict=True))
+    ]
+    for record in records:
+        log_file.append(record)
+    return records
+
+
+EPISODE_COLUMNS = ["step", "target", "rollout", "turns", "reward", "advantage", "sampler_version"]
+
+
+def episode_table(records: Sequence[dict], limit: int | None) -> list[list]:
+    """The first `limit` (None: all) of a step's rollout records as rows of EPISODE_COLUMNS, for a
+    person to read in a tracker: each turn on a line of its game's own log (`key: value`), the version
+    that sampled the episode's last turn (blank in process)."""
+
+    def turn_line(number: int, turn: dict) -> str:
+        fields = (f"{k}: {_short(v)}" for k, v in turn.items() if k != "sampler_version")
+        return f"{number}. " + "; ".join(fields)
+
+    return [
+        [
+            r["step"],
+            r["target"],
+            r["rollout"],
+            "\n".join(turn_line(i, t) for i, t in enumerate(r["turns"], 1)),
+            r["reward"],
+            r["advantage"],
+            r["turns"][-1].get("sampler_version", "") if r["turns"] else "",
+        ]
+        for r in records[:limit]
+    ]
+
+
+def _short(value: object) -> str:
+    return f"{value:.3f}" if isinstance(value, float) else str(value)
 
 
 def _turn_record(turn: Turn) -> dict[str, object]:
