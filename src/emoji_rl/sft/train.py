@@ -74,11 +74,6 @@ def main(cfg: Config) -> None:
         args.gradient_accumulation_steps,
         world_size * args.per_device_train_batch_size * args.gradient_accumulation_steps,
     )
-    if is_main:
-        save_config(cfg, output_dir)
-        # The steps after the checkpoint are redone, so the lines a dead run logged after it go.
-        keep_first_lines(output_dir / METRICS_FILE, logged_lines(saved))
-
     # --- data: validated and tokenized up front, so a bad line fails before the model loads
     tokenizer = models.load_tokenizer(cfg.model)
     train_set = to_dataset(encode_file(tokenizer, cfg.train_data, cfg.max_length, cfg.overlong))
@@ -88,6 +83,12 @@ def main(cfg: Config) -> None:
         else None
     )
     logger.info("data: %d train, %d eval examples", len(train_set), len(eval_set) if eval_set else 0)
+    # Written once the inputs are checked: a stage that fails them leaves its directory as it found it
+    # (run_lock removes one it made), and the corrected rerun is not taken for a run to resume.
+    if is_main:
+        save_config(cfg, output_dir)
+        # The steps after the checkpoint are redone, so the lines a dead run logged after it go.
+        keep_first_lines(output_dir / METRICS_FILE, logged_lines(saved))
 
     resumed_at = saved["global_step"] if saved is not None else 0
     metrics = MetricsWriter(output_dir, resumed_at, cfg) if is_main else contextlib.nullcontext()
