@@ -263,18 +263,14 @@ def main(cfg: Config) -> None:
                     using = contextlib.nullcontext()
                 else:
                     assert model is not None
-                    sender = model_sender(
-                        model,
-                        tokenizer,
+                    decoding = cfg.decoding(
                         constraint="grammar" if cfg.protocol == "ours" else "none",
                         temperature=cfg.sender_temperature,
-                        max_new_tokens=cfg.max_new_tokens,
                         batch_size=cfg.batch_size,
-                        min_emoji=cfg.min_emoji,
-                        max_emoji=cfg.max_emoji,
                         num_beams=cfg.num_beams,
                         guidance_scale=cfg.guidance_scale,
                     )
+                    sender = model_sender(model, tokenizer, decoding)
                     using = active_system(model, system.name, system.path)
                 with using:
                     batches = play_batches(

@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 import torch
 
+from emoji_rl.decode.generate import Decoding
 from emoji_rl.decode.sampler import HFSampler
 from emoji_rl.decode.senders import parse_systems
 from emoji_rl.game.play import play
@@ -151,7 +152,9 @@ def main(cfg: Config) -> None:
     tokenizer = models.load_tokenizer(cfg.model)
     systems = parse_systems(cfg.systems)
     model = load_systems(models.load_causal_lm(cfg.model, runtime), systems)
-    sampler = HFSampler(model, tokenizer, "none", cfg.temperature, cfg.max_new_tokens, cfg.batch_size)
+    sampler = HFSampler(
+        model, tokenizer, Decoding("none", cfg.temperature, cfg.max_new_tokens, cfg.batch_size)
+    )
     builder = WordleBuilder(tokenizer, WordleRules(max_turns=cfg.max_turns))
     rows = []
     for name, adapter in systems.items():

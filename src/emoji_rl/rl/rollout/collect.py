@@ -1,7 +1,7 @@
 """What one GRPO step plays: B prompts x G games (`play`: turn t of every live episode goes out as one
 batch), groups with no reward spread set aside, and with dynamic sampling (DAPO) more prompts drawn
 until B groups carry signal. Under `accelerate launch` B is the step's prompts over all processes:
-each process plays its share (`train.prompts_per_process`), drawn from one order shared by all
+each process plays its share (`trainer.prompts_per_process`), drawn from one order shared by all
 processes, and refills its own share."""
 
 from __future__ import annotations
