@@ -42,7 +42,7 @@ from emoji_rl.lm.training import gather
 from emoji_rl.rl.batch import collate_groups
 from emoji_rl.rl.checkpoint import TrainState
 from emoji_rl.rl.policy import build_policy, checkpoint_layers
-from emoji_rl.rl.rollout.collect import Rollouts
+from emoji_rl.rl.rollout.collect import Rollouts, prompts_per_process
 from emoji_rl.rl.rollout.metrics import ROLLOUTS_FILE, log_rollouts, step_metrics
 from emoji_rl.rl.rollout.schedule import Schedule, schedule
 from emoji_rl.rl.setup import build_sampler
@@ -50,7 +50,7 @@ from emoji_rl.rl.train_config import TrainConfig
 from emoji_rl.rl.train_config import (
     config_for as config_for,  # the stage's Config for its game (cli.config_class)
 )
-from emoji_rl.rl.trainer import Trainer, prompts_per_process
+from emoji_rl.rl.trainer import Trainer
 
 if TYPE_CHECKING:
     from peft import PeftModel

@@ -17,7 +17,6 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from emoji_rl.errors import UserError
 from emoji_rl.lm.training import (
     adapter_state_dict,
     mixed_precision,
@@ -33,6 +32,7 @@ from emoji_rl.rl.checkpoint import (
     save_checkpoint,
     snapshot,
 )
+from emoji_rl.rl.rollout.collect import prompts_per_process
 from emoji_rl.rl.update import UpdateSettings, update
 
 if TYPE_CHECKING:
@@ -44,19 +44,6 @@ if TYPE_CHECKING:
     from emoji_rl.rl.train_config import TrainConfig
 
 log = logging.getLogger("emoji_rl.grpo")
-
-
-def prompts_per_process(batch_size: int, processes: int) -> int:
-    """Each process's share of a step's `batch_size` prompts. A step trains `batch_size` prompts on any
-    number of processes (the seed's 32 stay 32 over 4 GPUs), so the learning rate and the KL weight tuned
-    for it keep their meaning; the share must be whole."""
-    if batch_size % processes:
-        raise UserError(
-            f"batch_size={batch_size} (prompts per step over all processes) does not divide among "
-            f"{processes} processes: set batch_size to a multiple of {processes}, or launch a number of "
-            "processes that divides it"
-        )
-    return batch_size // processes
 
 
 @dataclass

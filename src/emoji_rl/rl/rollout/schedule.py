@@ -31,8 +31,7 @@ from typing import TYPE_CHECKING
 from emoji_rl.game.types import EpisodeGroup
 from emoji_rl.lm.training import adapter_state_dict, gather, save_adapter, whole_weights
 from emoji_rl.rl.checkpoint import TrainState, behaviour_adapters
-from emoji_rl.rl.rollout.collect import PromptStream, Rollouts, collect
-from emoji_rl.rl.trainer import prompts_per_process
+from emoji_rl.rl.rollout.collect import PromptStream, Rollouts, collect, prompts_per_process
 
 if TYPE_CHECKING:
     import torch
