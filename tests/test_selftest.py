@@ -149,7 +149,7 @@ def test_the_chunked_head_fails_against_a_reference_of_the_wrong_tokens(monkeypa
     ("name", "module", "finder"),
     [
         ("sft-steps", "emoji_rl.sft.train", "checkpoint_to_resume"),
-        ("grpo-steps", "emoji_rl.rl.train", "latest_checkpoint"),
+        ("grpo-steps", "emoji_rl.rl.trainer", "latest_checkpoint"),
     ],
 )
 def test_the_stage_checks_resume_at_the_next_step_and_fail_a_resume_that_starts_over(
