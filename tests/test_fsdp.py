@@ -254,13 +254,14 @@ def _grpo(run: Path) -> None:
     import torch.distributed as dist
 
     from emoji_rl.decode import generate
-    from emoji_rl.rl import setup, train
+    from emoji_rl.rl.rollout import schedule
+    from emoji_rl.rl.trainer import Trainer
 
-    decode, collect, save = generate.decode, setup.collect, train._save
+    decode, collect, save = generate.decode, schedule.collect, Trainer.save
     forwards = [0]
 
-    def counted_decode(model, ids, mask, cache, *args, **kwargs):
-        rows = decode(model, ids, mask, cache, *args, **kwargs)
+    def counted_decode(*args, **kwargs):
+        rows = decode(*args, **kwargs)
         forwards[0] += max(len(tokens) for tokens, _, _ in rows)  # one forward per step of the longest row
         return rows
 
@@ -271,15 +272,16 @@ def _grpo(run: Path) -> None:
             f.write(json.dumps({"step": stream.state.step + 1, "forwards": forwards[0]}) + "\n")
         return rollouts
 
-    def record_then_save(accelerator, run_dir, state, model, optimizer, scheduler, game, behaviour):
-        if game.state is not None:
-            with open(run / f"curriculum{accelerator.process_index}", "a") as f:
-                f.write(json.dumps(game.state.state_dict()) + "\n")
-        distributed = accelerator.distributed_type.value
-        _record_and_maybe_die(run_dir, accelerator.process_index, state.step, model, optimizer, distributed)
-        save(accelerator, run_dir, state, model, optimizer, scheduler, game, behaviour)
+    def record_then_save(trainer, run_dir, state, game, behaviour):
+        rank = trainer.accelerator.process_index
+        if game is not None:
+            with open(run / f"curriculum{rank}", "a") as f:
+                f.write(json.dumps(game.state_dict()) + "\n")
+        distributed = trainer.accelerator.distributed_type.value
+        _record_and_maybe_die(run_dir, rank, state.step, trainer.model, trainer.optimizer, distributed)
+        save(trainer, run_dir, state, game, behaviour)
 
-    generate.decode, setup.collect, train._save = counted_decode, collect_and_record, record_then_save
+    generate.decode, schedule.collect, Trainer.save = counted_decode, collect_and_record, record_then_save
 
 
 if __name__ == "__main__":

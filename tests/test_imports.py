@@ -238,3 +238,62 @@ def test_no_module_is_over_400_lines_without_a_reason_at_its_top():
         if lines > MAX_LINES and "Over 400 lines:" not in docstring.split("\n\n")[0]:
             too_long.append(f"{path.relative_to(SRC)}: {lines} lines")
     assert not too_long, "split these, or say at their top why not:\n" + "\n".join(too_long)
+
+
+MAX_PARAMETERS = 8
+
+
+def parameter_counts(tree: ast.Module) -> dict[str, int]:
+    """`qualified name -> parameters` of every function in a module: positional and keyword-only,
+    without a method's `self` or `cls` (a staticmethod has neither); `*args` and `**kwargs` pass
+    along what another function takes and are not counted."""
+    counts: dict[str, int] = {}
+
+    def visit(node: ast.AST, prefix: str, in_class: bool) -> None:
+        for child in ast.iter_child_nodes(node):
+            if isinstance(child, ast.ClassDef):
+                visit(child, f"{prefix}{child.name}.", True)
+            elif isinstance(child, ast.FunctionDef | ast.AsyncFunctionDef):
+                args = child.args
+                count = len(args.posonlyargs) + len(args.args) + len(args.kwonlyargs)
+                static = any(isinstance(d, ast.Name) and d.id == "staticmethod" for d in child.decorator_list)
+                counts[prefix + child.name] = count - (in_class and not static and count > 0)
+                visit(child, f"{prefix}{child.name}.", False)
+            else:
+                visit(child, prefix, in_class)
+
+    visit(tree, "", False)
+    return counts
+
+
+def test_parameters_are_counted_as_a_caller_passes_them():
+    source = (
+        "class A:\n"
+        "    def method(self, a, /, b, *args, c, **kwargs): ...\n"
+        "    @classmethod\n"
+        "    def make(cls, a): ...\n"
+        "    @staticmethod\n"
+        "    def pure(a, b): ...\n"
+        "async def outer(a, b=1, *, c):\n"
+        "    def inner(x): ...\n"
+    )
+    assert parameter_counts(ast.parse(source)) == {
+        "A.method": 3,
+        "A.make": 1,
+        "A.pure": 2,
+        "outer": 3,
+        "outer.inner": 1,
+    }
+
+
+def test_no_function_of_the_trainer_or_the_decoders_takes_more_than_8_parameters():
+    """Settings travel as objects (`Decoding`, `UpdateSettings`, `Snapshot`, a `Trainer`), not as
+    loose arguments that every caller repeats in its own order."""
+    crowded = [
+        f"{path.relative_to(SRC)}: {name} takes {count}"
+        for folder in ("rl", "decode")
+        for path in sorted((SRC / folder).rglob("*.py"))
+        for name, count in parameter_counts(ast.parse(path.read_text())).items()
+        if count > MAX_PARAMETERS
+    ]
+    assert not crowded, f"more than {MAX_PARAMETERS} parameters: group them\n" + "\n".join(crowded)

@@ -21,7 +21,7 @@ import yaml
 from emoji_rl import cli
 from emoji_rl.cli import STAGES
 from emoji_rl.config import parse_config
-from emoji_rl.rl.rollout.vllm import LOGPROBS_MODE
+from emoji_rl.decode.vllm import LOGPROBS_MODE
 
 ROOT = Path(__file__).resolve().parents[1]
 SCRIPTS = [

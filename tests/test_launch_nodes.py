@@ -116,7 +116,7 @@ def test_the_oracle_adds_up_unequal_nodes():
 def test_the_documented_two_node_commands_run_as_many_processes_on_each_node_and_divide_the_batch(
     launcher, monkeypatch
 ):
-    from emoji_rl.rl.train import prompts_per_process
+    from emoji_rl.rl.rollout.collect import prompts_per_process
     from emoji_rl.sft.trl_config import accumulation_steps
 
     monkeypatch.chdir(ROOT)  # the commands name their config files from the repository root

@@ -149,7 +149,7 @@ def test_the_chunked_head_fails_against_a_reference_of_the_wrong_tokens(monkeypa
     ("name", "module", "finder"),
     [
         ("sft-steps", "emoji_rl.sft.train", "checkpoint_to_resume"),
-        ("grpo-steps", "emoji_rl.rl.train", "latest_checkpoint"),
+        ("grpo-steps", "emoji_rl.rl.trainer", "latest_checkpoint"),
     ],
 )
 def test_the_stage_checks_resume_at_the_next_step_and_fail_a_resume_that_starts_over(
@@ -174,7 +174,7 @@ def test_the_grpo_check_fails_a_sampler_whose_log_probs_are_not_the_trainers(mon
     def shifted(*args, **kwargs):
         return real(*args, **kwargs) | {"sampler/kl_vs_trainer": 0.3}
 
-    monkeypatch.setattr("emoji_rl.rl.train.update", shifted)
+    monkeypatch.setattr("emoji_rl.rl.trainer.update", shifted)
     row = selftest.run_check("grpo-steps", selftest.Config(), models.pick_runtime("cpu"))
     assert row.status == "FAIL"
     assert "sampler - trainer log-prob 3.0e-01" in row.figure

@@ -60,15 +60,7 @@ def _answer(cfg: Config, model, tokenizer, messages: list[str]) -> dict[Constrai
         mode: [
             r.text
             for r in generate_replies(
-                model,
-                tokenizer,
-                conversations,
-                constraint=mode,
-                temperature=cfg.temperature,
-                max_new_tokens=cfg.max_new_tokens,
-                seed=cfg.seed,
-                min_emoji=cfg.min_emoji,
-                max_emoji=cfg.max_emoji,
+                model, tokenizer, conversations, cfg.decoding(constraint=mode), seed=cfg.seed
             )
         ]
         for mode in cfg.modes

@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
 
+from emoji_rl.decode.generate import Decoding
 from emoji_rl.decode.sampler import HFSampler, Sample
 from emoji_rl.emoji.alphabet import MAX_EMOJI, MIN_EMOJI, parse_message
 from emoji_rl.game.play import play
@@ -97,7 +98,7 @@ def main(cfg: Config) -> None:
     else:
         judge = HumanJudge()
         sender = models.load_causal_lm(cfg.model, runtime, adapter=cfg.adapter)
-        sampler = HFSampler(sender, tokenizer, "grammar", cfg.temperature)
+        sampler = HFSampler(sender, tokenizer, Decoding(temperature=cfg.temperature))
     rules = RetrievalRules(max_turns=cfg.max_turns, tau=cfg.tau)
     builder = RetrievalBuilder(tokenizer, judge, Similarity(similarity_model), rules)
     target = pick_target(cfg)

@@ -2,7 +2,7 @@
 rollout sampler's own request with one field dropped, and the arms decode the same tokens."""
 
 from emoji_rl.bench.sampling import PADDING_IDS, arm_rows, request_bodies
-from emoji_rl.rl.rollout.vllm import PADDING_BIAS
+from emoji_rl.decode.vllm import PADDING_BIAS
 
 
 def test_the_arms_differ_in_the_field_under_test_alone(smollm2_tokenizer):

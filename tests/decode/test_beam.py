@@ -8,7 +8,7 @@ from tests.floats import F64, float64, fp32_inside
 from tests.tiny import tiny_llama, tiny_qwen3_5
 
 from emoji_rl.decode.beam import Beam, beam_search, best_candidates, guide
-from emoji_rl.decode.generate import generate_from_ids
+from emoji_rl.decode.generate import Decoding, generate_from_ids
 from emoji_rl.emoji.alphabet import parse_message
 from emoji_rl.emoji.constraint import compile_emoji_grammar, replay_masks
 
@@ -61,8 +61,8 @@ def test_beam_search_finds_the_likeliest_emoji_where_greedy_takes_the_likeliest_
     block_91, block_83 = tokenizer.convert_tokens_to_ids(["ĳ", "ĥ"])
     model = _block_model(tokenizer, {"ðŁ": 5.0, "ĳ": 3.0, "ĥ": 2.0, "<|im_end|>": 8.0})
     prompts = [[1, 2, 3]]
-    greedy = generate_from_ids(model, tokenizer, prompts, temperature=0.0)[0]
-    beam = beam_search(model, tokenizer, prompts, num_beams=4)[0]
+    greedy = generate_from_ids(model, tokenizer, prompts, Decoding(temperature=0.0))[0]
+    beam = beam_search(model, tokenizer, prompts, Decoding(temperature=0.0, num_beams=4))[0]
     # 👑 is F0 9F 91 91: the favoured byte picks its block and, within it, its code point.
     assert greedy.text == "👑👑" and greedy.token_ids[1] == block_91
     assert beam.text == "🃏🃏" and beam.stopped and beam.token_ids[1] == block_83
@@ -90,7 +90,8 @@ def test_beam_replies_are_messages_scored_as_the_trainer_scores_them(smollm2_tok
     constraint = compile_emoji_grammar(tokenizer, 2, 8, vocab_size=len(tokenizer))
     prompts = [[5, 6, 7, 8, 9], [10, 11], [12, 13, 14, 15, 16, 17]]
     budget = constraint.max_new_tokens  # enough for 8 emoji, after which the grammar allows only the end
-    replies = beam_search(model, tokenizer, prompts, num_beams=3, max_new_tokens=budget, batch_size=6)
+    search = Decoding(temperature=0.0, max_new_tokens=budget, batch_size=6, num_beams=3)
+    replies = beam_search(model, tokenizer, prompts, search)
     for prompt, reply in zip(prompts, replies, strict=True):
         assert reply.stopped and parse_message(reply.text).ok, reply.text
         ids = torch.tensor([[*prompt, *reply.token_ids]])
@@ -101,8 +102,8 @@ def test_beam_replies_are_messages_scored_as_the_trainer_scores_them(smollm2_tok
         # Qwen3.5's Gated DeltaNet steps one token at a time in fp32 inside, the pass chunks them.
         tolerance = F64 if architecture == "llama" else fp32_inside(model, want)
         torch.testing.assert_close(torch.tensor(reply.logprobs, dtype=torch.float64), want, **tolerance)
-    greedy = generate_from_ids(model, tokenizer, prompts, temperature=0.0, max_new_tokens=budget)
-    one = beam_search(model, tokenizer, prompts, num_beams=1, max_new_tokens=budget)
+    greedy = generate_from_ids(model, tokenizer, prompts, Decoding(temperature=0.0, max_new_tokens=budget))
+    one = beam_search(model, tokenizer, prompts, Decoding(temperature=0.0, max_new_tokens=budget))
     for g, b in zip(greedy, one, strict=True):
         assert sum(b.logprobs) >= sum(g.logprobs) - 1e-5
 
@@ -127,16 +128,14 @@ def test_guided_search_scores_each_token_from_both_prompts(smollm2_tokenizer, nu
     model = float64(tiny_llama(vocab_size=len(tokenizer)).eval())  # two paths: tests/floats.py
     constraint = compile_emoji_grammar(tokenizer, 2, 8, vocab_size=len(tokenizer))
     prompts, unconditional = [[5, 6, 7, 8, 9], [10, 11], [12, 13, 14]], [5, 6, 20]
-    replies = beam_search(
-        model,
-        tokenizer,
-        prompts,
-        num_beams=num_beams,
+    search = Decoding(
+        temperature=0.0,
         max_new_tokens=constraint.max_new_tokens,
         batch_size=6,
+        num_beams=num_beams,
         guidance_scale=2.5,
-        unconditional=unconditional,
     )
+    replies = beam_search(model, tokenizer, prompts, search, unconditional)
 
     def masked(prompt, reply):
         ids = torch.tensor([[*prompt, *reply.token_ids]])
@@ -150,4 +149,4 @@ def test_guided_search_scores_each_token_from_both_prompts(smollm2_tokenizer, nu
         want = want.gather(-1, torch.tensor(reply.token_ids)[:, None]).squeeze(1)
         torch.testing.assert_close(torch.tensor(reply.logprobs, dtype=torch.float64), want, **F64)
     with pytest.raises(ValueError, match="unconditional"):
-        beam_search(model, tokenizer, prompts, num_beams=1, guidance_scale=2.0)
+        beam_search(model, tokenizer, prompts, Decoding(temperature=0.0, guidance_scale=2.0))

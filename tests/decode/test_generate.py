@@ -6,8 +6,8 @@ import pytest
 import torch
 from tests.floats import FP32_EPS, float64, fp32_inside
 
-from emoji_rl.decode.generate import decode, ids_containing, sample_tokens
-from emoji_rl.decode.prefill import left_pad
+from emoji_rl.decode.generate import Decoding, decode, ids_containing, sample_tokens
+from emoji_rl.decode.prefill import Prefilled, left_pad
 
 INF = float("inf")
 
@@ -122,7 +122,7 @@ def test_rows_that_stop_leave_the_batch_without_changing_any_row(config_name):
             return_dict_in_generate=True,
         )
     steps = torch.stack(reference.scores, dim=1).log_softmax(-1)
-    rows = decode(model, ids, mask, None, None, 0.0, 8, [stop_id], pad_id=0, keep_caches=True)
+    rows = decode(model, Prefilled(ids, mask, None), None, 0.0, 8, [stop_id], pad_id=0, keep_caches=True)
     lengths = {len(tokens) for tokens, _, _ in rows}
     assert len(lengths) > 1, "the rows must stop at different steps for the test to mean anything"
     for i, (tokens, logprobs, cache) in enumerate(rows):
@@ -143,6 +143,26 @@ def test_rows_that_stop_leave_the_batch_without_changing_any_row(config_name):
         )
 
 
+def test_a_decoding_that_searches_is_greedy_under_the_grammar_and_is_not_sampled(smollm2_tokenizer):
+    """Beam search and guidance look for the best emoji message: a `Decoding` that asks for either with
+    sampling or without the grammar is refused where it is made, and sampling refuses a search."""
+    from emoji_rl.decode.beam import beam_search
+    from emoji_rl.decode.generate import generate_from_ids
+
+    for bad in (dict(num_beams=4), dict(constraint="none", temperature=0.0, guidance_scale=2.0)):
+        with pytest.raises(ValueError, match="grammar constraint and temperature 0"):
+            Decoding(**bad)
+    for bad in (dict(batch_size=0), dict(num_beams=0), dict(max_new_tokens=-1)):
+        with pytest.raises(ValueError, match="must be >= 1"):
+            Decoding(**bad)
+    search = Decoding(temperature=0.0, num_beams=4)
+    assert search.searches and not Decoding(temperature=0.0).searches
+    with pytest.raises(ValueError, match="a search, not sampling"):
+        generate_from_ids(None, smollm2_tokenizer, [[1, 2]], search)
+    with pytest.raises(ValueError, match="grammar at temperature 0"):
+        beam_search(None, smollm2_tokenizer, [[1, 2]], Decoding("none", temperature=0.0))
+
+
 def test_ids_containing_finds_every_token_that_writes_a_character(smollm2_tokenizer):
     ends = ids_containing(smollm2_tokenizer, ".!?\n")
     for text in (".", "!", "?", "\n", "..."):
@@ -160,9 +180,8 @@ def test_a_reply_ends_at_its_first_sentence_end_and_keeps_its_text(smollm2_model
     ends = ids_containing(smollm2_tokenizer, ".!?\n")
     asks = ["Tell me about pizza in three sentences.", "Describe a beach.", "What is a cat?"]
     prompts = [chat_ids(smollm2_tokenizer, [{"role": "user", "content": ask}]) for ask in asks]
-    replies = generate_from_ids(
-        smollm2_model, smollm2_tokenizer, prompts, "none", temperature=0.0, max_new_tokens=40, stop_ids=ends
-    )
+    decoding = Decoding("none", temperature=0.0, max_new_tokens=40, stop_ids=ends)
+    replies = generate_from_ids(smollm2_model, smollm2_tokenizer, prompts, decoding)
     assert any(reply.token_ids[-1] in ends for reply in replies), "no reply ended a sentence: a weak test"
     for reply in replies:
         assert not ends & set(reply.token_ids[:-1])
@@ -181,9 +200,7 @@ def test_sampling_without_the_grammar_never_draws_a_padding_id(padded_qwen3_5, c
     with torch.no_grad():
         logits = model(torch.tensor([prompts[1]])).logits[0, -1]
     assert logits.argmax() >= len(tokenizer)  # unmasked, a padding id would win
-    replies = generate_from_ids(
-        model, tokenizer, prompts * 4, constraint, temperature=1.0, max_new_tokens=4, seed=0
-    )
+    replies = generate_from_ids(model, tokenizer, prompts * 4, Decoding(constraint, max_new_tokens=4), seed=0)
     sampled = [i for reply in replies for i in reply.token_ids]
     assert len(sampled) >= len(replies) and max(sampled) < len(tokenizer)
     assert all(math.isfinite(p) for reply in replies for p in reply.logprobs)

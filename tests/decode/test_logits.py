@@ -28,6 +28,7 @@ from emoji_rl.decode.logits import (
     mask_logits_to_support_,
     static_allowed_ids,
 )
+from emoji_rl.decode.prefill import Prefilled
 from emoji_rl.emoji.alphabet import ALPHABET, parse_message
 from emoji_rl.emoji.constraint import compile_emoji_grammar, replay_masks
 from emoji_rl.emoji.sender_prompts import sender_messages
@@ -67,7 +68,7 @@ def sample(
     cache = prefill.past_key_values
     cache.batch_repeat_interleave(per_prompt)
     ids, mask = ids.repeat_interleave(per_prompt, 0), mask.repeat_interleave(per_prompt, 0)
-    rows = decode(model, ids, mask, cache, processor, 1.0, max_new_tokens, [stop_id], pad_id)
+    rows = decode(model, Prefilled(ids, mask, cache), processor, 1.0, max_new_tokens, [stop_id], pad_id)
     return [tokens for tokens, _, _ in rows]
 
 

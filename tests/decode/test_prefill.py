@@ -68,7 +68,7 @@ def test_only_full_attention_models_share():
 @pytest.mark.slow
 @pytest.mark.float_paths
 def test_shared_prefix_generation_equals_one_row_at_a_time(smollm2_model_f64, smollm2_tokenizer):
-    from emoji_rl.decode.generate import generate_from_ids
+    from emoji_rl.decode.generate import Decoding, generate_from_ids
     from emoji_rl.lm.template import chat_ids
 
     def prompt(text: str) -> tuple[int, ...]:
@@ -84,15 +84,8 @@ def test_shared_prefix_generation_equals_one_row_at_a_time(smollm2_model_f64, sm
         assert ids[row][mask[row].bool()].tolist() == list(prompt_ids)
 
     def sample(batch_size: int):
-        return generate_from_ids(
-            smollm2_model_f64,
-            smollm2_tokenizer,
-            rows,
-            constraint="grammar",
-            temperature=0.0,
-            max_new_tokens=12,
-            batch_size=batch_size,
-        )
+        greedy = Decoding(temperature=0.0, max_new_tokens=12, batch_size=batch_size)
+        return generate_from_ids(smollm2_model_f64, smollm2_tokenizer, rows, greedy)
 
     shared, alone = sample(len(rows)), sample(1)
     for a, b in zip(shared, alone, strict=True):
@@ -147,7 +140,7 @@ def test_a_turn_resumed_from_the_kept_caches_equals_one_read_from_scratch(
 ):
     """SmolLM2's keys and values, and a random Qwen3.5's Gated DeltaNet states beside its keys and
     values: the rows' new tokens differ in length, so the hybrid reads them in several passes."""
-    from emoji_rl.decode.generate import generate_from_ids
+    from emoji_rl.decode.generate import Decoding, generate_from_ids
     from emoji_rl.lm.template import chat_ids
 
     tokenizer = smollm2_tokenizer
@@ -161,9 +154,8 @@ def test_a_turn_resumed_from_the_kept_caches_equals_one_read_from_scratch(
         return tuple(chat_ids(tokenizer, [{"role": "user", "content": text}]))
 
     def sample(prompts, max_new_tokens=12, **options):
-        return generate_from_ids(
-            model, tokenizer, prompts, temperature=0.0, max_new_tokens=max_new_tokens, **options
-        )
+        greedy = Decoding(temperature=0.0, max_new_tokens=max_new_tokens)
+        return generate_from_ids(model, tokenizer, prompts, greedy, **options)
 
     first = [prompt("I missed the train again"), prompt("I missed the train again"), prompt("Pizza tonight?")]
     # Keep a row that runs out of tokens too: its cache ends one token before its reply does.

@@ -18,11 +18,13 @@ from typing import Any, Protocol
 import httpx
 from tests.fakes.vllm_server import FakeVLLMServer, Payload
 
+from emoji_rl.decode.generate import Decoding
+from emoji_rl.decode.vllm import VLLMSampler
 from emoji_rl.emoji.sender_prompts import sender_messages
 from emoji_rl.games.retrieval.judge import JudgeInput, OpenAIJudge
 from emoji_rl.io.endpoint import Endpoint
 from emoji_rl.lm.template import chat_ids, stop_token_id
-from emoji_rl.rl.rollout.vllm import AdapterSync, VLLMSampler
+from emoji_rl.rl.rollout.vllm import AdapterSync
 
 
 @dataclass(frozen=True)
@@ -154,7 +156,9 @@ def play_clients(
     AdapterSync's loads and unloads, the openai judge's chat), and probes for the error answers.
     `policy` serves `policy`, `judge` serves `judge`; their key is in `key_env`."""
     endpoint = Endpoint(policy.url, api_key_env=key_env, backoff_s=0.01)
-    sampler = VLLMSampler(endpoint, "policy", stop_token_id(tokenizer), temperature=0.7, max_new_tokens=32)
+    sampler = VLLMSampler(
+        endpoint, "policy", stop_token_id(tokenizer), Decoding(temperature=0.7, max_new_tokens=32)
+    )
     asyncio.run(sampler.verify())
     sync = AdapterSync(sampler, run_dir, "policy", keep=1, session="7e57")
     sync.clear_stale()
@@ -165,9 +169,7 @@ def play_clients(
     # per prompt, sent at once
     asyncio.run(sampler.at(1, sampler.model, seed=3).sample(prompts))
     # a free-text game's batch (Wordle): no grammar
-    free = VLLMSampler(
-        endpoint, "policy", stop_token_id(tokenizer), temperature=0.7, max_new_tokens=32, grammar=False
-    )
+    free = VLLMSampler(endpoint, "policy", stop_token_id(tokenizer), Decoding("none", 0.7, max_new_tokens=32))
     asyncio.run(free.sample(prompts[:1]))
     sync.clear_stale()  # unloads what is left, so the server holds no adapter of this run after it
     policy.source = "probe"

@@ -9,6 +9,7 @@ from dataclasses import dataclass
 
 import pytest
 
+from emoji_rl.decode.generate import Decoding
 from emoji_rl.errors import UserError
 from emoji_rl.game import evaluate
 from emoji_rl.game.evaluation import EvalConfig, EvalSetup, Evaluation, ModelSender, Report, Scripted
@@ -57,7 +58,7 @@ def setup(cfg, records, tokenizer, runtime) -> EvalSetup:
         games={
             mode: lambda r, t=turns: Guess(tokenizer, SECRETS[r["id"]], t) for mode, turns in MODES.items()
         },
-        sender=ModelSender("none", 0.0, 8),
+        sender=ModelSender(Decoding("none", 0.0, 8)),
         scripted={
             "good": Scripted([GOOD[r["id"]] for r in records]),
             "bad": Scripted(

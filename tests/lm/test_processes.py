@@ -117,7 +117,7 @@ def _rank(out: Path) -> None:
     import torch.distributed as dist
 
     from emoji_rl.lm import processes
-    from emoji_rl.rl.setup import rollout_group
+    from emoji_rl.rl.rollout.schedule import rollout_group
 
     nccl = {"exported": os.environ.get("TORCH_NCCL_ASYNC_ERROR_HANDLING")}
     init = dist.init_process_group

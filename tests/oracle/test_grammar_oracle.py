@@ -24,13 +24,14 @@ from tests.tiny import QWEN3_5_LOGITS, qwen3_5_vocabulary
 from transformers import AutoTokenizer
 from transformers.convert_slow_tokenizer import bytes_to_unicode
 
+from emoji_rl.decode.generate import Decoding
 from emoji_rl.decode.logits import allowed_positions
+from emoji_rl.decode.vllm import VLLMSampler
 from emoji_rl.emoji.alphabet import ALPHABET
 from emoji_rl.emoji.constraint import compile_emoji_grammar, replay_bitmask
 from emoji_rl.emoji.qwen_vocab import qwen_tokenizer
 from emoji_rl.io.endpoint import Endpoint
 from emoji_rl.lm.template import end_of_turn_ids, stop_token_id
-from emoji_rl.rl.rollout.vllm import VLLMSampler
 
 ENDOFTEXT, IM_START, IM_END, WIDTH = 248044, 248045, 248046, QWEN3_5_LOGITS
 QWEN35_LIKE_EOS = [IM_END, ENDOFTEXT]  # labelled above: not read from a real Qwen3.5 checkpoint
@@ -71,7 +72,7 @@ def sides(model_dir, vllm_oracle):
     by_byte = [tokenizer.convert_tokens_to_ids(bytes_to_unicode()[b]) for b in messages[0].encode()]
     assert len(byte_id) == 256
     sequences += [[*by_byte, IM_END], [*encode(messages[1]), IM_START]]
-    sampler = VLLMSampler(Endpoint("http://127.0.0.1:9"), "policy", stop_token_id(tokenizer))
+    sampler = VLLMSampler(Endpoint("http://127.0.0.1:9"), "policy", stop_token_id(tokenizer), Decoding())
     request = sampler.request_body([1, 2, 3], 0)
     answer = vllm_oracle(
         "grammar", model_dir=str(model_dir), vocab_size=WIDTH, request=request, sequences=sequences

@@ -6,9 +6,10 @@ from __future__ import annotations
 
 import pytest
 
+from emoji_rl.decode.generate import Decoding
+from emoji_rl.decode.vllm import PADDING_BIAS, VLLMSampler
 from emoji_rl.emoji.constraint import grammar_ebnf
 from emoji_rl.io.endpoint import Endpoint
-from emoji_rl.rl.rollout.vllm import PADDING_BIAS, VLLMSampler
 
 KINDS = {
     "/v1/completions": "completion",
@@ -80,9 +81,13 @@ def test_a_free_text_rollout_on_a_padded_head_biases_exactly_the_padding_ids_off
     tokens, width = 248077, 248320
     bodies = [
         VLLMSampler(
-            Endpoint("http://127.0.0.1:9"), "policy", 248046, grammar=grammar, padding=range(tokens, width)
+            Endpoint("http://127.0.0.1:9"),
+            "policy",
+            248046,
+            Decoding(constraint),
+            padding=range(tokens, width),
         ).request_body([1, 2, 3], 7)
-        for grammar in (False, True)
+        for constraint in ("none", "grammar")
     ]
     items = [{"kind": "completion", "body": body} for body in bodies]
     free, emoji = vllm_oracle("requests", items=items, vocab_size=width)

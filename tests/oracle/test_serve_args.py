@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 from tests.test_launch import ROOT, run
 
-from emoji_rl.rl.rollout.vllm import LOGPROBS_MODE
+from emoji_rl.decode.vllm import LOGPROBS_MODE
 
 SCRIPTS = ("serve_judge.sh", "serve_policy.sh", "gpu_smoke.sh")
 # vLLM servers each script starts in each documented layout (GPUS). The 2-GPU layout has no policy

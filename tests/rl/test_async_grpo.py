@@ -18,13 +18,17 @@ from tests.fakes.fake_lm import FakeLM
 from tests.fakes.vllm_server import FakeVLLMServer
 from tests.rl.test_train import Interrupted, _comparable, _read_jsonl, _toy_setup, favorite_setup
 
+from emoji_rl.decode.generate import Decoding
+from emoji_rl.decode.vllm import VLLMSampler
 from emoji_rl.errors import UserError
 from emoji_rl.io.endpoint import Endpoint
 from emoji_rl.io.metrics import read_metrics
 from emoji_rl.lm import template
 from emoji_rl.rl import train as grpo_train
+from emoji_rl.rl import trainer as grpo_trainer
 from emoji_rl.rl.checkpoint import behaviour_adapters, latest_checkpoint
-from emoji_rl.rl.rollout.vllm import AdapterSync, VLLMSampler
+from emoji_rl.rl.rollout import schedule
+from emoji_rl.rl.rollout.vllm import AdapterSync
 
 pytestmark = pytest.mark.slow
 
@@ -65,9 +69,8 @@ def run(tmp_path, server, session, key_env=KEY_ENV, score=message_hash, **overri
     settings = dict(engine="vllm", max_off_policy_steps=1, max_steps=4, group_size=4, save_steps=1, seed=0)
     cfg, tokenizer, policy, constraint, _ = _toy_setup(tmp_path, **{**settings, **overrides})
     endpoint = Endpoint(server.url + "/v1", api_key_env=key_env, backoff_s=0.01, attempts=2)
-    sampler = VLLMSampler(
-        endpoint, "policy", template.stop_token_id(tokenizer), max_new_tokens=16, max_emoji=4
-    )
+    decoding = Decoding(max_new_tokens=16, max_emoji=4)
+    sampler = VLLMSampler(endpoint, "policy", template.stop_token_id(tokenizer), decoding)
     sync = AdapterSync(sampler, cfg.output_dir, "policy", keep=cfg.vllm_adapter_keep, session=session)
     setup = favorite_setup(tokenizer, constraint, RECORDS, score)
     return grpo_train.train(cfg, policy, tokenizer, setup, sampler, weight_sync=sync), Path(cfg.output_dir)
@@ -108,7 +111,7 @@ def test_a_run_killed_with_a_step_in_flight_resumes_to_the_uninterrupted_end(lm,
         _, whole = run(tmp_path / "whole", server, "aaa")
 
         # Dies as it writes step 3's checkpoint: step 4's rollouts are in flight (or played), lost.
-        real_save = grpo_train.save_checkpoint
+        real_save = grpo_trainer.save_checkpoint
 
         def save_or_die(run_dir, state, *args, **kwargs):
             if state.step == 3:
@@ -116,7 +119,7 @@ def test_a_run_killed_with_a_step_in_flight_resumes_to_the_uninterrupted_end(lm,
             return real_save(run_dir, state, *args, **kwargs)
 
         with monkeypatch.context() as patch, pytest.raises(Interrupted):
-            patch.setattr(grpo_train, "save_checkpoint", save_or_die)
+            patch.setattr(grpo_trainer, "save_checkpoint", save_or_die)
             run(tmp_path / "split", server, "bbb")
         split = tmp_path / "split" / "run"
         checkpoint = latest_checkpoint(split)
@@ -136,7 +139,7 @@ def test_a_server_that_dies_during_the_next_steps_rollouts_is_named_and_a_resume
     lm, tmp_path, monkeypatch
 ):
     server = WeightsServer(lm).start()
-    real_publish = grpo_train._publish_weights
+    real_publish = schedule.publish_weights
 
     def publish_then_die(sync, accelerator, model, version):
         name = real_publish(sync, accelerator, model, version)
@@ -145,7 +148,7 @@ def test_a_server_that_dies_during_the_next_steps_rollouts_is_named_and_a_resume
         return name
 
     with monkeypatch.context() as patch, pytest.raises(UserError) as failed:
-        patch.setattr(grpo_train, "_publish_weights", publish_then_die)
+        patch.setattr(schedule, "publish_weights", publish_then_die)
         run(tmp_path, server, "aaa")
     assert server.url in str(failed.value)
     out = tmp_path / "run"
@@ -163,7 +166,7 @@ def test_a_trainer_that_dies_stops_its_rollouts(lm, tmp_path, monkeypatch):
     class TrainerDied(Exception):
         pass
 
-    real_update = grpo_train.update
+    real_update = grpo_trainer.update
     updates = []
 
     def update_then_die(*args, **kwargs):
@@ -175,7 +178,7 @@ def test_a_trainer_that_dies_stops_its_rollouts(lm, tmp_path, monkeypatch):
 
     with WeightsServer(lm, delay=0.2) as server:
         with monkeypatch.context() as patch, pytest.raises(TrainerDied):
-            patch.setattr(grpo_train, "update", update_then_die)
+            patch.setattr(grpo_trainer, "update", update_then_die)
             run(tmp_path, server, "aaa", max_steps=6, save_steps=100)
         assert not any(t.name == "rollouts-ahead" for t in threading.enumerate())
         sent = len(server.bodies("/v1/completions"))

@@ -187,14 +187,13 @@ def test_the_trainer_scores_an_unconstrained_sample_as_the_sampler_drew_it(padde
     scores over the same ids, so its log-probs are the sampler's."""
     import copy
 
-    from emoji_rl.decode.generate import generate_from_ids
+    from emoji_rl.decode.generate import Decoding, generate_from_ids
 
     model, tokenizer = padded_qwen3_5
     model = float64(copy.deepcopy(model))  # the decoder against the trainer's pass: tests/floats.py
     prompt = tuple(tokenizer.encode("Guess the word"))
-    replies = generate_from_ids(
-        model, tokenizer, [prompt] * 3, "none", temperature=TEMPERATURE, max_new_tokens=5, seed=0
-    )
+    decoding = Decoding("none", temperature=TEMPERATURE, max_new_tokens=5)
+    replies = generate_from_ids(model, tokenizer, [prompt] * 3, decoding, seed=0)
     done = StepResult(done=True, reward=0.0)
     episodes = [Episode((Turn(prompt, reply.token_ids, reply.logprobs, done),)) for reply in replies]
     batch = collate(episodes, torch.zeros(3), tokenizer.pad_token_id, None, tokens=len(tokenizer))

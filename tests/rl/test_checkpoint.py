@@ -9,7 +9,7 @@ from transformers import LlamaConfig, LlamaForCausalLM
 
 from emoji_rl.games.wordle.reward import Curriculum, CurriculumTracker
 from emoji_rl.lm.training import follow_schedule
-from emoji_rl.rl.checkpoint import TrainState, latest_checkpoint, load_checkpoint, save_checkpoint
+from emoji_rl.rl.checkpoint import TrainState, latest_checkpoint, load_checkpoint, save_checkpoint, snapshot
 
 
 def _tiny_run():
@@ -28,12 +28,16 @@ def _tiny_run():
     return policy, optimizer, scheduler
 
 
+def _save(run_dir, state, policy, optimizer, scheduler, game=None):
+    save_checkpoint(run_dir, state, policy, snapshot(policy, optimizer, scheduler, game))
+
+
 def test_a_checkpoint_restores_the_curriculum_where_it_was(tmp_path):
     tracker = CurriculumTracker(Curriculum(window=4))
     tracker.phase = 1
     for share in (1.0, 0.5):
         tracker.record(share)
-    save_checkpoint(tmp_path, TrainState(step=3, cursor=2), *_tiny_run(), game=tracker)
+    _save(tmp_path, TrainState(step=3, cursor=2), *_tiny_run(), game=tracker)
 
     restored = CurriculumTracker(Curriculum(window=4))
     policy, _, _ = _tiny_run()
@@ -43,7 +47,7 @@ def test_a_checkpoint_restores_the_curriculum_where_it_was(tmp_path):
 
 
 def test_a_checkpoint_without_game_state_says_the_game_starts_afresh(tmp_path, caplog):
-    save_checkpoint(tmp_path, TrainState(step=1), *_tiny_run())
+    _save(tmp_path, TrainState(step=1), *_tiny_run())
     tracker = CurriculumTracker(Curriculum(window=4))
     with caplog.at_level(logging.WARNING):
         load_checkpoint(latest_checkpoint(tmp_path), _tiny_run()[0], game=tracker)
@@ -92,7 +96,7 @@ def test_a_save_cut_short_at_any_point_leaves_the_last_whole_checkpoint(tmp_path
 
     tracker = CurriculumTracker(Curriculum(window=4))
     tracker.record(1.0)
-    save_checkpoint(tmp_path, TrainState(step=2), *_tiny_run(), game=tracker)
+    _save(tmp_path, TrainState(step=2), *_tiny_run(), game=tracker)
     policy, optimizer, scheduler = _tiny_run()
     real_rename = pathlib.Path.rename
 
@@ -121,9 +125,9 @@ def test_a_save_cut_short_at_any_point_leaves_the_last_whole_checkpoint(tmp_path
                 pathlib.Path, "rename", rename_then("step-000004" if killed_in == "rename" else "latest")
             )
         with pytest.raises(Killed):
-            save_checkpoint(tmp_path, TrainState(step=4), policy, optimizer, scheduler, game=tracker)
+            _save(tmp_path, TrainState(step=4), policy, optimizer, scheduler, game=tracker)
     restored = CurriculumTracker(Curriculum(window=4))
     assert load_checkpoint(latest_checkpoint(tmp_path), _tiny_run()[0], game=restored) == TrainState(step=2)
     assert restored.state_dict() == {"phase": 0, "recent": [1.0]}
-    save_checkpoint(tmp_path, TrainState(step=4), policy, optimizer, scheduler, game=tracker)
+    _save(tmp_path, TrainState(step=4), policy, optimizer, scheduler, game=tracker)
     assert latest_checkpoint(tmp_path).name == "step-000004"

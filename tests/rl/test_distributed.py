@@ -188,7 +188,7 @@ def test_publishing_under_fsdp_sends_the_whole_adapter_not_a_shard(tmp_path, mon
 
 
 def _publish_under_fsdp(url: str, out: Path) -> int:
-    """Shard a tiny PEFT model over the ranks with FSDP2, then `_publish_weights` it to the server at `url`;
+    """Shard a tiny PEFT model over the ranks with FSDP2, then `publish_weights` it to the server at `url`;
     the main process writes the unsharded adapter to `out/full.safetensors` first, for the test."""
     from accelerate import PartialState
     from peft import LoraConfig, get_peft_model, get_peft_model_state_dict
@@ -197,9 +197,11 @@ def _publish_under_fsdp(url: str, out: Path) -> int:
     from torch.distributed.tensor import DTensor
     from transformers import LlamaConfig, LlamaForCausalLM
 
+    from emoji_rl.decode.generate import Decoding
+    from emoji_rl.decode.vllm import VLLMSampler
     from emoji_rl.io.endpoint import Endpoint
-    from emoji_rl.rl.rollout.vllm import AdapterSync, VLLMSampler
-    from emoji_rl.rl.train import _publish_weights
+    from emoji_rl.rl.rollout.schedule import publish_weights
+    from emoji_rl.rl.rollout.vllm import AdapterSync
 
     processes = PartialState(cpu=True)
     torch.manual_seed(0)  # the same model on every rank
@@ -221,8 +223,10 @@ def _publish_under_fsdp(url: str, out: Path) -> int:
     assert lora_params and all(
         isinstance(p, DTensor) and p.to_local().numel() < p.numel() for p in lora_params
     ), "the adapter is not sharded: the test would not tell a gathered save from a local one"
-    sampler = VLLMSampler(Endpoint(url + "/v1", api_key_env="EMOJI_RL_TEST_POLICY_KEY"), "policy", 0)
-    _publish_weights(AdapterSync(sampler, out, "policy"), processes, model, 1)
+    sampler = VLLMSampler(
+        Endpoint(url + "/v1", api_key_env="EMOJI_RL_TEST_POLICY_KEY"), "policy", 0, Decoding()
+    )
+    publish_weights(AdapterSync(sampler, out, "policy"), processes, model, 1)
     (out / f"sampler{processes.process_index}").write_text(sampler.model)
     # Leave the group before exiting: a gloo thread still running when the interpreter exits aborts
     # the rank ("terminate called without an active exception", once in CI on a loaded machine).
@@ -241,10 +245,11 @@ def _run_stage_recording_each_rank() -> int:
 
     from emoji_rl import cli
     from emoji_rl.lm.training import adapter_state_dict
-    from emoji_rl.rl import setup, train
+    from emoji_rl.rl.rollout import schedule
+    from emoji_rl.rl.trainer import Trainer
 
     run = Path(sys.argv[sys.argv.index("--output_dir") + 1])
-    collect, save = setup.collect, train._save
+    collect, save = schedule.collect, Trainer.save
 
     async def collect_and_record(stream, *args, **kwargs):
         rollouts = await collect(stream, *args, **kwargs)
@@ -254,12 +259,13 @@ def _run_stage_recording_each_rank() -> int:
             f.write(json.dumps(line) + "\n")
         return rollouts
 
-    def save_and_record(accelerator, run_dir, state, model, *args):
-        weights = {k: v.contiguous() for k, v in adapter_state_dict(model).items()}
-        save_file(weights, str(run_dir / f"rank{accelerator.process_index}-step{state.step}.safetensors"))
-        save(accelerator, run_dir, state, model, *args)
+    def save_and_record(trainer, run_dir, state, *args):
+        weights = {k: v.contiguous() for k, v in adapter_state_dict(trainer.model).items()}
+        rank = trainer.accelerator.process_index
+        save_file(weights, str(run_dir / f"rank{rank}-step{state.step}.safetensors"))
+        save(trainer, run_dir, state, *args)
 
-    setup.collect, train._save = collect_and_record, save_and_record
+    schedule.collect, Trainer.save = collect_and_record, save_and_record
     return cli.main()
 
 

@@ -9,6 +9,7 @@ import zlib
 import pytest
 import torch
 
+from emoji_rl.decode.generate import Decoding
 from emoji_rl.decode.sampler import HFSampler
 from emoji_rl.emoji.alphabet import parse_message
 from emoji_rl.emoji.constraint import compile_emoji_grammar
@@ -18,6 +19,7 @@ from emoji_rl.game.types import Game, GameSetup, StepResult
 from emoji_rl.io.metrics import read_metrics
 from emoji_rl.lm import models, template
 from emoji_rl.rl import train as grpo_train
+from emoji_rl.rl import trainer as grpo_trainer
 from emoji_rl.rl.policy import build_policy
 from emoji_rl.rl.train_config import grpo_config
 
@@ -77,7 +79,8 @@ def _toy_setup(tmp_path, **overrides):
     policy = build_policy(cfg.model, models.pick_runtime("cpu"), None, reference, cfg.lora_r, cfg.lora_alpha)
     width = policy.get_output_embeddings().weight.shape[0]
     constraint = compile_emoji_grammar(tokenizer, 2, cfg.max_emoji, vocab_size=width)
-    sampler = HFSampler(policy, tokenizer, "grammar", 1.0, cfg.max_new_tokens, 32, 2, cfg.max_emoji)
+    decoding = Decoding(max_new_tokens=cfg.max_new_tokens, batch_size=32, max_emoji=cfg.max_emoji)
+    sampler = HFSampler(policy, tokenizer, decoding)
     return cfg, tokenizer, policy, constraint, sampler
 
 
@@ -135,7 +138,7 @@ def _read_jsonl(path):
 
 def _dies_saving_step_3(monkeypatch, run, *args, **kwargs):
     """`run(*args, **kwargs)`, whose process dies saving step 3's checkpoint, after logging step 3."""
-    real_save = grpo_train.save_checkpoint
+    real_save = grpo_trainer.save_checkpoint
 
     def save_or_die(run_dir, state, *args, **kwargs):
         if state.step == 3:
@@ -143,7 +146,7 @@ def _dies_saving_step_3(monkeypatch, run, *args, **kwargs):
         real_save(run_dir, state, *args, **kwargs)
 
     with monkeypatch.context() as patch, pytest.raises(Interrupted):
-        patch.setattr(grpo_train, "save_checkpoint", save_or_die)
+        patch.setattr(grpo_trainer, "save_checkpoint", save_or_die)
         run(*args, **kwargs)
 
 
@@ -229,16 +232,16 @@ def test_vllm_engine_trains_through_versioned_adapters(tmp_path, monkeypatch):
     from tests.fakes.fake_lm import FakeLM
     from tests.fakes.vllm_server import FakeVLLMServer
 
+    from emoji_rl.decode.vllm import VLLMSampler
     from emoji_rl.io.endpoint import Endpoint
-    from emoji_rl.rl.rollout.vllm import AdapterSync, VLLMSampler
+    from emoji_rl.rl.rollout.vllm import AdapterSync
 
     cfg, tokenizer, policy, constraint, _ = _toy_setup(tmp_path, max_steps=2, group_size=4, engine="vllm")
     monkeypatch.setenv("EMOJI_RL_TEST_POLICY_KEY", "test-key")
     with FakeVLLMServer(FakeLM(tokenizer), logprobs_mode="processed_logprobs") as server:
         endpoint = Endpoint(server.url + "/v1", api_key_env="EMOJI_RL_TEST_POLICY_KEY", backoff_s=0.01)
-        sampler = VLLMSampler(
-            endpoint, "policy", template.stop_token_id(tokenizer), max_new_tokens=16, max_emoji=4
-        )
+        decoding = Decoding(max_new_tokens=16, max_emoji=4)
+        sampler = VLLMSampler(endpoint, "policy", template.stop_token_id(tokenizer), decoding)
         sync = AdapterSync(sampler, cfg.output_dir, "policy", keep=2, session="5e5")
         records = [{"id": "p0", "target": PROMPT}]
 

@@ -3,6 +3,7 @@
 import pytest
 import torch
 
+from emoji_rl.decode.generate import Decoding
 from emoji_rl.decode.sampler import HFSampler
 from emoji_rl.game import registry
 from emoji_rl.game.registry import GameContext
@@ -36,7 +37,7 @@ def test_grpo_on_wordle_logs_every_reward_term(tmp_path):
     torch.manual_seed(0)
     tokenizer = models.load_tokenizer(cfg.model)
     policy = build_policy(cfg.model, models.pick_runtime("cpu"), None, None, cfg.lora_r, cfg.lora_alpha)
-    sampler = HFSampler(policy, tokenizer, "none", 1.0, cfg.max_new_tokens, 8)
+    sampler = HFSampler(policy, tokenizer, Decoding("none", max_new_tokens=cfg.max_new_tokens, batch_size=8))
     records = tmp_path / "wordle.jsonl"
     records.write_text(
         "".join(f'{{"id": "wordle-{a}", "answer": "{a}"}}\n' for a in ("above", "crane", "speed"))

@@ -14,6 +14,8 @@ import pytest
 import torch
 from tests.vllm_engine.conftest import KEY, lora_adapter
 
+from emoji_rl.decode.generate import Decoding
+from emoji_rl.decode.vllm import VLLMSampler
 from emoji_rl.emoji.constraint import compile_emoji_grammar, replay_masks, safe_max_new_tokens
 from emoji_rl.emoji.sender_prompts import sender_messages
 from emoji_rl.errors import UserError
@@ -21,7 +23,7 @@ from emoji_rl.games.retrieval.judge import HFJudge, JudgeInput, OpenAIJudge
 from emoji_rl.io.endpoint import Endpoint
 from emoji_rl.lm import template
 from emoji_rl.rl import grpo
-from emoji_rl.rl.rollout.vllm import AdapterSync, VLLMSampler
+from emoji_rl.rl.rollout.vllm import AdapterSync
 
 pytestmark = pytest.mark.vllm_engine
 
@@ -39,12 +41,13 @@ def adapters(smollm2_model, tmp_path_factory):
     return [lora_adapter(smollm2_model, root / f"a{seed}", seed) for seed in range(3)]
 
 
-def sampler_for(engine, tokenizer, engine_key, **kwargs) -> VLLMSampler:
+def sampler_for(engine, tokenizer, engine_key, temperature=1.0) -> VLLMSampler:
     # The budget within which every message the grammar allows reaches end of turn: with less, a
     # sample of 8 multi-token emoji is cut short (seen in CI with 32: no stop token at the end).
     endpoint = Endpoint(engine.url, api_key_env=engine_key, backoff_s=0.2)
     budget = safe_max_new_tokens(8)
-    return VLLMSampler(endpoint, "policy", template.stop_token_id(tokenizer), max_new_tokens=budget, **kwargs)
+    decoding = Decoding(temperature=temperature, max_new_tokens=budget)
+    return VLLMSampler(endpoint, "policy", template.stop_token_id(tokenizer), decoding)
 
 
 def copy_of(adapter):

@@ -12,8 +12,10 @@ from tests.fakes.fake_lm import FakeLM
 from tests.fakes.traffic import RecordingProxy, RecordingServer, key_paths, play_clients
 from tests.vllm_engine.conftest import KEY, KEY_ENV, MAX_LORA_RANK, MAX_MODEL_LEN, lora_adapter
 
+from emoji_rl.decode.generate import Decoding
+from emoji_rl.decode.vllm import VLLMSampler
 from emoji_rl.io.endpoint import Endpoint
-from emoji_rl.rl.rollout.vllm import AdapterSync, VLLMSampler
+from emoji_rl.rl.rollout.vllm import AdapterSync
 
 pytestmark = pytest.mark.vllm_engine
 
@@ -31,7 +33,7 @@ def exchanges(engine, smollm2_tokenizer, smollm2_model, tmp_path_factory):
     with pytest.MonkeyPatch.context() as env:
         env.setenv(KEY_ENV, KEY)
         # Adapters other tests left loaded would add unloads to the engine's side only.
-        sampler = VLLMSampler(Endpoint(engine.url, api_key_env=KEY_ENV), "policy", 0)
+        sampler = VLLMSampler(Endpoint(engine.url, api_key_env=KEY_ENV), "policy", 0, Decoding())
         AdapterSync(sampler, root / "earlier", "policy").clear_stale()
         with RecordingProxy(engine.url, auth) as policy, RecordingProxy(engine.url, auth) as judge:
             real = play_clients(policy, judge, smollm2_tokenizer, root / "engine-run", save, KEY_ENV)

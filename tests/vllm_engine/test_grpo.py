@@ -16,7 +16,7 @@ from tests.vllm_engine.conftest import KEY_ENV
 
 from emoji_rl import cli
 from emoji_rl.io.metrics import read_metrics
-from emoji_rl.rl import train as grpo_train
+from emoji_rl.rl import trainer as grpo_trainer
 
 pytestmark = pytest.mark.vllm_engine
 
@@ -113,7 +113,7 @@ def test_one_version_behind_resumes_with_a_step_in_flight_to_the_uninterrupted_e
         abs(m["sampler/lag0/kl_vs_trainer"]) < KL_TOLERANCE for m in metrics if "sampler/lag0/tokens" in m
     )
 
-    real_save = grpo_train.save_checkpoint
+    real_save = grpo_trainer.save_checkpoint
 
     def save_or_die(run_dir, state, *args, **kwargs):
         if state.step == 2:
@@ -122,7 +122,7 @@ def test_one_version_behind_resumes_with_a_step_in_flight_to_the_uninterrupted_e
 
     split = tmp_path / "split"
     with monkeypatch.context() as patch, pytest.raises(Interrupted):
-        patch.setattr(grpo_train, "save_checkpoint", save_or_die)
+        patch.setattr(grpo_trainer, "save_checkpoint", save_or_die)
         grpo(engine, split, "--max_steps", "3", *ahead)
     assert grpo(engine, split, "--max_steps", "3", *ahead, "--resume", "true") == 0, capsys.readouterr().err
     assert [m["step"] for m in read_metrics(split)] == [1, 2, 3]

@@ -54,7 +54,7 @@ def bench_model_load() -> list[Row]:
 
 def bench_constrained_generation() -> list[Row]:
     """Decoding speed of grammar-constrained vs unconstrained sampling, same prompts, batch 1 and 16."""
-    from emoji_rl.decode.generate import generate_replies
+    from emoji_rl.decode.generate import Decoding, generate_replies
     from emoji_rl.emoji.sender_prompts import sender_messages
 
     tokenizer = models.load_tokenizer(models.SMOLLM2)
@@ -69,9 +69,8 @@ def bench_constrained_generation() -> list[Row]:
         seconds, steps, tokens = 0.0, [], 0
         for chunk, budget in zip(chunks, budgets, strict=True):
             start = time.perf_counter()
-            replies = generate_replies(
-                model, tokenizer, chunk, constraint=mode, batch_size=len(chunk), max_new_tokens=budget, seed=0
-            )
+            decoding = Decoding(mode, batch_size=len(chunk), max_new_tokens=budget)
+            replies = generate_replies(model, tokenizer, chunk, decoding, seed=0)
             seconds += time.perf_counter() - start
             steps.append(max(len(r.token_ids) for r in replies))
             tokens += sum(len(r.token_ids) for r in replies)
@@ -87,7 +86,7 @@ def bench_constrained_generation() -> list[Row]:
         # for the model's choice to stop (the prefill, about as long as 24 decode steps, spread over
         # fewer tokens). The rate counts the tokens each mode decoded: a row that ends leaves the
         # batch, so at batch 16 the grammar's steps run fewer rows, each at a higher cost per row.
-        generate_replies(model, tokenizer, chunks[0], constraint="none", max_new_tokens=4, seed=0)
+        generate_replies(model, tokenizer, chunks[0], Decoding("none", max_new_tokens=4), seed=0)
         _, budgets, _ = run("grammar", chunks, [24] * len(chunks))
         rates = dict.fromkeys(modes, 0.0)
         # Modes alternate and each keeps its fastest of 3 runs: other processes only ever slow a run.

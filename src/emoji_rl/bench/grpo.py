@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from emoji_rl.bench.row import Row
+from emoji_rl.decode.generate import Decoding
 from emoji_rl.decode.sampler import HFSampler
 from emoji_rl.emoji.alphabet import ALPHABET
 from emoji_rl.emoji.sender_prompts import sender_messages
@@ -99,7 +100,8 @@ def bench_rollout_throughput(
     episodes = prompts * group_size
 
     def sampler(batch_size: int) -> HFSampler:
-        return HFSampler(policy, tokenizer, "grammar", 1.0, max_new_tokens, batch_size, max_emoji=MAX_EMOJI)
+        decoding = Decoding(max_new_tokens=max_new_tokens, batch_size=batch_size, max_emoji=MAX_EMOJI)
+        return HFSampler(policy, tokenizer, decoding)
 
     batched, single = sampler(episodes), sampler(1)
 

@@ -28,6 +28,7 @@ from emoji_rl.bench.grpo import (
     target_records,
 )
 from emoji_rl.bench.row import Row
+from emoji_rl.decode.generate import Decoding
 from emoji_rl.decode.sampler import HFSampler
 from emoji_rl.emoji.sender_prompts import sender_messages
 from emoji_rl.game.types import Game, GameSetup, StepResult
@@ -91,9 +92,8 @@ class _OurStep:
         self.tokenizer = models.load_tokenizer(self.cfg.model)
         policy = fresh_policy()
         episodes = len(records) * group_size
-        self.sampler = HFSampler(
-            policy, self.tokenizer, "none", self.cfg.temperature, max_new_tokens, episodes
-        )
+        decoding = Decoding("none", self.cfg.temperature, max_new_tokens, batch_size=episodes)
+        self.sampler = HFSampler(policy, self.tokenizer, decoding)
         self.accelerator = Accelerator(cpu=True)
         optimizer = torch.optim.AdamW([p for p in policy.parameters() if p.requires_grad], lr=LEARNING_RATE)
         self.model, self.optimizer = self.accelerator.prepare(policy, optimizer)

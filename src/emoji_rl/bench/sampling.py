@@ -2,7 +2,7 @@
 rollouts' requests cost vLLM's engine, as its tokens/s with and without each, at `ROWS` requests at
 once, the GPU profile's B x G = 128 rollouts of a step twice over.
 
-- `seed`: every request carries its own (rl/rollout/vllm.py, `request_seed`). vLLM then draws each
+- `seed`: every request carries its own (decode/vllm.py, `request_seed`). vLLM then draws each
   seeded row's noise with its own generator: on a GPU `random_sample`'s per-row loop over the whole
   vocabulary (v1/sample/ops/topk_topp_sampler.py, "can be slow"); on the CPU engine `forward_cpu`
   draws one seed per row for its fused Gumbel-argmax, a much cheaper loop. The CPU row measures the
@@ -36,11 +36,12 @@ import httpx
 
 from emoji_rl.bench.engine import ENGINE_VENV, engine_env, server_endpoint, server_parser, start_server
 from emoji_rl.bench.row import Row, print_rows
+from emoji_rl.decode.generate import Decoding
+from emoji_rl.decode.vllm import VLLMSampler
 from emoji_rl.emoji.sender_prompts import sender_messages
 from emoji_rl.errors import UserError
 from emoji_rl.io.endpoint import Endpoint, request
 from emoji_rl.lm import models, template
-from emoji_rl.rl.rollout.vllm import VLLMSampler
 
 ROWS = 256
 REPEATS = 3
@@ -59,7 +60,7 @@ def request_bodies(tokenizer, model: str, rows: int, arm: str) -> list[dict[str,
         Endpoint("http://bench"),
         model,
         template.stop_token_id(tokenizer),
-        grammar=False,
+        Decoding("none"),
         padding=range(vocab - PADDING_IDS, vocab),
     )
     lengths = random.Random(0)

@@ -356,8 +356,8 @@ def _episode_reads(episode: Episode, continued: bool) -> int:
     cache = None
     for turn in episode.turns:
         prompt += turn.observation_ids
-        ids, mask, kv = prefill_inputs(model, [prompt], 0, [cache] if continued else None)
-        [(tokens, _, cache)] = decode(model, ids, mask, kv, None, 0.0, len(turn.action_ids), (), 0, continued)
+        inputs = prefill_inputs(model, [prompt], 0, [cache] if continued else None)
+        [(tokens, _, cache)] = decode(model, inputs, None, 0.0, len(turn.action_ids), (), 0, continued)
         read[0] -= len(tokens) - 1
         prompt += tuple(tokens)
     return read[0]

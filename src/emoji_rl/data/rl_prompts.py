@@ -234,13 +234,8 @@ def main(cfg: Config) -> None:
         sender,
         tokenizer,
         [sender_messages(p.text) for p in chosen],
-        constraint="grammar",
-        temperature=cfg.temperature,
-        max_new_tokens=cfg.max_new_tokens,
-        batch_size=cfg.batch_size,
+        cfg.decoding(batch_size=cfg.batch_size),
         seed=cfg.seed,
-        min_emoji=cfg.min_emoji,
-        max_emoji=cfg.max_emoji,
         progress=True,
     )
     del sender  # the judge may be another copy of a model: hold one at a time

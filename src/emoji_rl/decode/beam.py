@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING
 
 from tqdm.auto import tqdm
 
-from emoji_rl.decode.generate import MAX_NEW_TOKENS, Reply, make_reply, step_logits
+from emoji_rl.decode.generate import Decoding, Reply, make_reply, step_logits
 from emoji_rl.decode.prefill import prefill_inputs
 from emoji_rl.lm.models import at_least_fp32
 from emoji_rl.lm.template import end_of_turn_ids, stop_token_id
@@ -73,18 +73,13 @@ def beam_search(
     model: PreTrainedModel,
     tokenizer: PreTrainedTokenizerBase,
     prompts: Sequence[Sequence[int]],
-    num_beams: int = 8,
-    max_new_tokens: int = MAX_NEW_TOKENS,
-    batch_size: int = 64,
-    min_emoji: int = 2,
-    max_emoji: int = 8,
-    guidance_scale: float = 1.0,
+    decoding: Decoding,
     unconditional: Sequence[int] = (),
     progress: bool = False,
 ) -> list[Reply]:
-    """The highest-scoring emoji message per prompt (token ids) that `num_beams` beams find, scored
-    by its log-probability under the grammar-masked model (temperature 1, no length penalty). About
-    `batch_size` rows are decoded together (`batch_size // num_beams` prompts at a time).
+    """The highest-scoring emoji message per prompt (token ids) that `decoding.num_beams` beams find,
+    scored by its log-probability under the grammar-masked model (temperature 1, no length penalty).
+    About `decoding.batch_size` rows are decoded together (`batch_size // num_beams` prompts at a time).
 
     A prompt is done when its best ended message scores at least as well as every beam still going:
     a log-probability only falls as a message grows, so no beam could overtake it. A prompt with no
@@ -95,30 +90,29 @@ def beam_search(
     With `guidance_scale` g != 1 (classifier-free guidance), each token is scored by u + g (c - u) where c
     and u are the masked log-probs given the prompt and given `unconditional` (the same chat with no
     message), renormalized: g > 1 takes away what the sender would write whatever the message was.
+    `decoding` asks for the grammar at temperature 0, as any search does (`Decoding`).
     """
     from emoji_rl.emoji.constraint import compile_emoji_grammar
 
+    if decoding.constraint != "grammar" or decoding.temperature > 0 or decoding.stop_ids:
+        raise ValueError(
+            f"beam search finds the best emoji message: it needs the grammar at temperature 0 and no "
+            f"stop_ids (got {decoding.constraint!r}, temperature {decoding.temperature}, "
+            f"{len(decoding.stop_ids)} stop ids)"
+        )
     vocab_size = model.get_output_embeddings().weight.shape[0]
-    constraint = compile_emoji_grammar(tokenizer, min_emoji, max_emoji, vocab_size=vocab_size)
+    constraint = compile_emoji_grammar(
+        tokenizer, decoding.min_emoji, decoding.max_emoji, vocab_size=vocab_size
+    )
     turn_ends = frozenset(end_of_turn_ids(tokenizer))
     stop_id = stop_token_id(tokenizer)
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else stop_id
-    per_chunk = max(1, batch_size // num_beams)
+    per_chunk = max(1, decoding.batch_size // decoding.num_beams)
     replies: list[Reply] = []
     starts = range(0, len(prompts), per_chunk)
     for start in tqdm(starts, desc="beam search", unit="batch", disable=not progress):
         chunk = prompts[start : start + per_chunk]
-        found = _search(
-            model,
-            chunk,
-            constraint,
-            num_beams,
-            max_new_tokens,
-            turn_ends,
-            pad_id,
-            guidance_scale,
-            unconditional,
-        )
+        found = _search(model, chunk, constraint, decoding, turn_ends, pad_id, unconditional)
         replies += [make_reply(tokenizer, b.tokens, b.logprobs, None, turn_ends, turn_ends) for b in found]
     return replies
 
@@ -127,11 +121,9 @@ def _search(
     model: PreTrainedModel,
     prompts: Sequence[Sequence[int]],
     constraint: EmojiConstraint,
-    num_beams: int,
-    max_new_tokens: int,
+    decoding: Decoding,
     ends: frozenset[int],
     pad_id: int,
-    guidance_scale: float,
     unconditional: Sequence[int],
 ) -> list[Beam]:
     import torch
@@ -141,6 +133,7 @@ def _search(
     from emoji_rl.decode.logits import mask_logits_
 
     device = next(model.parameters()).device
+    num_beams, guidance_scale = decoding.num_beams, decoding.guidance_scale
     guided = guidance_scale != 1.0
     if guided and not unconditional:
         raise ValueError(f"guidance_scale={guidance_scale} needs the unconditional prompt's ids")
@@ -155,7 +148,7 @@ def _search(
     beams = [Beam(p, [], [], 0.0, constraint.matcher()) for p in range(len(prompts))]
     best: dict[int, Beam] = {}  # per prompt, the best message that ended
     with torch.no_grad():
-        for _ in range(max_new_tokens):
+        for _ in range(decoding.max_new_tokens):
             scores = at_least_fp32(step_logits(model, step_ids, mask, positions, cache)).cpu()
             bitmask = xgr.allocate_token_bitmask(len(beams), constraint.vocab_size)
             for row, beam in enumerate(beams):

@@ -14,7 +14,8 @@ from typing import TYPE_CHECKING, Any, Literal
 
 from tqdm.auto import tqdm
 
-from emoji_rl.decode.prefill import RowCache, continuable, cut_rows, prefill_inputs
+from emoji_rl.decode.prefill import Prefilled, RowCache, continuable, cut_rows, prefill_inputs
+from emoji_rl.emoji.alphabet import MAX_EMOJI, MIN_EMOJI
 from emoji_rl.lm.models import at_least_fp32
 from emoji_rl.lm.template import chat_ids, end_of_turn_ids, padding_ids, stop_token_id
 
@@ -28,6 +29,45 @@ Constraint = Literal["grammar", "static", "none"]
 # 95; an emoji is 7.7 Qwen3.5 tokens on average). A turn cut short is a format violation, and a row
 # leaves the batch once it has ended, so a roomy budget costs little.
 MAX_NEW_TOKENS = 96
+
+
+@dataclass(frozen=True)
+class Decoding:
+    """How a model is sampled: what every sampler, `generate_from_ids` and `beam_search` read.
+
+    `constraint`: the emoji grammar (between `min_emoji` and `max_emoji` emoji), the seed's static
+    mask, or none (free text; the LM head's padding ids are still masked). `batch_size` rows are
+    decoded together. `num_beams` > 1 or `guidance_scale` != 1 look for the sender's best message
+    instead of sampling (`decode/beam.py`): under the grammar, at temperature 0. A reply ends at end
+    of turn or at any of `stop_ids`, whose text it keeps (`ids_containing`)."""
+
+    constraint: Constraint = "grammar"
+    temperature: float = 1.0
+    max_new_tokens: int = MAX_NEW_TOKENS
+    batch_size: int = 16
+    min_emoji: int = MIN_EMOJI
+    max_emoji: int = MAX_EMOJI
+    num_beams: int = 1
+    guidance_scale: float = 1.0
+    stop_ids: frozenset[int] = frozenset()
+
+    def __post_init__(self) -> None:
+        if self.batch_size < 1 or self.num_beams < 1 or self.max_new_tokens < 0:
+            raise ValueError(
+                f"batch_size={self.batch_size} and num_beams={self.num_beams} must be >= 1, "
+                f"max_new_tokens={self.max_new_tokens} >= 0"
+            )
+        if self.searches and (self.constraint != "grammar" or self.temperature > 0):
+            raise ValueError(
+                f"num_beams={self.num_beams}, guidance_scale={self.guidance_scale} look for the sender's best "
+                f"emoji message: they need the grammar constraint and temperature 0 (got {self.constraint!r}, "
+                f"temperature {self.temperature})"
+            )
+
+    @property
+    def searches(self) -> bool:
+        """Beam search or guidance rather than sampling."""
+        return self.num_beams > 1 or self.guidance_scale != 1.0
 
 
 @dataclass(frozen=True)
@@ -45,21 +85,19 @@ class Reply:
 
 
 def make_processor(
-    tokenizer: PreTrainedTokenizerBase,
-    constraint: Constraint,
-    vocab_size: int,
-    min_emoji: int,
-    max_emoji: int,
+    tokenizer: PreTrainedTokenizerBase, decoding: Decoding, vocab_size: int
 ) -> LogitsProcessor | None:
     from emoji_rl.decode import logits as emoji_logits
     from emoji_rl.emoji import constraint as emoji_constraint
 
-    if constraint == "none":
+    if decoding.constraint == "none":
         padding = padding_ids(tokenizer, vocab_size)
         return emoji_logits.PaddingMaskLogitsProcessor(padding.start) if padding else None
-    if constraint == "static":
+    if decoding.constraint == "static":
         return emoji_logits.StaticMaskLogitsProcessor(tokenizer, vocab_size)
-    compiled = emoji_constraint.compile_emoji_grammar(tokenizer, min_emoji, max_emoji, vocab_size=vocab_size)
+    compiled = emoji_constraint.compile_emoji_grammar(
+        tokenizer, decoding.min_emoji, decoding.max_emoji, vocab_size=vocab_size
+    )
     return emoji_logits.EmojiLogitsProcessor(compiled)
 
 
@@ -67,51 +105,42 @@ def generate_from_ids(
     model: PreTrainedModel,
     tokenizer: PreTrainedTokenizerBase,
     prompts: Sequence[Sequence[int]],
-    constraint: Constraint = "grammar",
-    temperature: float = 1.0,
-    max_new_tokens: int = MAX_NEW_TOKENS,
-    batch_size: int = 16,
+    decoding: Decoding = Decoding(),
+    *,
     seed: int | None = None,
-    min_emoji: int = 2,
-    max_emoji: int = 8,
     progress: bool = False,
     caches: Sequence[RowCache | None] | None = None,
     keep_caches: bool = False,
-    stop_ids: Collection[int] = (),
 ) -> list[Reply]:
-    """Sample one reply per prompt (token ids), `batch_size` prompts decoded together; a prefix that
-    rows of a batch share is read once (`emoji_rl.decode.prefill`). `caches`, one per prompt, are the
-    `Reply.cache`s of a previous call (`keep_caches`) whose rows these prompts go on from. A reply
-    ends at end of turn (any of `end_of_turn_ids`, as on a vLLM server) or at any of `stop_ids`,
-    whose text it keeps (see `ids_containing`)."""
+    """Sample one reply per prompt (token ids) as `decoding` says, `decoding.batch_size` prompts
+    decoded together; a prefix that rows of a batch share is read once (`emoji_rl.decode.prefill`).
+    `caches`, one per prompt, are the `Reply.cache`s of a previous call (`keep_caches`) whose rows
+    these prompts go on from. A reply ends at end of turn (any of `end_of_turn_ids`, as on a vLLM
+    server) or at any of `decoding.stop_ids`."""
     import torch
 
+    if decoding.searches:
+        raise ValueError(
+            f"num_beams={decoding.num_beams}, guidance_scale={decoding.guidance_scale}: a search, not "
+            "sampling (decode.beam.beam_search)"
+        )
     stop_id = stop_token_id(tokenizer)
     turn_ends = frozenset(end_of_turn_ids(tokenizer))
-    ends = turn_ends | frozenset(stop_ids)
+    ends = turn_ends | decoding.stop_ids
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else stop_id
     vocab_size = model.get_output_embeddings().weight.shape[0]
     if seed is not None:
         torch.manual_seed(seed)
     replies: list[Reply] = []
     device = next(model.parameters()).device
-    starts = range(0, len(prompts), batch_size)
-    for start in tqdm(starts, desc="generate", unit="batch", disable=not progress):
-        chunk = prompts[start : start + batch_size]
-        chunk_caches = caches[start : start + batch_size] if caches is not None else None
-        processor = make_processor(tokenizer, constraint, vocab_size, min_emoji, max_emoji)
-        ids, mask, cache = prefill_inputs(model, chunk, pad_id, chunk_caches)
+    size = decoding.batch_size
+    for start in tqdm(range(0, len(prompts), size), desc="generate", unit="batch", disable=not progress):
+        chunk = prompts[start : start + size]
+        chunk_caches = caches[start : start + size] if caches is not None else None
+        processor = make_processor(tokenizer, decoding, vocab_size)
+        inputs = prefill_inputs(model, chunk, pad_id, chunk_caches).to(device)
         rows = decode(
-            model,
-            ids.to(device),
-            mask.to(device),
-            cache,
-            processor,
-            temperature,
-            max_new_tokens,
-            ends,
-            pad_id,
-            keep_caches,
+            model, inputs, processor, decoding.temperature, decoding.max_new_tokens, ends, pad_id, keep_caches
         )
         replies += [make_reply(tokenizer, *row, turn_ends, ends) for row in rows]
     return replies
@@ -119,9 +148,7 @@ def generate_from_ids(
 
 def decode(
     model: PreTrainedModel,
-    ids: torch.Tensor,
-    mask: torch.Tensor,
-    cache: Cache | None,
+    inputs: Prefilled,
     processor: LogitsProcessor | None,
     temperature: float,
     max_new_tokens: int,
@@ -133,13 +160,14 @@ def decode(
     log-probs under the distribution each was drawn from (mask and temperature applied) and, with
     `keep_caches` and a `continuable` cache, the row's cache as it stopped.
 
-    `ids` and `mask` are left-padded prompts, of which `cache` already holds the first columns. A row
+    `inputs` are left-padded prompts, of which their cache already holds the first columns. A row
     leaves the batch and the KV cache as soon as it stops: HF `generate` would decode every row
     until the longest one ends, and on a CPU a decode step costs ~5 ms per row at batch 16.
     """
     import torch
     from transformers.cache_utils import DynamicCache
 
+    ids, mask, cache = inputs
     batch = ids.shape[0]
     cache = DynamicCache(config=model.config) if cache is None else cache
     cached = cache.get_seq_length()
@@ -267,9 +295,10 @@ def generate_replies(
     model: PreTrainedModel,
     tokenizer: PreTrainedTokenizerBase,
     conversations: Sequence[list[dict[str, str]]],
+    decoding: Decoding = Decoding(),
     **options: Any,
 ) -> list[Reply]:
     """Sample one assistant reply per chat, through the shared chat template; `options` are
     `generate_from_ids`'s."""
     prompts = [chat_ids(tokenizer, conversation) for conversation in conversations]
-    return generate_from_ids(model, tokenizer, prompts, **options)
+    return generate_from_ids(model, tokenizer, prompts, decoding, **options)

@@ -25,7 +25,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 from itertools import pairwise
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, NamedTuple
 
 if TYPE_CHECKING:
     import torch
@@ -35,6 +35,19 @@ if TYPE_CHECKING:
 # Sharing costs an extra forward pass and a copy of the cache: below this share of prefill tokens
 # saved it is not worth it.
 MIN_SAVING = 0.25
+
+
+class Prefilled(NamedTuple):
+    """A batch laid out for decoding: left-padded prompts and their attention mask, of which `cache`
+    (None: nothing read yet) already holds the first columns."""
+
+    ids: torch.Tensor
+    mask: torch.Tensor
+    cache: Cache | None
+
+    def to(self, device: torch.device | str) -> Prefilled:
+        """The ids and the mask on `device`; the cache is where the model that read it put it."""
+        return Prefilled(self.ids.to(device), self.mask.to(device), self.cache)
 
 
 @dataclass(frozen=True)
@@ -242,8 +255,8 @@ def read_on(
 
 def resume_inputs(
     model: PreTrainedModel, prompts: Sequence[Sequence[int]], caches: Sequence[RowCache | None], pad_id: int
-) -> tuple[torch.Tensor, torch.Tensor, DynamicCache] | None:
-    """(input ids, attention mask, KV cache) that go on from each row's cache, laid out [pad | cache |
+) -> Prefilled | None:
+    """The batch that goes on from each row's cache, laid out [pad | cache |
     pad | rest]; None unless every prompt is its row's cached tokens and more. With linear-attention
     layers the rows first read all their rest but its last token (`read_on`), so no pad comes between
     a state and what follows it."""
@@ -263,7 +276,7 @@ def resume_inputs(
         rests = [rest[-1:] for rest in rests]
     head_ids, head_mask, joined = join_rows(model, rows, pad_id)
     rest_ids, rest_mask = left_pad(rests, pad_id)
-    return torch.cat([head_ids, rest_ids], 1), torch.cat([head_mask, rest_mask], 1), joined
+    return Prefilled(torch.cat([head_ids, rest_ids], 1), torch.cat([head_mask, rest_mask], 1), joined)
 
 
 def prefill_inputs(
@@ -271,8 +284,8 @@ def prefill_inputs(
     prompts: Sequence[Sequence[int]],
     pad_id: int,
     caches: Sequence[RowCache | None] | None = None,
-) -> tuple[torch.Tensor, torch.Tensor, DynamicCache | None]:
-    """(input ids, attention mask, KV cache or None) to decode from: going on from each row's cache
+) -> Prefilled:
+    """The batch to decode from: going on from each row's cache
     when every prompt extends it, else reading shared prefixes once. Without a worthwhile plan (or a
     model that cannot share), plain left padding and no cache."""
     import torch
@@ -282,7 +295,7 @@ def prefill_inputs(
         return resumed
     plan = plan_prefixes(prompts)
     if plan is None or not can_share_prefixes(model):  # the plan first: a batch of one has none
-        return (*left_pad(prompts, pad_id), None)
+        return Prefilled(*left_pad(prompts, pad_id), None)
     heads: list[Sequence[int]] = [()] * len(plan.prefix)
     for prompt, c in zip(prompts, plan.cluster, strict=True):
         heads[c] = prompt[: plan.prefix[c]]
@@ -304,4 +317,6 @@ def prefill_inputs(
         )
     rows = torch.tensor(plan.cluster)
     cache.reorder_cache(rows.to(device))
-    return torch.cat([head_ids[rows], rest_ids], 1), torch.cat([head_mask[rows], rest_mask], 1), cache
+    return Prefilled(
+        torch.cat([head_ids[rows], rest_ids], 1), torch.cat([head_mask[rows], rest_mask], 1), cache
+    )

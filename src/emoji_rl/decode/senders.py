@@ -24,7 +24,7 @@ if TYPE_CHECKING:
     import torch
     from transformers import PreTrainedTokenizerBase
 
-    from emoji_rl.decode.generate import Constraint
+    from emoji_rl.decode.generate import Decoding
 
 
 @dataclass(frozen=True)
@@ -159,31 +159,7 @@ def teacher_emoji(
     return {"system": teacher.name, **asdict(reply_stats(answers, min_emoji, max_emoji))}
 
 
-def model_sender(
-    model: torch.nn.Module,
-    tokenizer: PreTrainedTokenizerBase,
-    *,
-    constraint: Constraint,
-    temperature: float,
-    max_new_tokens: int,
-    batch_size: int,
-    min_emoji: int,
-    max_emoji: int,
-    num_beams: int,
-    guidance_scale: float,
-) -> HFSampler:
+def model_sender(model: torch.nn.Module, tokenizer: PreTrainedTokenizerBase, decoding: Decoding) -> HFSampler:
     """A model as sender: emoji-constrained (`grammar`), or free text the parser filters (`none`);
     classifier-free guidance scores against the sender's prompt for an empty message."""
-    return HFSampler(
-        model,
-        tokenizer,
-        constraint,
-        temperature,
-        max_new_tokens,
-        batch_size,
-        min_emoji,
-        max_emoji,
-        num_beams,
-        guidance_scale,
-        template.chat_ids(tokenizer, sender_messages("")),
-    )
+    return HFSampler(model, tokenizer, decoding, template.chat_ids(tokenizer, sender_messages("")))

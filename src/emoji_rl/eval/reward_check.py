@@ -129,11 +129,7 @@ def main(cfg: Config) -> None:
         sender,
         tokenizer,
         [sender_messages(t) for t in repeated],
-        temperature=cfg.temperature,
-        max_new_tokens=cfg.max_new_tokens,
-        batch_size=cfg.batch_size,
-        min_emoji=cfg.min_emoji,
-        max_emoji=cfg.max_emoji,
+        cfg.decoding(batch_size=cfg.batch_size),
         seed=cfg.seed,
         progress=True,
     )

@@ -28,7 +28,6 @@ from emoji_rl.io.endpoint import Endpoint, ServerError, request
 if TYPE_CHECKING:
     from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
-    from emoji_rl.decode.generate import Constraint
 
 Chat = Sequence[Mapping[str, str]]
 THINKING_OFF: Mapping[str, object] = MappingProxyType({"enable_thinking": False})
@@ -80,14 +79,21 @@ class HFCompleter(Completer):
         stop_text: str = "",
         memo: int = 100_000,
     ) -> None:
-        from emoji_rl.decode.generate import ids_containing
+        from emoji_rl.decode.generate import Decoding, ids_containing
 
         self.model = model
         self.tokenizer = tokenizer
         self.name = name
         self.settings = settings
-        self.batch_size = batch_size
-        self.stop_ids = ids_containing(tokenizer, stop_text) if stop_text else None
+        self.decoding = Decoding(
+            "grammar" if settings.emoji else "none",
+            settings.temperature,
+            settings.max_tokens,
+            batch_size,
+            settings.min_emoji,
+            settings.max_emoji,
+            stop_ids=ids_containing(tokenizer, stop_text) if stop_text else frozenset(),
+        )
         self.memo = memo
         self._answers: dict[tuple[tuple[tuple[str, str], ...], ...], str] = {}
 
@@ -113,20 +119,7 @@ class HFCompleter(Completer):
     def _generate(self, prompts: list[list[int]]) -> list[str]:
         from emoji_rl.decode.generate import generate_from_ids
 
-        constraint: Constraint = "grammar" if self.settings.emoji else "none"
-        replies = generate_from_ids(
-            self.model,
-            self.tokenizer,
-            prompts,
-            constraint=constraint,
-            temperature=self.settings.temperature,
-            max_new_tokens=self.settings.max_tokens,
-            batch_size=self.batch_size,
-            min_emoji=self.settings.min_emoji,
-            max_emoji=self.settings.max_emoji,
-            stop_ids=self.stop_ids,
-        )
-        return [reply.text for reply in replies]
+        return [reply.text for reply in generate_from_ids(self.model, self.tokenizer, prompts, self.decoding)]
 
     def describe(self, *details: str) -> str:
         return _describe("hf", self.name, details, self.settings)

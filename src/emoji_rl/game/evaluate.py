@@ -15,7 +15,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -83,19 +83,7 @@ class ScriptedSender:
 
 def model_sampler(model: torch.nn.Module, tokenizer: Any, sender: ModelSender, batch_size: int) -> Sampler:
     """A model system's sampler (one for all of them: the adapter is switched under it)."""
-    return HFSampler(
-        model,
-        tokenizer,
-        sender.constraint,
-        sender.temperature,
-        sender.max_new_tokens,
-        batch_size,
-        sender.min_emoji,
-        sender.max_emoji,
-        sender.num_beams,
-        sender.guidance_scale,
-        sender.unconditional,
-    )
+    return HFSampler(model, tokenizer, replace(sender.decoding, batch_size=batch_size), sender.unconditional)
 
 
 def held_out(cfg: EvalConfig, hooks: Evaluation) -> list[Record]:

@@ -16,13 +16,12 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 from emoji_rl.config import Checked
 from emoji_rl.decode.senders import parse_systems
-from emoji_rl.emoji.alphabet import MAX_EMOJI, MIN_EMOJI
 from emoji_rl.game.compare import Metric, compare_pairs
 from emoji_rl.io.jsonl import Record
 from emoji_rl.lm.models import ModelConfig
 
 if TYPE_CHECKING:
-    from emoji_rl.decode.generate import Constraint
+    from emoji_rl.decode.generate import Decoding
     from emoji_rl.game.types import Episode, Game
     from emoji_rl.lm.models import Runtime
 
@@ -73,17 +72,12 @@ class EvalConfig(ModelConfig, Checked):
 
 @dataclass(frozen=True)
 class ModelSender:
-    """How a model system samples its turns: greedy or at a temperature, under the emoji grammar or
-    free text, and for a greedy sender under the grammar, beam search and guidance against the
-    `unconditional` prompt (docs/DESIGN.md §2)."""
+    """How a model system samples its turns: its `Decoding` (greedy or at a temperature, under the
+    emoji grammar or free text, and for a greedy sender under the grammar, beam search and guidance),
+    whose `batch_size` the path sets to the stage's, and guidance's `unconditional` prompt
+    (docs/DESIGN.md §2)."""
 
-    constraint: Constraint
-    temperature: float
-    max_new_tokens: int
-    min_emoji: int = MIN_EMOJI
-    max_emoji: int = MAX_EMOJI
-    num_beams: int = 1
-    guidance_scale: float = 1.0
+    decoding: Decoding
     unconditional: Sequence[int] = ()
 
 

@@ -6,8 +6,9 @@ attempt the error names the URL. Any other error status is final: retrying a bad
 fix it, so it is raised at once as a `ServerError` carrying the status and vLLM's `param`; so are
 the 5xx answers vLLM gives a request it will always refuse (`FINAL_ERRORS`).
 
-Callers open an httpx client per call rather than per object: `rl.train.collect` runs every step in
-a fresh `asyncio.run` loop, and an `httpx.AsyncClient` is bound to the loop that opened it.
+Callers open an httpx client per call rather than per object: a trainer's step is played in a fresh
+`asyncio.run` loop, or on its rollout thread's loop, and an `httpx.AsyncClient` is bound to the loop
+that opened it.
 
     python -m emoji_rl.io.endpoint http://127.0.0.1:8002 --server_wait_s 900   # wait for a server (launch/)
 """
@@ -156,17 +157,39 @@ def _retryable(outcome: httpx.Response | httpx.TransportError) -> str | None:
     return None
 
 
-def _gave_up(
-    endpoint: Endpoint, url: str, outcome: httpx.Response | httpx.TransportError | None
-) -> UserError:
+def _gave_up(endpoint: Endpoint, url: str, outcome: httpx.Response | httpx.TransportError) -> UserError:
     if isinstance(outcome, httpx.Response):
         # It answered every time, with an error: report the last one, status and message included.
         return _server_error(outcome, endpoint, url)
     return UserError(
-        f"{url} did not answer after {endpoint.attempts} tries ({_retryable(outcome) if outcome else ''}): "
+        f"{url} did not answer after {endpoint.attempts} tries ({_retryable(outcome)}): "
         "is the server running? Start it with launch/serve_policy.sh or launch/serve_judge.sh "
         "(make serve-policy / serve-judge) and read its log"
     )
+
+
+class _Tries:
+    """One request's tries, whichever client sends them (`request`, `request_sync`): after each try,
+    the response once it is final, or the seconds to wait before the next; the error when it is an
+    error status or the last try failed."""
+
+    def __init__(self, endpoint: Endpoint, method: str, path: str) -> None:
+        self.endpoint, self.method, self.url = endpoint, method, endpoint.url + path
+        self.headers = endpoint.headers()
+        self._delays = endpoint.delays()
+
+    def after(self, outcome: httpx.Response | httpx.TransportError) -> httpx.Response | float:
+        failure = _retryable(outcome)
+        if failure is None:
+            assert isinstance(outcome, httpx.Response), outcome
+            if outcome.status_code >= 400:
+                raise _server_error(outcome, self.endpoint, self.url)
+            return outcome
+        delay = next(self._delays, None)
+        if delay is None:
+            raise _gave_up(self.endpoint, self.url, outcome)
+        log.warning("%s %s failed (%s); retrying in %.1f s", self.method, self.url, failure, delay)
+        return delay
 
 
 async def request(
@@ -177,48 +200,32 @@ async def request(
     body: Mapping[str, object] | None = None,
 ) -> httpx.Response:
     """One API call with retries; returns a response with a status below 400."""
-    url = endpoint.url + path
-    headers = endpoint.headers()
-    outcome: httpx.Response | httpx.TransportError | None = None
-    for delay in (*endpoint.delays(), None):
+    tries = _Tries(endpoint, method, path)
+    while True:
         try:
-            outcome = await client.request(method, url, json=body, headers=headers)
+            outcome = await client.request(method, tries.url, json=body, headers=tries.headers)
         except httpx.TransportError as err:
             outcome = err
-        failure = _retryable(outcome)
-        if failure is None:
-            assert isinstance(outcome, httpx.Response), outcome
-            if outcome.status_code >= 400:
-                raise _server_error(outcome, endpoint, url)
-            return outcome
-        if delay is not None:
-            log.warning("%s %s failed (%s); retrying in %.1f s", method, url, failure, delay)
-            await asyncio.sleep(delay)
-    raise _gave_up(endpoint, url, outcome)
+        wait = tries.after(outcome)
+        if isinstance(wait, httpx.Response):
+            return wait
+        await asyncio.sleep(wait)
 
 
 def request_sync(
     client: httpx.Client, endpoint: Endpoint, method: str, path: str, body: Mapping[str, object] | None = None
 ) -> httpx.Response:
     """`request` for callers outside an event loop (adapter loading between training steps)."""
-    url = endpoint.url + path
-    headers = endpoint.headers()
-    outcome: httpx.Response | httpx.TransportError | None = None
-    for delay in (*endpoint.delays(), None):
+    tries = _Tries(endpoint, method, path)
+    while True:
         try:
-            outcome = client.request(method, url, json=body, headers=headers)
+            outcome = client.request(method, tries.url, json=body, headers=tries.headers)
         except httpx.TransportError as err:
             outcome = err
-        failure = _retryable(outcome)
-        if failure is None:
-            assert isinstance(outcome, httpx.Response), outcome
-            if outcome.status_code >= 400:
-                raise _server_error(outcome, endpoint, url)
-            return outcome
-        if delay is not None:
-            log.warning("%s %s failed (%s); retrying in %.1f s", method, url, failure, delay)
-            time.sleep(delay)
-    raise _gave_up(endpoint, url, outcome)
+        wait = tries.after(outcome)
+        if isinstance(wait, httpx.Response):
+            return wait
+        time.sleep(wait)
 
 
 PREFIX_CACHE_METRICS = ("vllm:prefix_cache_queries_total", "vllm:prefix_cache_hits_total")

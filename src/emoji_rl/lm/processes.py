@@ -120,7 +120,7 @@ def gloo_interface(environ: Mapping[str, str]) -> str | None:
     needs: over several nodes, unless set, the interface this node reaches node 0 through. Gloo
     otherwise binds to the address the host name resolves to, 127.0.1.1 on Debian's and Ubuntu's
     /etc/hosts, which the other nodes cannot connect to: the CPU layout's process group, and on GPUs
-    the rollout thread's (rl/setup.py), would wait out their timeout. None: nothing to set."""
+    the rollout thread's (rl/rollout/schedule.py), would wait out their timeout. None: nothing to set."""
     if environ.get("GLOO_SOCKET_IFNAME") or int(environ.get("GROUP_WORLD_SIZE", "1")) < 2:
         return None
     master = environ.get("MASTER_ADDR", "")

@@ -14,7 +14,7 @@ from __future__ import annotations
 import logging
 import random
 import shutil
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -23,7 +23,7 @@ import torch
 
 from emoji_rl.errors import UserError
 from emoji_rl.lm.adapters import ADAPTER
-from emoji_rl.lm.training import follow_schedule
+from emoji_rl.lm.training import adapter_state_dict, follow_schedule, gather
 
 if TYPE_CHECKING:
     from peft import PeftModel
@@ -55,42 +55,63 @@ def latest_checkpoint(run_dir: Path) -> Path | None:
     return path if (path / "trainer_state.pt").is_file() else None
 
 
-def save_checkpoint(
-    run_dir: Path,
-    state: TrainState,
-    policy: PeftModel,
+@dataclass(frozen=True)
+class Snapshot:
+    """What a checkpoint holds beside the loop's state, each part whole (`snapshot`)."""
+
+    adapter: dict[str, torch.Tensor]
+    """The adapter's weights (`adapter_state_dict`)."""
+    optimizer: dict[str, object]
+    """The optimizer's state keyed by parameter name (`whole_optimizer_state`)."""
+    scheduler: dict[str, object]
+    rngs: list[dict[str, object]]
+    """Every process's `rng_state()`, in rank order."""
+    game: dict[str, object] | None
+    """The game's run state (a curriculum), or None for a game without one."""
+    behaviour: dict[int, Path] = field(default_factory=dict)
+    """The adapter directories, by version, that the steps after this one are sampled by
+    (`max_off_policy_steps`; `rl/rollout/schedule.py`)."""
+
+
+def snapshot(
+    model: torch.nn.Module,
     optimizer: torch.optim.Optimizer,
     scheduler: torch.optim.lr_scheduler.LRScheduler,
     game: Stateful | None = None,
-    adapter_state: dict[str, torch.Tensor] | None = None,
-    rng_states: list[dict[str, object]] | None = None,
-    keep: int = 2,
-    optimizer_state: dict[str, object] | None = None,
     behaviour: dict[int, Path] | None = None,
+) -> Snapshot:
+    """The run as a checkpoint stores it. A collective under a process group: every process gathers
+    the adapter, the optimizer's state and its RNG states, which one process then writes."""
+    return Snapshot(
+        adapter_state_dict(model),
+        whole_optimizer_state(model, optimizer),
+        scheduler.state_dict(),
+        gather(rng_state()),
+        game.state_dict() if game is not None else None,
+        behaviour or {},
+    )
+
+
+def save_checkpoint(
+    run_dir: Path, state: TrainState, policy: PeftModel, saved: Snapshot, keep: int = 2
 ) -> Path:
-    """Write `checkpoints/step-NNNNNN` through a temporary directory, then point `latest` at it.
-    `adapter_state`: the adapter's gathered weights (`distributed.adapter_state_dict`; default: the
-    policy's own, right for one process); `rng_states`: every process's `rng_state()`, in rank order
-    (default: this process's); `optimizer_state`: `whole_optimizer_state(model, optimizer)`, which
-    every process calls (default: this process's, right for one process); `behaviour`: the adapter
-    directories, by version, that the steps after this one are sampled by (`max_off_policy_steps`),
-    copied into `behaviour/step-NNNNNN`."""
+    """Write `checkpoints/step-NNNNNN` through a temporary directory, then point `latest` at it; the
+    `behaviour` adapters go to its `behaviour/step-NNNNNN`. Keeps the last `keep` checkpoints. `policy`
+    writes the adapter's files (PEFT's config beside the snapshot's weights)."""
     root = checkpoint_dir(run_dir)
     name = f"step-{state.step:06d}"
     tmp, final = root / f".{name}.tmp", root / name
     shutil.rmtree(tmp, ignore_errors=True)
-    policy.save_pretrained(str(tmp / "adapter"), selected_adapters=[ADAPTER], state_dict=adapter_state)
-    for version, path in (behaviour or {}).items():
+    policy.save_pretrained(str(tmp / "adapter"), selected_adapters=[ADAPTER], state_dict=saved.adapter)
+    for version, path in saved.behaviour.items():
         shutil.copytree(path, tmp / "behaviour" / f"step-{version:06d}")
     torch.save(
         {
             "state": asdict(state),
-            "optimizer": optimizer_state
-            if optimizer_state is not None
-            else whole_optimizer_state(policy, optimizer),
-            "scheduler": scheduler.state_dict(),
-            "game": game.state_dict() if game is not None else None,
-            "rng": rng_states if rng_states is not None else [rng_state()],
+            "optimizer": saved.optimizer,
+            "scheduler": saved.scheduler,
+            "game": saved.game,
+            "rng": saved.rngs,
         },
         tmp / "trainer_state.pt",
     )

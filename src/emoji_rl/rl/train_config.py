@@ -1,7 +1,8 @@
-"""The `grpo` stage's settings: the trainer's own (`TrainConfig`), read by the trainer (`rl/train.py`),
-its wiring (`rl/setup.py`) and its update (`rl/update.py`), and the game's, which `--game NAME` adds
+"""The `grpo` stage's settings: the trainer's own (`TrainConfig`), read by the loop (`rl/train.py`), the
+trainer (`rl/trainer.py`, which hands the update its `UpdateSettings`), the schedule
+(`rl/rollout/schedule.py`) and the wiring (`rl/setup.py`), and the game's, which `--game NAME` adds
 (`config_class`: the game's `GameConfig` fields beside the trainer's, one flat dataclass, so that YAML
-and the command line set either alike). Its own module, below all three, so that none of them imports
+and the command line set either alike). Its own module, below them all, so that none of them imports
 another only to know the settings' type."""
 
 from __future__ import annotations

@@ -324,7 +324,7 @@ DECODE = {"cuda": (128, 64), "cpu": (8, 16)}
 def decode_speed(cfg: Config, runtime: models.Runtime) -> Result:
     """Tokens a second through `generate.generate_from_ids`, every row decoded together, without and
     with the emoji grammar: reported, not judged."""
-    from emoji_rl.decode.generate import generate_from_ids
+    from emoji_rl.decode.generate import Decoding, generate_from_ids
     from emoji_rl.emoji.sender_prompts import sender_messages
     from emoji_rl.lm.template import chat_ids
 
@@ -334,10 +334,11 @@ def decode_speed(cfg: Config, runtime: models.Runtime) -> Result:
     prompts = [chat_ids(tokenizer, sender_messages(TARGETS[i % len(TARGETS)])) for i in range(rows)]
     speeds = {}
     for constraint in ("none", "grammar"):
-        options = dict(constraint=constraint, batch_size=rows, seed=0)
-        generate_from_ids(model, tokenizer, prompts, max_new_tokens=2, **options)  # the grammar, kernels
+        warm = Decoding(constraint, max_new_tokens=2, batch_size=rows)
+        generate_from_ids(model, tokenizer, prompts, warm, seed=0)  # the grammar, kernels
         start = time.perf_counter()
-        replies = generate_from_ids(model, tokenizer, prompts, max_new_tokens=tokens, **options)
+        timed = Decoding(constraint, max_new_tokens=tokens, batch_size=rows)
+        replies = generate_from_ids(model, tokenizer, prompts, timed, seed=0)
         sampled = sum(len(reply.token_ids) for reply in replies)
         speeds[constraint] = sampled / (time.perf_counter() - start)
     layers = f"{STAGE_LAYERS} of Qwen3.5-4B's layers" if is_cuda(runtime) else f"{STAGE_LAYERS} narrow layers"

@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, cast
 
 from emoji_rl.config import to_dict
-from emoji_rl.decode.generate import MAX_NEW_TOKENS, Constraint, generate_replies
+from emoji_rl.decode.generate import MAX_NEW_TOKENS, Constraint, Decoding, generate_replies
 from emoji_rl.emoji.stats import compliant_emoji, reply_stats
 from emoji_rl.errors import UserError
 from emoji_rl.games.retrieval.judge import NAMES_CAVEAT, Judge, JudgeInput, JudgeKind
@@ -170,10 +170,12 @@ def main(cfg: Config) -> None:
                     model,
                     tokenizer,
                     prompts,
-                    constraint=cast(Constraint, decoding),  # checked against DECODINGS in Config
-                    temperature=cfg.temperature,
-                    max_new_tokens=cfg.max_new_tokens,
-                    batch_size=cfg.batch_size,
+                    Decoding(
+                        cast(Constraint, decoding),  # checked against DECODINGS in Config
+                        cfg.temperature,
+                        cfg.max_new_tokens,
+                        cfg.batch_size,
+                    ),
                     seed=cfg.seed,
                 )
             replies[f"{system}/{decoding}"] = [r.text for r in out]

@@ -69,21 +69,17 @@ class LoadedModels:
         self._stopping.set()
 
     def write(self, sender: str, conversation: list[dict[str, str]], seed: int) -> str:
-        from emoji_rl.decode.generate import generate_replies
+        from emoji_rl.decode.generate import Decoding, generate_replies
         from emoji_rl.lm.adapters import active_system
 
         with active_system(self.model, sender, self.senders[sender]):
-            (reply,) = generate_replies(
-                self.model,
-                self.tokenizer,
-                [conversation],
-                constraint="grammar",
+            decoding = Decoding(
                 temperature=self.temperature,
                 max_new_tokens=self.max_new_tokens,
-                seed=seed,
                 min_emoji=MIN_EMOJI,
                 max_emoji=MAX_EMOJI,
             )
+            (reply,) = generate_replies(self.model, self.tokenizer, [conversation], decoding, seed=seed)
         return reply.text
 
     def judge(self, episode: JudgeInput) -> Guess:

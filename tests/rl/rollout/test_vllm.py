@@ -16,7 +16,9 @@ from tests.fakes.fake_lm import FakeLM
 from tests.fakes.vllm_server import FakeVLLMServer
 from tests.floats import FP32_EPS
 
+from emoji_rl.decode.generate import Decoding
 from emoji_rl.decode.sampler import Sample
+from emoji_rl.decode.vllm import VLLMSampler, request_seed
 from emoji_rl.emoji.constraint import compile_emoji_grammar, grammar_ebnf, replay_masks
 from emoji_rl.emoji.sender_prompts import sender_messages
 from emoji_rl.errors import UserError
@@ -26,7 +28,7 @@ from emoji_rl.games.retrieval.judge import LexiconJudge
 from emoji_rl.io.endpoint import Endpoint, wait_for_server
 from emoji_rl.lm import template
 from emoji_rl.rl import grpo
-from emoji_rl.rl.rollout.vllm import AdapterSync, VLLMSampler, request_seed
+from emoji_rl.rl.rollout.vllm import AdapterSync
 
 KEY_ENV = "EMOJI_RL_TEST_POLICY_KEY"
 
@@ -47,10 +49,9 @@ def endpoint(server, **kwargs):
     return Endpoint(server.url + "/v1", api_key_env=KEY_ENV, backoff_s=0.01, **kwargs)
 
 
-def sampler_for(server, tokenizer, **kwargs):
-    return VLLMSampler(
-        endpoint(server), "policy", template.stop_token_id(tokenizer), max_new_tokens=64, **kwargs
-    )
+def sampler_for(server, tokenizer, constraint="grammar", temperature=1.0, **kwargs):
+    decoding = Decoding(constraint, temperature, max_new_tokens=64)
+    return VLLMSampler(endpoint(server), "policy", template.stop_token_id(tokenizer), decoding, **kwargs)
 
 
 class WordOverlap:
@@ -119,7 +120,7 @@ def test_a_free_text_game_sends_no_grammar(server, smollm2_tokenizer):
     masks no logits for it, and the rest of the body is the emoji game's."""
     emoji, free = (
         sampler_for(server, smollm2_tokenizer),
-        sampler_for(server, smollm2_tokenizer, grammar=False),
+        sampler_for(server, smollm2_tokenizer, "none"),
     )
     body = free.request_body((1, 2, 3), 5)
     assert "structured_outputs" not in body
@@ -252,6 +253,19 @@ def test_a_server_without_token_ids_is_refused(server, smollm2_tokenizer):
         sampler._sample({"choices": [choice]})
 
 
+def test_what_the_server_cannot_sample_is_refused_where_the_sampler_is_made():
+    here = Endpoint("http://127.0.0.1:9")
+    for decoding in (
+        Decoding("static"),
+        Decoding(temperature=0.0, num_beams=2),
+        Decoding(stop_ids=frozenset({13})),
+    ):
+        with pytest.raises(UserError, match="under the emoji grammar or none"):
+            VLLMSampler(here, "policy", 2, decoding)
+    with pytest.raises(UserError, match="must be > 0"):
+        VLLMSampler(here, "policy", 2, Decoding(temperature=0.0))
+
+
 # --- failures ---------------------------------------------------------------------------------------------
 
 
@@ -264,7 +278,7 @@ def test_5xx_is_retried_with_backoff(server, smollm2_tokenizer):
 def test_a_server_that_stays_down_is_a_clear_error_after_bounded_retries(lm, smollm2_tokenizer, monkeypatch):
     monkeypatch.setenv(KEY_ENV, "test-key")
     with FakeVLLMServer(lm, ready_after=None) as down:
-        sampler = VLLMSampler(endpoint(down, attempts=3), "policy", 2)
+        sampler = VLLMSampler(endpoint(down, attempts=3), "policy", 2, Decoding())
         start = time.monotonic()
         with pytest.raises(UserError, match=rf"{down.url}/v1/completions did not answer after 3 tries"):
             asyncio.run(sampler.sample([(1, 2, 3)]))

@@ -143,13 +143,12 @@ def setup(cfg: Any, records: Sequence[Record], tokenizer: Any, runtime: Runtime)
         return [{**record, "retrieved": hit} for record, hit in zip(kept, hits, strict=True)]
 
     sender = ModelSender(
-        "grammar" if cfg.protocol == "ours" else "none",
-        cfg.sender_temperature,
-        cfg.max_new_tokens,
-        cfg.min_emoji,
-        cfg.max_emoji,
-        cfg.num_beams,
-        cfg.guidance_scale,
+        cfg.decoding(
+            constraint="grammar" if cfg.protocol == "ours" else "none",
+            temperature=cfg.sender_temperature,
+            num_beams=cfg.num_beams,
+            guidance_scale=cfg.guidance_scale,
+        ),
         # classifier-free guidance's unconditional prompt: the sender asked to answer an empty message
         template.chat_ids(tokenizer, sender_messages("")),
     )

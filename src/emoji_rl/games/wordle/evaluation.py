@@ -111,6 +111,7 @@ def _span(interval: list[float] | None) -> str:
 
 
 def setup(cfg: Any, records: Sequence[Record], tokenizer: Any, runtime: Runtime) -> EvalSetup:
+    from emoji_rl.decode.generate import Decoding
     from emoji_rl.games.wordle.game import WordleBuilder, WordleRules
 
     builder = WordleBuilder(tokenizer, WordleRules(max_turns=cfg.max_turns))
@@ -124,7 +125,7 @@ def setup(cfg: Any, records: Sequence[Record], tokenizer: Any, runtime: Runtime)
     )
     return EvalSetup(
         {"multi": builder},
-        ModelSender("none", cfg.temperature, cfg.max_new_tokens),
+        ModelSender(Decoding("none", cfg.temperature, cfg.max_new_tokens)),
         {SOLVER: Scripted(solver_replies(builder, records))} if cfg.solver else {},
         lambda indices, episodes: [game_record(e) for e in episodes],
         report,

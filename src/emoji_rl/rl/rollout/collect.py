@@ -1,7 +1,7 @@
 """What one GRPO step plays: B prompts x G games (`play`: turn t of every live episode goes out as one
 batch), groups with no reward spread set aside, and with dynamic sampling (DAPO) more prompts drawn
 until B groups carry signal. Under `accelerate launch` B is the step's prompts over all processes:
-each process plays its share (`train.prompts_per_process`), drawn from one order shared by all
+each process plays its share (`prompts_per_process`), drawn from one order shared by all
 processes, and refills its own share."""
 
 from __future__ import annotations
@@ -14,11 +14,25 @@ from dataclasses import dataclass, replace
 import torch
 
 from emoji_rl.decode.sampler import Sampler
+from emoji_rl.errors import UserError
 from emoji_rl.game.play import play
 from emoji_rl.game.types import EpisodeGroup, GameSetup
 from emoji_rl.lm.training import gather
 from emoji_rl.rl import grpo
 from emoji_rl.rl.checkpoint import TrainState
+
+
+def prompts_per_process(batch_size: int, processes: int) -> int:
+    """Each process's share of a step's `batch_size` prompts. A step trains `batch_size` prompts on any
+    number of processes (the seed's 32 stay 32 over 4 GPUs), so the learning rate and the KL weight tuned
+    for it keep their meaning; the share must be whole."""
+    if batch_size % processes:
+        raise UserError(
+            f"batch_size={batch_size} (prompts per step over all processes) does not divide among "
+            f"{processes} processes: set batch_size to a multiple of {processes}, or launch a number of "
+            "processes that divides it"
+        )
+    return batch_size // processes
 
 
 class PromptStream:

@@ -1,4 +1,6 @@
-"""Rollouts played ahead of the update (docs/DESIGN.md §7): with `max_off_policy_steps` K > 0 the
+"""The async schedule of a GRPO run (docs/DESIGN.md §7): which adapter version samples which step,
+when each version is published to the policy server, which versions a checkpoint keeps, and the
+rollouts played ahead of the update on a thread of their own. With `max_off_policy_steps` K > 0 the
 policy server samples step t+1's episodes while the trainer still updates on step t's, so neither
 side waits for the other.
 
@@ -10,18 +12,36 @@ exact: the checkpoint at step s holds the adapters its unplayed steps are sample
 s-K .. s-1) and the prompt cursor as of step s's draws; what was in flight is drawn and played again.
 K = 0 is lockstep: step t waits for version t, the adapter of the update just made.
 
-With an in-process sampler (`--engine hf`) there is no thread: each step is played when the loop
-asks for it, by the weights being trained."""
+With an in-process sampler (`--engine hf`) there is no thread and nothing is published: each step is
+played when the loop asks for it, by the weights being trained. How a version reaches the server is
+`rl/rollout/vllm.py`'s `AdapterSync`; what a step plays, `rl/rollout/collect.py`."""
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import functools
+import shutil
 import threading
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import TYPE_CHECKING
 
 from emoji_rl.game.types import EpisodeGroup
-from emoji_rl.rl.rollout.collect import Rollouts
+from emoji_rl.lm.training import adapter_state_dict, gather, save_adapter, whole_weights
+from emoji_rl.rl.checkpoint import TrainState, behaviour_adapters
+from emoji_rl.rl.rollout.collect import PromptStream, Rollouts, collect, prompts_per_process
+
+if TYPE_CHECKING:
+    import torch
+    from accelerate import Accelerator
+
+    from emoji_rl.decode.sampler import Sampler
+    from emoji_rl.game.types import GameSetup
+    from emoji_rl.rl.rollout.vllm import AdapterSync
+    from emoji_rl.rl.train_config import TrainConfig
+    from emoji_rl.rl.trainer import Trainer
 
 
 @dataclass(frozen=True)
@@ -194,3 +214,136 @@ class RolloutsAhead:
             with self._changed:
                 self._loop = self._task = None
             loop.close()
+
+
+# --- the run's schedule ----------------------------------------------------------------------------
+
+
+def publish(
+    sync: AdapterSync | None, accelerator: Accelerator, version: int, save: Callable[[Path], None]
+) -> str | None:
+    """The main process saves version `version` with `save(directory)` and loads it on the vLLM
+    server; every process returns the name it is served under (a collective, which also waits for the
+    load). None without a server."""
+    if sync is None:
+        return None
+    name = sync.publish(version, save) if accelerator.is_main_process else None
+    return sync.follow(gather(name)[0])
+
+
+def publish_weights(
+    sync: AdapterSync | None, accelerator: Accelerator, model: torch.nn.Module, version: int
+) -> str | None:
+    """Publish the adapter being trained as version `version`. Every process gathers its weights
+    first: under FSDP each holds only a shard."""
+    if sync is None:
+        return None
+    state = adapter_state_dict(model)
+    return publish(sync, accelerator, version, lambda path: save_adapter(model, path, state))
+
+
+class Schedule:
+    """One run's rollouts, step by step, by the versions the schedule gives them: `start` publishes
+    the first ones, `take` hands over each step's rollouts, `publish` each version after its update,
+    `behaviour` the versions a checkpoint keeps, `close` stops the rollouts. Without a server
+    (`sync` None) only `take` does anything: in-process, with the trainer's whole weights."""
+
+    def __init__(
+        self, ahead: RolloutsAhead, trainer: Trainer, sync: AdapterSync | None, kept: dict[int, Path]
+    ) -> None:
+        self.ahead, self.trainer, self.sync, self.kept = ahead, trainer, sync, kept
+
+    def start(self) -> None:
+        """Publish the versions the first steps are sampled by: those the checkpoint kept (`kept`),
+        then the weights now, after clearing what an earlier session left on the server."""
+        if self.sync is None:
+            return
+        if self.trainer.accelerator.is_main_process:
+            self.sync.clear_stale()
+        for version, path in sorted(self.kept.items()):
+            copy = functools.partial(shutil.copytree, path)
+            self.ahead.publish(version, publish(self.sync, self.trainer.accelerator, version, copy))
+        self.publish(self.ahead.first_step)
+
+    def take(self, step: int) -> tuple[Played, int]:
+        """Step `step`'s rollouts without those past the staleness bound (`without_stale`), and how
+        many episodes that dropped."""
+        # The in-process sampler decodes with the model being trained: under FSDP, on its whole weights.
+        weights = whole_weights(self.trainer.model) if self.sync is None else contextlib.nullcontext()
+        with weights:
+            played = self.ahead.take(step)
+        return without_stale(played, self.ahead.max_off_policy_steps)
+
+    def publish(self, version: int) -> None:
+        """The trainer's weights are version `version`: on the server, and free to sample its steps."""
+        name = publish_weights(self.sync, self.trainer.accelerator, self.trainer.model, version)
+        if name is not None:
+            self.ahead.publish(version, name)
+
+    def behaviour(self, step: int) -> dict[int, Path]:
+        """The adapters the steps after `step` are sampled by, for its checkpoint to keep, so that a
+        resume samples them alike; on the main process, which writes checkpoints (none elsewhere)."""
+        if self.sync is None or not self.trainer.accelerator.is_main_process:
+            return {}
+        return {v: self.sync.adapter_path(v) for v in range(self.ahead.version_for(step), step)}
+
+    def close(self) -> None:
+        self.ahead.close()
+
+
+def schedule(
+    cfg: TrainConfig,
+    trainer: Trainer,
+    game: GameSetup,
+    sampler: Sampler,
+    sync: AdapterSync | None,
+    state: TrainState,
+    checkpoint: Path | None,
+) -> Schedule:
+    """Steps `state.step` on, played in-process or, with a vLLM server (`sync`), on a thread by the
+    version K behind, from a prompt stream of their own that starts where the checkpoint's stopped."""
+    background = sync is not None
+    rank = trainer.accelerator.process_index
+    share = prompts_per_process(cfg.batch_size, trainer.accelerator.num_processes)
+    # The thread's prompt draws are a collective among the processes: on a group of their own, so
+    # that they never interleave with the update's.
+    group = rollout_group(cfg.collective_timeout_s) if background else None
+    stream = PromptStream(
+        game.records, cfg.seed, replace(state), rank, gather_counts=lambda n: gather(n, group)
+    )
+    rounds = cfg.max_resample_rounds if cfg.dynamic_sampling else 0
+    if background:
+        from emoji_rl.decode.vllm import request_seed
+
+    async def play(step: int, version: int, name: str | None) -> Played:
+        # On a server, each step's requests are seeded from (seed, rank, step): what a step samples
+        # does not depend on what ran before it, so a resume redraws a lost step exactly.
+        bound = sampler if name is None else sampler.at(version, name, request_seed(cfg.seed, rank, step))
+        stream.state.step = step  # the stream's own copy of the state: the step it draws for
+        before = game.seconds()
+        played = await collect(stream, game, bound, share, cfg.group_size, cfg.scale_rewards, rounds)
+        services = {k: v - before.get(k, 0.0) for k, v in game.seconds().items()}
+        return Played(step, version, played, services, (stream.state.epoch, stream.state.cursor))
+
+    kept = behaviour_adapters(checkpoint) if checkpoint is not None and background else {}
+    ahead = RolloutsAhead(
+        play,
+        state.step,
+        cfg.max_steps,
+        cfg.max_off_policy_steps,
+        first_version=min(kept, default=state.step),
+        background=background,
+    )
+    return Schedule(ahead, trainer, sync, kept)
+
+
+def rollout_group(timeout_s: int):
+    """A gloo process group for the rollout thread's collectives, which wait `timeout_s` for a peer as
+    the run's own group does (gloo's default is 30 minutes); None with one process."""
+    from datetime import timedelta
+
+    import torch.distributed as dist
+
+    if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
+        return dist.new_group(backend="gloo", timeout=timedelta(seconds=timeout_s))
+    return None

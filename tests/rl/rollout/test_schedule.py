@@ -13,7 +13,7 @@ import pytest
 
 from emoji_rl.game.types import Episode, EpisodeGroup, StepResult, Turn
 from emoji_rl.rl.rollout.collect import Rollouts
-from emoji_rl.rl.rollout.overlap import Played, RolloutsAhead, drop_stale, version_for, without_stale
+from emoji_rl.rl.rollout.schedule import Played, RolloutsAhead, drop_stale, version_for, without_stale
 
 
 def test_each_step_is_sampled_k_versions_behind_never_before_the_first():
