@@ -65,7 +65,10 @@ def test_every_tracker_holds_every_step_once_after_a_kill_between_checkpoints(tm
     run = tmp_path / "run"
     command = [sys.executable, "-m", "emoji_rl.cli", *_stage_args(stage, tmp_path), "--output_dir", str(run),
                "--max_steps", str(STEPS), "--save_steps", "2", "--report_to", "tensorboard", "wandb", "trackio"]  # fmt: skip
-    env = {**os.environ, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1"}
+    # Not this pytest process's wandb service (WANDB_SERVICE, set by a test that ran wandb in process):
+    # the kill must take the stage's own wandb process with it, as it does a user's.
+    env = {k: v for k, v in os.environ.items() if not k.startswith("WANDB_") or k == "WANDB_MODE"}
+    env.update(HF_HUB_OFFLINE="1", OMP_NUM_THREADS="1")
     log = (tmp_path / "killed.log").open("w")
     killed = subprocess.Popen(command, cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)  # fmt: skip
     deadline = time.monotonic() + 600

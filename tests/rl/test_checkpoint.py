@@ -131,3 +131,32 @@ def test_a_save_cut_short_at_any_point_leaves_the_last_whole_checkpoint(tmp_path
     assert restored.state_dict() == {"phase": 0, "recent": [1.0]}
     _save(tmp_path, TrainState(step=4), policy, optimizer, scheduler, game=tracker)
     assert latest_checkpoint(tmp_path).name == "step-000004"
+
+
+def test_a_full_disk_names_itself_and_the_path_and_leaves_no_half_checkpoint(tmp_path, monkeypatch):
+    """torch.save writing into /dev/full (ENOSPC on every write, for real) gives torch's own "unexpected
+    pos" error; the save says the disk is full, where, and what is left, and removes the half-written
+    folder, which would otherwise keep the disk full."""
+    import os
+
+    from emoji_rl.errors import UserError
+    from emoji_rl.rl import checkpoint
+
+    if not os.path.exists("/dev/full"):
+        pytest.skip("needs Linux's /dev/full")
+    policy, optimizer, scheduler = _tiny_run()
+    _save(tmp_path, TrainState(step=2), policy, optimizer, scheduler)
+    real_save = torch.save
+
+    def onto_full_disk(obj, path):
+        path.symlink_to("/dev/full")
+        real_save(obj, path)
+
+    monkeypatch.setattr(checkpoint.torch, "save", onto_full_disk)
+    with pytest.raises(UserError) as caught:
+        _save(tmp_path, TrainState(step=4), policy, optimizer, scheduler)
+    message = str(caught.value)
+    tmp = tmp_path / "checkpoints" / ".step-000004.tmp"
+    assert f"writing checkpoint step-000004 at {tmp} failed: no space left on the filesystem" in message
+    assert "unexpected pos" in message and "The last whole checkpoint is step-000002" in message
+    assert not tmp.exists() and latest_checkpoint(tmp_path).name == "step-000002"

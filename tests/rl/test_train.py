@@ -187,9 +187,10 @@ def test_resume_after_a_crash_repeats_the_uninterrupted_run(tmp_path, monkeypatc
 
 
 def _tracked(row):
-    """A logged row's metrics, without the trackers' own bookkeeping and the clock."""
+    """A logged row's metrics, without the trackers' own bookkeeping, the clock and the episodes' table."""
     own = {"step", "_step", "_runtime", "_timestamp", "timestamp"}
-    return {k: v for k, v in row.items() if k not in own and not k.startswith(("time/", "throughput/"))}
+    skip = ("time/", "throughput/", "episodes")
+    return {k: v for k, v in row.items() if k not in own and not k.startswith(skip)}
 
 
 def test_wandb_and_trackio_get_each_step_once_in_one_run_across_a_resume(tmp_path, monkeypatch):
@@ -220,9 +221,21 @@ def test_wandb_and_trackio_get_each_step_once_in_one_run_across_a_resume(tmp_pat
     assert [r["_step"] for r in first + second] == [1, 2, 3, 4]
     assert [_tracked(r) for r in first + second] == [_tracked(m) for m in metrics]
     # trackio: one run, by the name trackers.json keeps, each step once.
-    rows = trackio_rows(tracker["project"], tracker["name"])
+    points = trackio_rows(tracker["project"], tracker["name"])
+    rows = [r for r in points if "episodes" not in r]
     assert [r["step"] for r in rows] == [1, 2, 3, 4]
     assert [_tracked(r) for r in rows] == [_tracked(m) for m in metrics]
+    # Each step's episodes as a table (log_completions): the rollouts.jsonl records of that step, read
+    # back from wandb's table files and trackio's store.
+    episodes = [json.loads(line) for line in (run_dir / "rollouts.jsonl").read_text().splitlines()]
+    tables = {r["step"]: r["episodes"]["_value"] for r in points if "episodes" in r}
+    assert sorted(tables) == [1, 2, 3, 4]
+    for step, table in tables.items():
+        assert [(t["target"], t["reward"]) for t in table] == [
+            (e["target"], e["reward"]) for e in episodes if e["step"] == step
+        ]
+    files = sorted(run_dir.glob("wandb/offline-run-*/files/media/table/episodes_*.table.json"))
+    assert sorted(int(f.name.split("_")[1]) for f in files) == [1, 2, 3, 4]
     # The key reaches neither the run directory (config, tracker run, wandb's files) nor checkpoints.
     written = [path for path in run_dir.rglob("*") if path.is_file()]
     assert written and not [path for path in written if b"k" * 40 in path.read_bytes()]

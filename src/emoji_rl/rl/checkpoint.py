@@ -22,6 +22,7 @@ import numpy as np
 import torch
 
 from emoji_rl.errors import UserError
+from emoji_rl.io.disk import disk_full_error, short_write
 from emoji_rl.lm.adapters import ADAPTER
 from emoji_rl.lm.training import adapter_state_dict, follow_schedule, gather
 
@@ -102,6 +103,33 @@ def save_checkpoint(
     name = f"step-{state.step:06d}"
     tmp, final = root / f".{name}.tmp", root / name
     shutil.rmtree(tmp, ignore_errors=True)
+    try:
+        _write(tmp, state, policy, saved)
+    except (OSError, RuntimeError) as err:
+        shutil.rmtree(tmp, ignore_errors=True)  # half a checkpoint only keeps the disk full
+        if not short_write(err):
+            raise
+        latest = root / "latest"
+        last = latest.read_text().strip() if latest.is_file() else "none yet"
+        raise disk_full_error(
+            f"checkpoint {name}",
+            tmp,
+            err,
+            f"The half-written {tmp.name} is removed. The last whole checkpoint is {last}, and metrics.jsonl "
+            f"holds every step up to {state.step}: free space, then rerun with --resume true.",
+        ) from err
+    shutil.rmtree(final, ignore_errors=True)
+    tmp.rename(final)
+    pointer_tmp = root / ".latest.tmp"
+    pointer_tmp.write_text(name)
+    pointer_tmp.rename(root / "latest")
+    for old in sorted(root.glob("step-*"))[:-keep]:
+        shutil.rmtree(old, ignore_errors=True)
+    return final
+
+
+def _write(tmp: Path, state: TrainState, policy: PeftModel, saved: Snapshot) -> None:
+    """A checkpoint's files into `tmp`: the adapter, the behaviour adapters, the trainer's state."""
     policy.save_pretrained(str(tmp / "adapter"), selected_adapters=[ADAPTER], state_dict=saved.adapter)
     for version, path in saved.behaviour.items():
         shutil.copytree(path, tmp / "behaviour" / f"step-{version:06d}")
@@ -115,14 +143,6 @@ def save_checkpoint(
         },
         tmp / "trainer_state.pt",
     )
-    shutil.rmtree(final, ignore_errors=True)
-    tmp.rename(final)
-    pointer_tmp = root / ".latest.tmp"
-    pointer_tmp.write_text(name)
-    pointer_tmp.rename(root / "latest")
-    for old in sorted(root.glob("step-*"))[:-keep]:
-        shutil.rmtree(old, ignore_errors=True)
-    return final
 
 
 def load_checkpoint(path: Path, policy: PeftModel, game: Stateful | None = None, rank: int = 0) -> TrainState:

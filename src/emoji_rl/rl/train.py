@@ -43,7 +43,13 @@ from emoji_rl.rl.batch import collate_groups
 from emoji_rl.rl.checkpoint import TrainState
 from emoji_rl.rl.policy import build_policy, checkpoint_layers
 from emoji_rl.rl.rollout.collect import Rollouts, prompts_per_process
-from emoji_rl.rl.rollout.metrics import ROLLOUTS_FILE, log_rollouts, step_metrics
+from emoji_rl.rl.rollout.metrics import (
+    EPISODE_COLUMNS,
+    ROLLOUTS_FILE,
+    episode_table,
+    log_rollouts,
+    step_metrics,
+)
 from emoji_rl.rl.rollout.schedule import Schedule, schedule
 from emoji_rl.rl.setup import build_sampler
 from emoji_rl.rl.train_config import TrainConfig
@@ -115,8 +121,7 @@ def _loop(
             metrics["async/version_lag"] = float(step - played.version)
             metrics["async/dropped_episodes"] = float(sum(gather(dropped)))
             metrics["time/wait_rollouts_s"] = waited
-            if rollout_log is not None:
-                log_rollouts(rollout_log, step + 1, everyone.played, players)
+            episodes = log_rollouts(rollout_log, step + 1, everyone.played, players) if is_main else []
             update_start = time.perf_counter()
             # This process's groups; with none kept, its played ones stand in at weight 0.
             mine = played.rollouts
@@ -135,6 +140,9 @@ def _loop(
             state.step = step + 1
             if writer is not None:
                 writer.write(state.step, metrics)
+                if cfg.log_completions:
+                    rows = episode_table(episodes, cfg.num_completions_to_print)
+                    writer.table(state.step, "episodes", EPISODE_COLUMNS, rows)
             bar.set_postfix(reward=f"{metrics['reward/mean']:.3f}", **_headline(game, metrics))
             if state.nan_streak >= cfg.nan_patience:
                 raise UserError(
@@ -183,10 +191,6 @@ def main(cfg: TrainConfig) -> None:
         raise UserError(
             f"{run_dir} already holds a run: pass --resume true to continue it, or another --output_dir"
         )
-    # Every process looks before the main one writes: a fresh run must not find its own config.
-    processes.wait_for_everyone()
-    if processes.is_main_process:
-        save_config(cfg, run_dir)
     runtime = models.pick_runtime()
     log.info("runtime: %s", runtime.describe())
     tokenizer = models.load_tokenizer(cfg.model)
@@ -205,6 +209,11 @@ def main(cfg: TrainConfig) -> None:
     game = registry.load(cfg.game).setup(cfg, GameContext(tokenizer, runtime, width))
     sampler, weight_sync = build_sampler(cfg, policy, tokenizer, "grammar" if game.constraint else "none")
     log.info("%s; %d prompts; B=%d G=%d", game.description, len(game.records), cfg.batch_size, cfg.group_size)
+    # Every process looks before the main one writes: a fresh run must not find its own config. Written
+    # once the inputs are checked, so a stage that fails them leaves its directory as it found it.
+    processes.wait_for_everyone()
+    if processes.is_main_process:
+        save_config(cfg, run_dir)
     with peers_named(run_dir, cfg.collective_timeout_s):
         state = train(cfg, policy, tokenizer, game, sampler, weight_sync)
     print(

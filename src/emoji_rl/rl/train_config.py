@@ -191,9 +191,24 @@ class TrainConfig(SamplingConfig, ProcessConfig, ModelConfig, TrackerConfig, Ser
     save_steps: int = field(default=10, metadata={"help": "checkpoint every N steps (and at the end)"})
     seed: int = field(default=0, metadata={"help": "random seed (prompt order, sampling, judge)"})
     resume: bool = field(default=False, metadata={"help": "continue from the last checkpoint in output_dir"})
+    # TRL's GRPO names; the table is what rollouts.jsonl holds, for reading in the tracker as it trains.
+    log_completions: bool = field(
+        default=True,
+        metadata={
+            "help": "each step, a table of its episodes in the trackers (wandb and trackio tables, "
+            "TensorBoard text): target, each turn's game log, reward, advantage, sampler version"
+        },
+    )
+    num_completions_to_print: int | None = field(
+        default=8, metadata={"help": "episodes in each step's table (none: every episode of the step)"}
+    )
 
     def __post_init__(self) -> None:
         super().__post_init__()
+        if self.num_completions_to_print is not None and self.num_completions_to_print < 1:
+            raise ValueError(
+                f"num_completions_to_print={self.num_completions_to_print}: at least 1, or none for all"
+            )
         check_trackers(self)  # a tracker that does not import, or a name it refuses, before any work
         if self.batch_size < 1:
             raise ValueError(f"batch_size={self.batch_size} must be >= 1 (prompts per step)")
