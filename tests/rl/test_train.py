@@ -329,3 +329,35 @@ def test_grpo_stage_runs_one_step_from_the_command_line(tmp_path, game, record, 
     assert (out / "adapter" / "adapter_config.json").is_file()
     assert (out / "checkpoints" / "latest").read_text() == "step-000001"
     assert (out / "config.yaml").is_file() and (out / "rollouts.jsonl").is_file()
+
+
+def test_the_held_out_evaluation_is_greedy_play_at_its_steps_and_a_resume_keeps_it(tmp_path):
+    """eval_before_train and eval_steps 2: the step-0 and step-2 lines hold the held-out records' mean
+    reward as the trained policy plays them greedily (played again here, by hand), and a resume does not
+    log the step-0 evaluation again."""
+    eval_data = tmp_path / "held_out.jsonl"
+    eval_data.write_text("".join(json.dumps({"id": f"e{i}", "target": PROMPT}) + "\n" for i in range(2)))
+    held = dict(eval_data=str(eval_data), eval_steps=2, eval_before_train=True, save_steps=2, max_steps=2)
+    cfg, tokenizer, policy, constraint, sampler = _toy_setup(tmp_path, **held)
+    records = [{"id": "p0", "target": PROMPT}]
+    grpo_train.train(cfg, policy, tokenizer, favorite_setup(tokenizer, constraint, records), sampler)
+    lines = read_metrics(tmp_path / "run")
+    evaluated = {m["step"]: m["eval/reward"] for m in lines if "eval/reward" in m}
+    assert sorted(evaluated) == [0, 2]
+    assert all(m["eval/turns"] == 1.0 and m["time/eval_s"] > 0 for m in lines if "eval/reward" in m)
+    greedy = HFSampler(
+        policy, tokenizer, Decoding(temperature=0.0, max_new_tokens=cfg.max_new_tokens, max_emoji=4)
+    )
+    episodes = asyncio.run(play([FavoriteEmojiGame(tokenizer, 4) for _ in range(2)], greedy))
+    assert evaluated[2] == pytest.approx(sum(e.reward for e in episodes) / 2)
+
+    cfg, tokenizer, policy, constraint, sampler = _toy_setup(
+        tmp_path, **{**held, "max_steps": 3}, resume=True
+    )
+    grpo_train.train(cfg, policy, tokenizer, favorite_setup(tokenizer, constraint, records), sampler)
+    assert [m["step"] for m in read_metrics(tmp_path / "run")] == [0, 1, 2, 3]
+
+
+def test_eval_steps_without_eval_data_is_named_before_anything_runs():
+    with pytest.raises(ValueError, match="eval_steps and eval_before_train need eval_data"):
+        grpo_config(eval_steps=5)

@@ -29,18 +29,19 @@ import torch
 from tqdm.auto import tqdm
 
 from emoji_rl.config import save_config
-from emoji_rl.decode.sampler import Sampler
+from emoji_rl.decode.sampler import HFSampler, Sampler
 from emoji_rl.errors import UserError
 from emoji_rl.game import registry
 from emoji_rl.game.registry import GameContext
-from emoji_rl.io.jsonl import AppendLog, drop_steps_after
-from emoji_rl.io.metrics import MetricsWriter
+from emoji_rl.io.jsonl import AppendLog, drop_steps_after, read_jsonl
+from emoji_rl.io.metrics import MetricsWriter, read_metrics
 from emoji_rl.io.run_lock import holds_a_run
 from emoji_rl.lm import models
 from emoji_rl.lm.processes import check_shared_dir, join_processes, peers_named
 from emoji_rl.lm.training import gather
 from emoji_rl.rl.batch import collate_groups
 from emoji_rl.rl.checkpoint import TrainState
+from emoji_rl.rl.held_out import HeldOut
 from emoji_rl.rl.policy import build_policy, checkpoint_layers
 from emoji_rl.rl.rollout.collect import Rollouts, prompts_per_process
 from emoji_rl.rl.rollout.metrics import (
@@ -86,15 +87,22 @@ def train(
     checkpoints and the adapter."""
     trainer, state, checkpoint = Trainer.start(cfg, policy, game.state, weight_sync is not None)
     rollouts = schedule(cfg, trainer, game, sampler, weight_sync, state, checkpoint)
+    held_out = _held_out(cfg, policy, tokenizer, game)
     try:
         rollouts.start()
-        return _loop(cfg, trainer, game, tokenizer, rollouts, state)
+        return _loop(cfg, trainer, game, tokenizer, rollouts, state, held_out)
     finally:
         rollouts.close()
 
 
 def _loop(
-    cfg: TrainConfig, trainer: Trainer, game: GameSetup, tokenizer, rollouts: Schedule, state: TrainState
+    cfg: TrainConfig,
+    trainer: Trainer,
+    game: GameSetup,
+    tokenizer,
+    rollouts: Schedule,
+    state: TrainState,
+    held_out: HeldOut | None,
 ) -> TrainState:
     is_main = trainer.accelerator.is_main_process
     run_dir = Path(cfg.output_dir)
@@ -108,6 +116,11 @@ def _loop(
     metrics_log = MetricsWriter(run_dir, state.step, trackers=cfg) if is_main else main_only()
     rollouts_log = AppendLog(run_dir / ROLLOUTS_FILE) if is_main else main_only()
     with metrics_log as writer, rollouts_log as rollout_log:
+        if held_out is not None and state.step == 0 and held_out.due(0) and not _logged_at_start(run_dir):
+            start = time.perf_counter()
+            before = held_out.run(game, trainer.accelerator.process_index, trainer.accelerator.num_processes)
+            if writer is not None:
+                writer.write(0, {**before, "time/eval_s": time.perf_counter() - start})
         steps = range(state.step, cfg.max_steps)
         bar = tqdm(steps, initial=state.step, total=cfg.max_steps, desc="grpo", disable=not is_main)
         for step in bar:
@@ -138,6 +151,11 @@ def _loop(
             metrics["optim/lr"] = trainer.scheduler.get_last_lr()[0]
             metrics["time/step_s"] = time.perf_counter() - start
             state.step = step + 1
+            if held_out is not None and held_out.due(state.step):
+                eval_start = time.perf_counter()
+                accelerator = trainer.accelerator
+                metrics.update(held_out.run(game, accelerator.process_index, accelerator.num_processes))
+                metrics["time/eval_s"] = time.perf_counter() - eval_start
             if writer is not None:
                 writer.write(state.step, metrics)
                 if cfg.log_completions:
@@ -154,6 +172,26 @@ def _loop(
                 trainer.save(run_dir, state, game.state, rollouts.behaviour(state.step))
     trainer.finish(run_dir)
     return state
+
+
+def _held_out(cfg: TrainConfig, policy: PeftModel, tokenizer, game: GameSetup) -> HeldOut | None:
+    """The held-out evaluation `eval_steps` and `eval_before_train` ask for (None: neither): greedy,
+    in process on the weights being trained, whichever engine samples the rollouts."""
+    if not (cfg.eval_steps or cfg.eval_before_train):
+        return None
+    assert cfg.eval_data is not None  # TrainConfig checks it
+    records = read_jsonl(cfg.eval_data, hint="the game's held-out records (eval_data)")
+    records = records[: cfg.eval_max_examples or None]
+    constraint = "grammar" if game.constraint else "none"
+    decoding = cfg.decoding(constraint=constraint, temperature=0.0, batch_size=len(records))
+    return HeldOut(records, HFSampler(policy, tokenizer, decoding), cfg.eval_steps, cfg.eval_before_train)
+
+
+def _logged_at_start(run_dir: Path) -> bool:
+    """Whether an earlier attempt of this run logged its evaluation before training (kept by a resume
+    that starts over at step 0)."""
+    path = run_dir / "metrics.jsonl"
+    return path.is_file() and any(row["step"] == 0 for row in read_metrics(run_dir))
 
 
 def _gather_rollouts(

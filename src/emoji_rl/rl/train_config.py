@@ -191,6 +191,25 @@ class TrainConfig(SamplingConfig, ProcessConfig, ModelConfig, TrackerConfig, Ser
     save_steps: int = field(default=10, metadata={"help": "checkpoint every N steps (and at the end)"})
     seed: int = field(default=0, metadata={"help": "random seed (prompt order, sampling, judge)"})
     resume: bool = field(default=False, metadata={"help": "continue from the last checkpoint in output_dir"})
+    # Held-out evaluation as it trains (rl/held_out.py); TRL's eval_steps, SkyRL's eval_before_train.
+    eval_data: str | None = field(
+        default=None,
+        metadata={"help": "held-out records of the game, JSONL, for eval_steps and eval_before_train"},
+    )
+    eval_steps: int = field(
+        default=0,
+        metadata={
+            "help": "every N steps the policy plays eval_data greedily; the game's final metrics go to "
+            "metrics.jsonl and the trackers as eval/* (0: never)",
+            "min": 0,
+        },
+    )
+    eval_before_train: bool = field(
+        default=False, metadata={"help": "evaluate once before the first step too (logged at step 0)"}
+    )
+    eval_max_examples: int = field(
+        default=64, metadata={"help": "the first N records of eval_data (0: all)", "min": 0}
+    )
     # TRL's GRPO names; the table is what rollouts.jsonl holds, for reading in the tracker as it trains.
     log_completions: bool = field(
         default=True,
@@ -205,6 +224,10 @@ class TrainConfig(SamplingConfig, ProcessConfig, ModelConfig, TrackerConfig, Ser
 
     def __post_init__(self) -> None:
         super().__post_init__()
+        if (self.eval_steps or self.eval_before_train) and not self.eval_data:
+            raise ValueError(
+                "eval_steps and eval_before_train need eval_data: the game's held-out records (JSONL)"
+            )
         if self.num_completions_to_print is not None and self.num_completions_to_print < 1:
             raise ValueError(
                 f"num_completions_to_print={self.num_completions_to_print}: at least 1, or none for all"

@@ -1,0 +1,52 @@
+"""Held-out evaluation inside GRPO (`eval_steps`, `eval_before_train`): the policy being trained plays
+its game greedily on held-out records, in process, every process its share, and the step's line of
+metrics.jsonl gets the mean of the game's own final metrics as `eval/...` (`eval/reward`, and each key
+the game's last turn reports: the retrieval game's `similarity`, Wordle's `won`). The eval stages
+(game/evaluate.py) add what needs more than the training game: distractors, baselines, intervals.
+
+An evaluation belongs to the step after whose update it runs (0: before the first), in that step's
+line, so a resume from a checkpoint never redoes one: the steps it redoes were not logged."""
+
+from __future__ import annotations
+
+import asyncio
+from collections import defaultdict
+from dataclasses import dataclass
+
+from emoji_rl.decode.sampler import Sampler
+from emoji_rl.game.play import play
+from emoji_rl.game.types import GameSetup, Record
+from emoji_rl.lm.training import gather
+
+
+@dataclass
+class HeldOut:
+    records: list[Record]
+    sampler: Sampler
+    """Greedy, on the policy being trained (an HFSampler over the same weights)."""
+    every: int
+    before_train: bool
+
+    def due(self, step: int) -> bool:
+        """Whether the evaluation runs after optimizer step `step` (0: before the first)."""
+        if step == 0:
+            return self.before_train
+        return self.every > 0 and step % self.every == 0
+
+    def run(self, game: GameSetup, rank: int, world: int) -> dict[str, float]:
+        """Every process plays an equal share (the last record fills the shares out, so that sharded
+        weights see the same passes on every process), and all see the means of the records once each."""
+        indices = list(range(len(self.records)))
+        indices += indices[-1:] * (-len(indices) % world)
+        mine = indices[rank::world]
+        episodes = asyncio.run(play([game.make_game(self.records[i]) for i in mine], self.sampler))
+        scored = [
+            (i, {"reward": e.reward, "turns": float(len(e.turns)), **e.turns[-1].result.metrics})
+            for i, e in zip(mine, episodes, strict=True)
+        ]
+        once = dict(pair for part in gather(scored) for pair in part)
+        values: dict[str, list[float]] = defaultdict(list)
+        for metrics in once.values():
+            for key, value in metrics.items():
+                values[key].append(float(value))
+        return {f"eval/{key}": sum(v) / len(v) for key, v in sorted(values.items())}
