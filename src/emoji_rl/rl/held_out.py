@@ -1,8 +1,8 @@
 """Held-out evaluation inside GRPO (`eval_steps`, `eval_before_train`): the policy being trained plays
 its game greedily on held-out records, in process, every process its share, and the step's line of
-metrics.jsonl gets the mean of the game's own final metrics as `eval/...` (`eval/reward`, and each key
-the game's last turn reports: the retrieval game's `similarity`, Wordle's `won`). The eval stages
-(game/evaluate.py) add what needs more than the training game: distractors, baselines, intervals.
+metrics.jsonl gets the mean of the game's own final metrics as `eval/...` (`eval/reward`, `eval/turns`,
+and each key the game's last turn reports). The eval stages (game/evaluate.py) add what needs more than
+the training game: distractors, baselines, intervals.
 
 An evaluation belongs to the step after whose update it runs (0: before the first), in that step's
 line, so a resume from a checkpoint never redoes one: the steps it redoes were not logged."""
