@@ -87,7 +87,7 @@ class HFCompleter(Completer):
         self.name = name
         self.settings = settings
         self.batch_size = batch_size
-        self.stop_ids = ids_containing(tokenizer, stop_text) if stop_text else None
+        self.stop_ids = ids_containing(tokenizer, stop_text) if stop_text else frozenset()
         self.memo = memo
         self._answers: dict[tuple[tuple[tuple[str, str], ...], ...], str] = {}
 
