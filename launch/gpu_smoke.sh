@@ -6,8 +6,11 @@
 # retrieval evaluation, and reports PASS / FAIL / SKIP per stage (budget: 15 minutes). On GPUs with a
 # policy server a last stage, sampling, measures that server's tokens/s with and without the
 # rollouts' per-request seed and padding logit_bias (python -m emoji_rl.bench.sampling) and the
-# summary prints its figures. Servers are stopped on exit; every stage's output is in
-# SMOKE_DIR/<stage>.log.
+# summary prints its figures; then prefix-cache plays 32 five-turn episodes shaped like the
+# retrieval game's against it and prints the share of their prompt tokens the server read from its
+# prefix cache, and the block size it settled on (python -m emoji_rl.bench.prefix_cache; Qwen3.5's
+# blocks are 528 to 640 tokens, docs/VLLM.md §9). Servers are stopped on exit; every stage's output is
+# in SMOKE_DIR/<stage>.log.
 #
 #   launch/gpu_smoke.sh                              # this box's layout (GPUS: what nvidia-smi lists)
 #   GPUS=2 launch/gpu_smoke.sh                       # judge 0 (TP 1), trainer 1 with --engine hf
@@ -72,6 +75,13 @@ if has_server POLICY && ! on_cpu; then
   sampling_cmd=("$PYTHON" -m emoji_rl.bench.sampling --url "$policy_url" --model "$POLICY_NAME" --api_key_env POLICY_API_KEY)
 fi
 
+# The policy server's prefix-cache hit rate on multi-turn episodes and its block size: which kernels
+# a GPU runs decides the block of a hybrid model, so only a GPU gives them (make bench has the CPU's).
+prefix_cmd=()
+if has_server POLICY && ! on_cpu; then
+  prefix_cmd=("$PYTHON" -m emoji_rl.bench.prefix_cache --url "$policy_url" --model "$POLICY_NAME" --api_key_env POLICY_API_KEY)
+fi
+
 if [[ "$DRY_RUN" == 1 ]]; then
   echo "# stage judge-server: in the background, log in $SMOKE_DIR/judge-server.log"
   launch/serve_judge.sh --dry-run
@@ -90,6 +100,10 @@ if [[ "$DRY_RUN" == 1 ]]; then
     echo "# stage sampling: log in $SMOKE_DIR/sampling.log"
     print_cmd "${sampling_cmd[@]}"
   fi
+  if [[ ${#prefix_cmd[@]} -gt 0 ]]; then
+    echo "# stage prefix-cache: log in $SMOKE_DIR/prefix-cache.log"
+    print_cmd "${prefix_cmd[@]}"
+  fi
   exit 0
 fi
 
@@ -97,6 +111,7 @@ rm -rf "$SMOKE_DIR"
 mkdir -p "$SMOKE_DIR"
 stages=("${servers[@]}" grpo eval)
 [[ ${#sampling_cmd[@]} -eq 0 ]] || stages+=(sampling)
+[[ ${#prefix_cmd[@]} -eq 0 ]] || stages+=(prefix-cache)
 declare -A result=() took=()
 pids=()
 
@@ -156,6 +171,9 @@ fi
 if [[ "$servers_up" == 1 && ${#sampling_cmd[@]} -gt 0 ]]; then
   run_stage sampling "${sampling_cmd[@]}"
 fi
+if [[ "$servers_up" == 1 && ${#prefix_cmd[@]} -gt 0 ]]; then
+  run_stage prefix-cache "${prefix_cmd[@]}"
+fi
 
 failed=0
 elapsed=$((SECONDS - total))
@@ -166,6 +184,8 @@ for stage in "${stages[@]}"; do
 done
 # The sampling stage's table: seeded / plain and biased / plain tokens/s, for the first GPU run.
 [[ "${result[sampling]:-}" != PASS ]] || summary+=$'\n'$(sed -n '/^benchmark /,$p' "$SMOKE_DIR/sampling.log")
+# The prefix-cache stage's block size, per-turn table and hit rate.
+[[ "${result[prefix-cache]:-}" != PASS ]] || summary+=$'\n'$(sed -n '/^prefix cache, /,$p' "$SMOKE_DIR/prefix-cache.log")
 (( elapsed <= 900 )) || summary+=$'\n'"slow: $elapsed s, over the 15-minute budget"
 if [[ "$failed" == 0 ]]; then
   summary+=$'\n'"gpu_smoke: PASS in $elapsed s"

@@ -39,6 +39,11 @@
 #                         (max(4, K+2, POLICY_MAX_LORAS): the kept versions and the one being published)
 #   POLICY_MAX_MODEL_LEN  context length: a whole episode           (4096; 5 turns stay under 1.5K)
 #   POLICY_GPU_MEMORY     --gpu-memory-utilization, in (0, 1]       (0.90)
+#   POLICY_PREFIX_MATCH_UNIT  a hybrid model's --prefix-match-unit: its prefix-cache hits land on
+#                         multiples of this many tokens, not on whole blocks, which vLLM makes as
+#                         large as a linear-attention state (528 to 640 tokens for Qwen3.5-4B, longer
+#                         than most turns: docs/VLLM.md §9); empty: whole blocks
+#                         (16 for a hybrid model on GPUs; empty otherwise and on the CPU layout)
 #   POLICY_API_KEY        key the server requires                   (unset: none); passed as VLLM_API_KEY, never printed
 #   VLLM                  the vllm executable                       (.venv-vllm/bin/vllm if present, else vllm;
 #                         GPUS=0: .venv-vllm-engine/bin/vllm)
@@ -70,6 +75,30 @@ gpu_layout
 pick_vllm
 if on_cpu; then POLICY_MODEL=${POLICY_MODEL:-embedded:smollm2-135m-instruct}; fi
 POLICY_MODEL=$(resolve_model "${POLICY_MODEL:-Qwen/Qwen3.5-4B}")
+# Whether the model mixes attention with linear attention, whose blocks vLLM sizes to a recurrent
+# state: Qwen3.5 by its hub name, or a directory whose config.json has linear_attention layers.
+is_hybrid() {  # MODEL
+  if [[ -f "$1/config.json" ]]; then
+    grep -q '"linear_attention"' "$1/config.json"
+  else
+    local name=${1,,}
+    [[ "$name" == *qwen3.5* || "$name" == *qwen3_5* ]]
+  fi
+}
+# 16 divides every block vLLM 0.33 picks for Qwen3.5-4B on a GPU, which the unit must; the CPU
+# engine fails a seeded request (every rollout's) whose prefill it splits, and it splits each
+# prompt at its last checkpoint when the unit is set.
+if [[ -z "${POLICY_PREFIX_MATCH_UNIT+set}" ]]; then
+  POLICY_PREFIX_MATCH_UNIT=
+  if ! on_cpu && is_hybrid "$POLICY_MODEL"; then POLICY_PREFIX_MATCH_UNIT=16; fi
+fi
+prefix_flags=()
+if [[ -n "$POLICY_PREFIX_MATCH_UNIT" ]]; then
+  require_int POLICY_PREFIX_MATCH_UNIT "$POLICY_PREFIX_MATCH_UNIT" 1
+  is_hybrid "$POLICY_MODEL" \
+    || die "POLICY_PREFIX_MATCH_UNIT=$POLICY_PREFIX_MATCH_UNIT is for a hybrid model (Qwen3.5); vLLM refuses it for $POLICY_MODEL, whose hits land on whole blocks: unset it"
+  prefix_flags=(--prefix-match-unit "$POLICY_PREFIX_MATCH_UNIT")
+fi
 has_server POLICY || die "the $GPU_LAYOUT-GPU layout (GPUS=$GPUS) has no policy server: GRPO rolls out in the trainer's process (--engine hf, which launch/train_grpo.sh passes); to serve the policy anyway, set POLICY_GPUS to GPUs the judge and the trainer do not use"
 
 require_int POLICY_PORT "$POLICY_PORT" 1
@@ -99,6 +128,7 @@ cmd=(
   --logprobs-mode processed_logprobs
   --max-model-len "$POLICY_MAX_MODEL_LEN"
   --generation-config vllm
+  ${prefix_flags[@]+"${prefix_flags[@]}"}
   ${ARGS[@]+"${ARGS[@]}"}
 )
 run "${cmd[@]}"

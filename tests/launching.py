@@ -49,7 +49,10 @@ def accelerate_launch(
     launch += ["--main_process_port", str(free_port()), str(script), *args]
     # The script runs from its own directory: put the repository on the path for `tests.` imports.
     path = os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))
-    env = {**os.environ, "PYTHONPATH": path, **(env or {})}
+    # An in-process run in this test process set TORCH_NCCL_ASYNC_ERROR_HANDLING for itself
+    # (lm/processes.py): the launched job gets what the launcher gives it, as from a fresh shell.
+    inherited = {k: v for k, v in os.environ.items() if k != "TORCH_NCCL_ASYNC_ERROR_HANDLING"}
+    env = {**inherited, "PYTHONPATH": path, **(env or {})}
     with subprocess.Popen(
         launch,
         cwd=ROOT,

@@ -131,3 +131,31 @@ def test_an_unreachable_judge_server_is_named_before_any_model_loads(capsys, mon
     assert cli.main(args) == 2
     err = capsys.readouterr().err
     assert "http://127.0.0.1:9" in err and "judge server" in err and "Traceback" not in err
+
+
+def test_the_console_shows_no_line_per_http_request(capfd):
+    """A stage's console is the progress bar and what we log: httpx's line per request stays out."""
+    import httpx
+
+    handler = logging.StreamHandler()  # what cli.main's basicConfig installs: the root logger, at info
+    root = logging.getLogger()
+    level = root.level
+    for name in cli.HTTP_CLIENT_LOGGERS:  # as a fresh process has them (cli.main run before quiets them)
+        logging.getLogger(name).setLevel(logging.NOTSET)
+    root.addHandler(handler)
+    root.setLevel(logging.INFO)
+    try:
+        transport = httpx.MockTransport(lambda request: httpx.Response(200, json={"ok": True}))
+        with httpx.Client(transport=transport) as client:
+            client.get("http://policy.test/health")
+            assert "HTTP Request: GET http://policy.test/health" in capfd.readouterr().err  # httpx's own line
+            cli.quiet_http_clients()
+            client.get("http://policy.test/health")
+        assert "HTTP Request" not in capfd.readouterr().err
+        logging.getLogger("httpx").warning("a retry")  # warnings still reach the console
+        assert "a retry" in capfd.readouterr().err
+    finally:
+        root.removeHandler(handler)
+        root.setLevel(level)
+        for name in cli.HTTP_CLIENT_LOGGERS:
+            logging.getLogger(name).setLevel(logging.NOTSET)

@@ -125,3 +125,23 @@ def test_a_renamed_field_still_takes_its_old_name_on_the_command_line_and_in_yam
     path.write_text("embedder: e5\nsimilarity_model: e6\n")
     with pytest.raises(UserError, match="embedder and similarity_model name one field"):
         parse_config(Stage, ["--config", str(path)], prog="stage")
+
+
+def test_trls_spellings_are_taken_as_hf_argument_parser_takes_them(tmp_path):
+    """Dashes for underscores, `--no_FIELD`, and TRL's field names where ours differ: a TRL user's
+    command line parses as they wrote it."""
+    cfg = parse_config(Toy, ["--learning-rate", "3e-5", "--group-size", "8"], prog="toy")
+    assert (cfg.learning_rate, cfg.group_size) == (3e-5, 8)
+    path = tmp_path / "toy.yaml"
+    path.write_text("resume: true\n")
+    assert parse_config(Toy, ["--config", str(path), "--no_resume"], prog="toy").resume is False
+    assert parse_config(Toy, ["--config", str(path), "--no-resume"], prog="toy").resume is False
+
+    from emoji_rl.rl.train_config import config_for
+    from emoji_rl.sft.trl_config import Config as SftConfig
+
+    sft = parse_config(SftConfig, ["--model_name_or_path", "my/model", "--no_gradient_checkpointing"], "sft")
+    assert (sft.model, sft.gradient_checkpointing) == ("my/model", False)
+    grpo = ["--model-name-or-path", "my/model", "--per-device-train-batch-size", "2", "--no_dynamic_sampling"]
+    cfg = parse_config(config_for(grpo), grpo, prog="grpo")
+    assert (cfg.model, cfg.per_device_train_batch_size, cfg.dynamic_sampling) == ("my/model", 2, False)

@@ -11,7 +11,7 @@ import pytest
 from emoji_rl import chat, play_game
 from emoji_rl.config import parse_config
 from emoji_rl.errors import UserError
-from emoji_rl.eval import retrieval
+from emoji_rl.games.retrieval import evaluate as retrieval
 from emoji_rl.rl import train_config
 
 
@@ -92,8 +92,10 @@ def test_the_adapter_versions_kept_follow_max_off_policy_steps_unless_set(k, kee
     # launch/train_grpo.sh passes MAX_OFF_POLICY_STEPS as --max_off_policy_steps alone: the versions
     # kept must follow it, as the policy server's --max-loras max(2, K+1) does.
     argv = ["--engine", "vllm", "--max_off_policy_steps", str(k)]
-    assert parse_config(train_config.Config, argv, prog="grpo").vllm_adapter_keep == keep
-    kept = parse_config(train_config.Config, [*argv, "--vllm_adapter_keep", "6"], prog="grpo")
+    assert parse_config(train_config.config_class("retrieval"), argv, prog="grpo").vllm_adapter_keep == keep
+    kept = parse_config(
+        train_config.config_class("retrieval"), [*argv, "--vllm_adapter_keep", "6"], prog="grpo"
+    )
     assert kept.vllm_adapter_keep == 6
 
 
@@ -102,4 +104,4 @@ def test_adapter_versions_kept_set_below_the_versions_in_use_are_refused():
     with pytest.raises(
         UserError, match=re.escape("vllm_adapter_keep=2 must be >= max_off_policy_steps + 1 = 3")
     ):
-        parse_config(train_config.Config, argv, prog="grpo")
+        parse_config(train_config.config_class("retrieval"), argv, prog="grpo")

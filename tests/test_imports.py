@@ -118,11 +118,12 @@ def test_no_emoji_rl_modules_import_each_other():
 
 
 def test_games_know_the_tokenizer_and_their_partner_not_the_samplers_or_the_trainer():
-    """A game is the environment: the player (the turn loop, `game/play.py`) samples, the game never
-    does. Partners that decode (the hf judge) reach `decode/generate.py`, below the samplers."""
+    """A game is the environment: the player (the turn loop, `game/play.py`, and the evaluation path
+    that drives it, `game/evaluate.py`) samples, the game never does. Partners that decode (the hf
+    judge) reach `decode/generate.py`, below the samplers."""
     from emoji_rl import cli
 
-    players = {"emoji_rl.game.play"} | {
+    players = {"emoji_rl.game.play", "emoji_rl.game.evaluate"} | {
         module for module, _ in cli.STAGES.values()
     }  # a game's stages play it
     graph = import_graph()
@@ -135,21 +136,35 @@ def test_games_know_the_tokenizer_and_their_partner_not_the_samplers_or_the_trai
     assert not any(reaching_up.values()), {game: up for game, up in reaching_up.items() if up}
 
 
-def test_the_trainer_and_the_decoders_name_no_game():
-    """rl/ and decode/ hold any game (`game/registry.py`): no module there names one, in code or in
-    words, so that a new game needs no edit there and none reads as special."""
+def lines_naming_a_game(paths) -> list[str]:
+    """Each line of `paths` that names a registered game as a whole word, in code or in words."""
     from emoji_rl.game import registry
 
     games = re.compile(rf"\b({'|'.join(map(re.escape, registry.names()))})\b", re.IGNORECASE)
     assert {"retrieval", "wordle"} <= set(registry.names())
-    naming = [
+    return [
         f"{path.relative_to(SRC)}:{number}: {line.strip()}"
-        for folder in ("rl", "decode")
-        for path in sorted((SRC / folder).rglob("*.py"))
+        for path in paths
         for number, line in enumerate(path.read_text().splitlines(), start=1)
         if games.search(line)
     ]
+
+
+def test_the_trainer_and_the_decoders_name_no_game():
+    """rl/ and decode/ hold any game (`game/registry.py`): no module there names one, in code or in
+    words, so that a new game needs no edit there and none reads as special."""
+    naming = lines_naming_a_game(
+        path for folder in ("rl", "decode") for path in sorted((SRC / folder).rglob("*.py"))
+    )
     assert not naming, "a game named where every game is played:\n" + "\n".join(naming)
+
+
+def test_the_evaluation_path_names_no_game():
+    """The evaluation path plays any game through its hooks (`GameSpec.evaluation`): a game's
+    evaluation is in its own folder, and the path reads as the same for every game."""
+    path = ("evaluate", "evaluation", "eval_records", "compare", "intervals")
+    naming = lines_naming_a_game(SRC / "game" / f"{module}.py" for module in path)
+    assert not naming, "a game named in the evaluation path:\n" + "\n".join(naming)
 
 
 # The layers, lowest first (docs/ARCHITECTURE.md). A module imports only from its own rank or below;

@@ -7,6 +7,7 @@ from __future__ import annotations
 import contextlib
 import importlib
 import io
+import json
 import os
 import shlex
 import shutil
@@ -149,11 +150,16 @@ def test_policy_server_has_runtime_lora_xgrammar_and_the_logprobs_mode_the_sampl
             {"POLICY_MAX_LORAS": "4", "POLICY_MAX_CPU_LORAS": "2"},
             "POLICY_MAX_CPU_LORAS=2 must be an integer >= 4",
         ),
+        ({"POLICY_PREFIX_MATCH_UNIT": "0"}, "POLICY_PREFIX_MATCH_UNIT=0 must be an integer >= 1"),
+        (
+            {"POLICY_PREFIX_MATCH_UNIT": "16", "POLICY_MODEL": "org/llama-3"},
+            "POLICY_PREFIX_MATCH_UNIT=16 is for a hybrid model (Qwen3.5); vLLM refuses it for org/llama-3",
+        ),
     ],
 )
 def test_policy_server_refuses_settings_vllm_would_refuse(env, message):
     result = run("serve_policy.sh", "--dry-run", GPUS="4", **env)
-    assert result.returncode == 2 and message in result.stderr
+    assert result.returncode == 2 and result.stdout == "" and message in result.stderr
 
 
 @pytest.mark.parametrize(
@@ -191,6 +197,40 @@ def test_policy_server_refuses_fewer_loras_than_the_versions_in_use(env, message
 def test_lockstep_may_serve_one_adapter():
     [argv] = dry_run("serve_policy.sh", GPUS="4", MAX_OFF_POLICY_STEPS="0", POLICY_MAX_LORAS="1")
     assert flag(argv, "--max-loras") == "1"
+
+
+def hybrid_dir(path: Path, layer_types: list[str]) -> str:
+    path.mkdir()
+    (path / "config.json").write_text(json.dumps({"model_type": "qwen3_5_text", "layer_types": layer_types}))
+    return str(path)
+
+
+def test_a_hybrid_policy_gets_cache_hits_finer_than_its_blocks_on_gpus(tmp_path):
+    # Qwen3.5's blocks are 528, 576 or 640 tokens on a GPU, longer than most turns: without a finer unit a
+    # turn reuses nothing of the turns before it (docs/VLLM.md §9).
+    [argv] = dry_run("serve_policy.sh", GPUS="4")
+    assert flag(argv, "--prefix-match-unit") == "16"
+    assert 528 % 16 == 576 % 16 == 640 % 16 == 0  # the unit must divide every block vLLM picks (§9)
+    [argv] = dry_run("serve_policy.sh", GPUS="8", POLICY_MODEL="qwen/qwen3.5-9b")
+    assert flag(argv, "--prefix-match-unit") == "16"
+    local = hybrid_dir(tmp_path / "hybrid", ["linear_attention"] * 3 + ["full_attention"])
+    [argv] = dry_run("serve_policy.sh", GPUS="4", POLICY_MODEL=local, POLICY_PREFIX_MATCH_UNIT="64")
+    assert flag(argv, "--prefix-match-unit") == "64"
+    # Set but empty: vLLM's whole blocks.
+    [argv] = dry_run("serve_policy.sh", GPUS="4", POLICY_PREFIX_MATCH_UNIT="")
+    assert "--prefix-match-unit" not in argv
+
+
+def test_a_full_attention_policy_and_the_cpu_layout_get_no_unit(tmp_path):
+    full = hybrid_dir(tmp_path / "full", ["full_attention"] * 4)
+    for env in ({"GPUS": "4", "POLICY_MODEL": full}, {"GPUS": "4", "POLICY_MODEL": "org/llama-3"}, CPU):
+        [argv] = dry_run("serve_policy.sh", **env)
+        assert "--prefix-match-unit" not in argv, env
+    # On the CPU engine a hybrid model gets none either: a seeded rollout whose prefill is split at a
+    # checkpoint fails there (docs/VLLM.md §2).
+    hybrid = hybrid_dir(tmp_path / "hybrid", ["linear_attention", "full_attention"])
+    [argv] = dry_run("serve_policy.sh", **CPU, POLICY_MODEL=hybrid)
+    assert "--prefix-match-unit" not in argv
 
 
 # --- train_grpo.sh -------------------------------------------------------------------------------------
@@ -593,8 +633,11 @@ def test_gpu_smoke_dry_run_prints_every_stage():
     comments = [line for line in result.stdout.splitlines() if line.startswith("#")]
     assert [c.split(":")[0] for c in comments if c.startswith("# stage")] == [
         "# stage judge-server", "# stage policy-server", "# stage grpo", "# stage eval", "# stage sampling",
+        "# stage prefix-cache",
     ]  # fmt: skip
-    judge, policy, wait_judge, wait_policy, grpo, evaluate, sampling = dry_run("gpu_smoke.sh", GPUS="4")
+    judge, policy, wait_judge, wait_policy, grpo, evaluate, sampling, prefix = dry_run(
+        "gpu_smoke.sh", GPUS="4"
+    )
     assert gpus_of(judge) == {"0", "1"} and flag(judge, "--tensor-parallel-size") == "2"
     assert gpus_of(policy) == {"2"}
     assert wait_judge[1:4] == ["-m", "emoji_rl.io.endpoint", "http://127.0.0.1:8001"]
@@ -621,6 +664,15 @@ def test_gpu_smoke_dry_run_prints_every_stage():
         bench_sampling.main([*sampling[3:], "--help"])
     assert flag(sampling, "--url") == "http://127.0.0.1:8002" and flag(sampling, "--model") == "policy"
     assert flag(sampling, "--api_key_env") == "POLICY_API_KEY"
+    # The policy server's prefix-cache hit rate on multi-turn episodes and the block it settled on
+    # (docs/VLLM.md §9), by `make bench`'s own episodes: its parser takes the printed flags.
+    from emoji_rl.bench import prefix_cache as bench_prefix_cache
+
+    assert prefix[1:3] == ["-m", "emoji_rl.bench.prefix_cache"]
+    with pytest.raises(SystemExit), contextlib.redirect_stdout(io.StringIO()):
+        bench_prefix_cache.main([*prefix[3:], "--help"])
+    assert flag(prefix, "--url") == "http://127.0.0.1:8002" and flag(prefix, "--model") == "policy"
+    assert flag(prefix, "--api_key_env") == "POLICY_API_KEY"
 
 
 def test_gpu_smoke_on_two_gpus_runs_grpo_in_process_without_a_policy_server():
@@ -636,7 +688,7 @@ def test_gpu_smoke_on_two_gpus_runs_grpo_in_process_without_a_policy_server():
 
 
 def test_gpu_smoke_on_eight_gpus():
-    judge, policy, _, _, grpo, evaluate, _ = dry_run("gpu_smoke.sh", GPUS="8")
+    judge, policy, _, _, grpo, evaluate, _, _ = dry_run("gpu_smoke.sh", GPUS="8")
     assert gpus_of(judge) == {"0", "1"} and gpus_of(policy) == {"2", "3"}
     assert gpus_of(grpo) == gpus_of(evaluate) == {"4", "5", "6", "7"}
 

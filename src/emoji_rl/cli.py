@@ -47,7 +47,7 @@ STAGES: dict[str, tuple[str, str]] = {
     "debug-rollout": ("emoji_rl.rl.debug_rollout", "pretty-print logged GRPO episodes"),
     "play-game": ("emoji_rl.play_game", "play the retrieval game against the model, as sender or judge"),
     "eval-retrieval": (
-        "emoji_rl.eval.retrieval",
+        "emoji_rl.games.retrieval.evaluate",
         "base vs SFT vs RL (vs teacher, random) on held-out targets, paired intervals: table, JSON, PNG",
     ),
     "experiment-report": (
@@ -60,7 +60,10 @@ STAGES: dict[str, tuple[str, str]] = {
         "emoji_rl.games.wordle.data",
         "Wordle SFT traces from the entropy solver + RL answer splits",
     ),
-    "eval-wordle": ("emoji_rl.eval.wordle", "Wordle base vs SFT vs RL on held-out answers: table, JSON, PNG"),
+    "eval-wordle": (
+        "emoji_rl.games.wordle.evaluate",
+        "Wordle base vs SFT vs RL (vs the solver) on held-out answers, paired intervals: table, JSON, PNG",
+    ),
     "chat": ("emoji_rl.chat", "talk to a model; emoji-constrained by default"),
     "pipeline": ("emoji_rl.pipeline", "run a list of stages in order, resumable (configs/*/experiment.yaml)"),
     "selftest": (
@@ -102,6 +105,17 @@ def logging_options(environ: Mapping[str, str]) -> dict[str, object]:
         "format": f"%(asctime)s {tag}%(name)s: %(message)s",
         "datefmt": "%H:%M:%S",
     }
+
+
+HTTP_CLIENT_LOGGERS = ("httpx", "httpcore")
+
+
+def quiet_http_clients() -> None:
+    """The HTTP clients' own lines only from warnings up: httpx logs every request at info, one line per
+    rollout request on the server path (177 of 199 lines of a 5-step run), burying the progress bar.
+    Our clients say what matters themselves: a retry, a server down, the request that failed."""
+    for name in HTTP_CLIENT_LOGGERS:
+        logging.getLogger(name).setLevel(logging.WARNING)
 
 
 # Writing output failed for a reason of the machine's, not a bug: one line, no traceback.
@@ -159,6 +173,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"emoji-rl: unknown stage {stage!r}\n\n{_usage()}", file=sys.stderr)
         return 2
     logging.basicConfig(**logging_options(os.environ))
+    quiet_http_clients()
     try:
         module = importlib.import_module(STAGES[stage][0])
         cfg = parse_config(config_class(module, rest), rest, prog=f"emoji-rl {stage}")
@@ -176,7 +191,7 @@ def main(argv: list[str] | None = None) -> int:
         where = f" ({err.filename})" if err.filename else ""
         print(
             f"emoji-rl {stage}: error: {err.strerror}{where}; what was written before stays, and the stages "
-            "that resume (teacher, sft, grpo, eval-retrieval, pipeline) go on from it when rerun",
+            "that resume (teacher, sft, grpo, eval-retrieval, eval-wordle, pipeline) go on from it when rerun",
             file=sys.stderr,
         )
         return 1

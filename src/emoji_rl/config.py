@@ -7,7 +7,9 @@ Fields several stages share are declared once, in a small dataclass beside the c
 (`JudgeConfig`, `ModelConfig`, `SamplingConfig`, `SimilarityConfig`, `RetrievalConfig`), and a stage's
 Config inherits them; a stage whose default differs redeclares the field with `override`, keeping its
 help. A field renamed keeps its old name as an alias (`metadata={"aliases": (...)}`) on the command
-line and in YAML.
+line and in YAML. The command line also takes TRL's spellings, as `HfArgumentParser` does: dashes for
+underscores (`--learning-rate`), `--no_FIELD` to turn a flag off, and TRL's field names
+where ours differ (`--model_name_or_path` for `model`).
 """
 
 from __future__ import annotations
@@ -88,7 +90,19 @@ def _add_field(parser: argparse.ArgumentParser, field: dataclasses.Field, tp: An
         kwargs["default"] = field.default_factory()
     else:
         kwargs["required"] = True
-    parser.add_argument(f"--{field.name}", *(f"--{alias}" for alias in _aliases(field)), **kwargs)
+    names = [field.name, *_aliases(field)]
+    parser.add_argument(*(f"--{name}" for name in names), **kwargs)
+    # TRL's spellings, kept out of --help and of argparse's messages, which name the field as we do.
+    hidden = {**kwargs, "help": argparse.SUPPRESS}
+    hidden.pop("required", None)
+    dashed = [f"--{name.replace('_', '-')}" for name in names if "_" in name]
+    if dashed:
+        parser.add_argument(*dashed, **hidden)
+    if tp is bool:
+        # HfArgumentParser's spelling for turning a flag off (`--no_gradient_checkpointing`), for any
+        # flag: TRL's defaults differ from ours (its gradient_checkpointing is on), so users type it.
+        off = dict.fromkeys(f"--no{sep}{n.replace('_', sep)}" for n in names for sep in "_-")
+        parser.add_argument(*off, dest=field.name, action="store_false", help=argparse.SUPPRESS)
 
 
 def _aliases(field: dataclasses.Field) -> tuple[str, ...]:
@@ -188,6 +202,11 @@ def _yaml_value(path: Path, key: str, tp: Any, value: Any) -> Any:
         (item,) = get_args(tp)[:1]
         if get_origin(item) is Literal and isinstance(value, str):
             value = [value]  # one name stands for a list of one, as TRL's `report_to: wandb`
+        if get_origin(item) is Literal and not isinstance(value, list):
+            names = ", ".join(map(str, get_args(item)))
+            raise UserError(
+                f"config file {path}: {key} must be one of {names}, or a list of them; got {value!r}"
+            )
         if not isinstance(value, list):
             raise UserError(
                 f"config file {path}: {key} must be a list, e.g. {key}: [{value!r}], got {value!r}"

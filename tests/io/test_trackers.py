@@ -3,6 +3,7 @@ that does not import is named with the extras command before any work; the track
 directory keeps."""
 
 import json
+import re
 import sys
 
 import pytest
@@ -74,3 +75,33 @@ def test_the_tracker_run_is_kept_in_the_run_directory(tmp_path):
     (run_dir / STATE_FILE).write_text('{"id": "x"}')
     with pytest.raises(UserError, match=f"{STATE_FILE} is not a tracker run"):
         tracker_run(run_dir, TrackerConfig())
+
+
+@pytest.mark.parametrize("stage", STAGES)
+@pytest.mark.parametrize("project", ["team/emoji", "run#1", "what?", "100%", "a:b"])
+def test_a_project_name_wandb_refuses_is_named_when_parsed_before_anything_is_written(
+    stage, project, tmp_path
+):
+    run = tmp_path / "run"
+    argv = ["--report_to", "wandb", "--project", project, "--output_dir", str(run)]
+    refused = re.escape(f"project={project!r}: wandb refuses it (") + ".*choose another --project"
+    with pytest.raises(UserError, match=refused):
+        parse_config(stage, argv, "stage")
+    assert not run.exists()
+    assert parse_config(stage, ["--project", project], "stage").project == project  # no wandb: no rule
+
+
+@pytest.mark.parametrize("stage", STAGES)
+def test_an_empty_report_to_or_project_and_a_report_to_of_the_wrong_type_are_named(stage, tmp_path):
+    empty = tmp_path / "empty.yaml"
+    empty.write_text("report_to: []\n")
+    with pytest.raises(UserError, match="report_to is empty"):
+        parse_config(stage, ["--config", str(empty)], "stage")
+    with pytest.raises(UserError, match="project is empty"):
+        parse_config(stage, ["--project", ""], "stage")
+    number = tmp_path / "number.yaml"
+    number.write_text("report_to: 5\n")
+    with pytest.raises(
+        UserError, match=r"report_to must be one of tensorboard, .*, or a list of them; got 5$"
+    ):
+        parse_config(stage, ["--config", str(number)], "stage")

@@ -126,6 +126,9 @@ def test_each_printed_vllm_serve_command_parses_with_vllms_parser(parsed, reques
             in_use = int(env.get("MAX_OFF_POLICY_STEPS", "1")) + 1
             assert parsed_args["max_loras"] >= in_use
             assert parsed_args["max_cpu_loras"] >= parsed_args["max_loras"]
+            # Qwen3.5's prefix-cache hits finer than its blocks on GPUs; none on the CPU engine,
+            # where a split prefill fails a seeded rollout (docs/VLLM.md §9).
+            assert parsed_args["prefix_match_unit"] == (None if env["GPUS"] == "0" else 16)
 
 
 def test_the_executable_may_live_in_a_venv_and_unknown_flags_are_refused(vllm_oracle):

@@ -173,6 +173,7 @@ BENCHMARKS: dict[str, Callable[[], list[Row]]] = {
     "grpo_kl_memory": _grpo("grpo", "bench_kl_reference_memory"),
     "grpo_overlap": _grpo("overlap", "bench_overlap"),
     "engine_sampling": _grpo("sampling", "bench_engine_sampling"),
+    "engine_prefix_cache": _grpo("prefix_cache", "bench_engine_prefix_cache"),
     "play_web": bench_play_web,
 }
 

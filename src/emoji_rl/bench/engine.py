@@ -4,6 +4,7 @@ rows and the tests marked `vllm_engine` serve from."""
 
 from __future__ import annotations
 
+import argparse
 import contextlib
 import os
 import signal
@@ -15,6 +16,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import httpx
+
+from emoji_rl.io.endpoint import Endpoint
 
 ROOT = Path(__file__).resolve().parents[3]
 ENGINE_VENV = ROOT / ".venv-vllm-engine"
@@ -107,3 +110,16 @@ def start_server(
         time.sleep(2)
     server.stop()
     raise ServerFailed(f"{script} gave no answer at {server.url}/health in {START_S} s:\n{server.log_tail()}")
+
+
+def server_parser(prog: str, description: str, model_help: str) -> argparse.ArgumentParser:
+    """The arguments of a bench played against a running server (launch/gpu_smoke.sh's stages)."""
+    parser = argparse.ArgumentParser(prog=prog, description=description)
+    parser.add_argument("--url", required=True, help="the server's base URL, e.g. http://127.0.0.1:8002")
+    parser.add_argument("--model", default="policy", help=model_help)
+    parser.add_argument("--api_key_env", default=None, help="environment variable holding its key")
+    return parser
+
+
+def server_endpoint(args: argparse.Namespace) -> Endpoint:
+    return Endpoint(args.url, args.api_key_env, timeout_s=600.0)

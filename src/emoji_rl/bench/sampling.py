@@ -25,7 +25,6 @@ GPU's policy server, where a step takes tens of milliseconds:
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import random
 import subprocess
@@ -35,7 +34,7 @@ from pathlib import Path
 
 import httpx
 
-from emoji_rl.bench.engine import ENGINE_VENV, engine_env, start_server
+from emoji_rl.bench.engine import ENGINE_VENV, engine_env, server_endpoint, server_parser, start_server
 from emoji_rl.bench.row import Row, print_rows
 from emoji_rl.emoji.sender_prompts import sender_messages
 from emoji_rl.errors import UserError
@@ -190,17 +189,15 @@ def bench_engine_sampling() -> list[Row]:
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(
-        prog="python -m emoji_rl.bench.sampling",
-        description="Tokens/s of a running vLLM server with and without the rollouts' seed and padding bias.",
+    parser = server_parser(
+        "python -m emoji_rl.bench.sampling",
+        "Tokens/s of a running vLLM server with and without the rollouts' seed and padding bias.",
+        "the served model name to sample from",
     )
-    parser.add_argument("--url", required=True, help="the server's base URL, e.g. http://127.0.0.1:8002")
-    parser.add_argument("--model", default="policy", help="the served model name to sample from")
-    parser.add_argument("--api_key_env", default=None, help="environment variable holding its key")
     parser.add_argument("--rows", type=int, default=ROWS, help="requests at once")
     parser.add_argument("--repeats", type=int, default=REPEATS, help="runs of each arm; the fastest counts")
     args = parser.parse_args(argv)
-    endpoint = Endpoint(args.url, args.api_key_env, timeout_s=600.0)
+    endpoint = server_endpoint(args)
     print_rows(arm_rows(measure(endpoint, args.model, args.rows, args.repeats), args.rows, "server"))
 
 

@@ -45,7 +45,7 @@ class PrefixPlan:
     """Per cluster, the number of leading tokens its rows share (0: a row on its own)."""
 
 
-def _common_length(a: Sequence[int], b: Sequence[int]) -> int:
+def common_length(a: Sequence[int], b: Sequence[int]) -> int:
     n = 0
     for x, y in zip(a, b, strict=False):
         if x != y:
@@ -78,7 +78,7 @@ def plan_prefixes(prompts: Sequence[Sequence[int]], min_saving: float = MIN_SAVI
         return None
     order = sorted(range(n), key=lambda i: tuple(prompts[i]))
     shared = [
-        min(_common_length(prompts[a], prompts[b]), len(prompts[a]) - 1, len(prompts[b]) - 1)
+        min(common_length(prompts[a], prompts[b]), len(prompts[a]) - 1, len(prompts[b]) - 1)
         for a, b in pairwise(order)
     ]
     best, best_tokens = None, prefill_tokens(prompts, None) * (1 - min_saving)

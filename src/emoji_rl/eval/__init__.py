@@ -1,1 +1,2 @@
-"""The evaluation stages (eval-retrieval, eval-wordle, eval-human, experiment-report, judge-check, reward-check) and what only they share: comparisons, bootstrap intervals, the records log."""
+"""The evaluation stages that are no game's evaluation (eval-human, experiment-report, judge-check,
+reward-check); a game's evaluation stage lives with the game and runs the path in game/evaluate.py."""

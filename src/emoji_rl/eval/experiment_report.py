@@ -26,8 +26,9 @@ from pathlib import Path
 
 from emoji_rl.emoji.stats import compliant_emoji, most_common_share, repeat_share
 from emoji_rl.errors import UserError
-from emoji_rl.eval.compare import comparisons, final_guess, sent_texts
-from emoji_rl.eval.intervals import verdict
+from emoji_rl.game.compare import comparisons
+from emoji_rl.game.intervals import verdict
+from emoji_rl.games.retrieval.evaluation import COMPARED, final_guess, sent_texts
 from emoji_rl.io.jsonl import Record, read_jsonl, write_text
 from emoji_rl.io.report import line_figure
 from emoji_rl.pipeline import read_marker
@@ -133,7 +134,7 @@ def differences(retrieval: Record, cfg: Config) -> list[Record]:
     present = {r["system"] for r in retrieval["records"]}
     pairs = [spec.partition(":")[::2] for spec in cfg.compare]
     wanted = [(a, b) for a, b in pairs if a in present and b in present]
-    return comparisons(retrieval["records"], wanted, cfg.resamples, cfg.seed)
+    return comparisons(retrieval["records"], wanted, COMPARED, cfg.resamples, cfg.seed)
 
 
 def differences_table(rows: Sequence[Record]) -> str:

@@ -2,8 +2,9 @@
 
 A game is a `GameSpec`: its name, its own config fields (a `GameConfig` dataclass, which `grpo --game
 NAME` adds to the trainer's fields), and `setup`, which builds what the trainer plays from the whole
-config (`GameSetup`: a builder of games, the records, the constraint the policy samples under). The
-trainer, the decoders and the evaluation name no game: they hold a `GameSpec`.
+config (`GameSetup`: a builder of games, the records, the constraint the policy samples under), and
+optionally `evaluation`, its hooks into the evaluation path (game/evaluation.py). The trainer, the
+decoders and the evaluation name no game: they hold a `GameSpec`.
 
 The registry reads the entry-point group `emoji_rl.games` (each entry point names a `GameSpec`), so an
 installed package adds a game without editing this one; the built-in games (emoji_rl/games/) are
@@ -22,6 +23,7 @@ from emoji_rl.config import Checked
 from emoji_rl.errors import UserError
 
 if TYPE_CHECKING:
+    from emoji_rl.game.evaluation import Evaluation
     from emoji_rl.game.types import GameSetup
     from emoji_rl.lm.models import Runtime
 
@@ -65,6 +67,8 @@ class GameSpec:
     setup: Callable[[Any, GameContext], GameSetup]
     """setup(cfg, context): the game's `GameSetup` from the whole config (the trainer's fields and
     the game's)."""
+    evaluation: Evaluation | None = None
+    """How `evaluate` plays and reports the game on held-out records (None: it has no evaluation)."""
 
 
 _registered: dict[str, GameSpec] = {}

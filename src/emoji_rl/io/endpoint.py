@@ -221,6 +221,80 @@ def request_sync(
     raise _gave_up(endpoint, url, outcome)
 
 
+PREFIX_CACHE_METRICS = ("vllm:prefix_cache_queries_total", "vllm:prefix_cache_hits_total")
+"""vLLM 0.33's prefix-cache counters on /metrics, in prompt tokens: those a new request looked up and
+those it found cached (v1/metrics/loggers.py, `PrometheusStatLogger`: counters named
+`vllm:prefix_cache_queries` and `vllm:prefix_cache_hits`, which prometheus_client exposes with the
+suffix `_total`), one sample per engine (label `engine`: a data-parallel replica) and served name."""
+_SAMPLE = re.compile(r"(?P<name>[A-Za-z_:][A-Za-z0-9_:]*)(?:\{.*\})?\s+(?P<value>\S+)(?:\s+\S+)?")
+"""One sample line of the Prometheus text format: `name{labels} value [timestamp]`. Label values may
+hold spaces and braces (`vllm:cache_config_info` carries the cache config's fields as labels), so the
+labels end at the last `}` before the value."""
+
+
+@dataclass(frozen=True)
+class PrefixCache:
+    """A server's prefix-cache counters, summed over its engines."""
+
+    queries: int
+    hits: int
+
+    @property
+    def rate(self) -> float:
+        """Hits over queries: the share of looked-up prompt tokens the server did not compute."""
+        return self.hits / self.queries if self.queries else 0.0
+
+    def __sub__(self, earlier: PrefixCache) -> PrefixCache:
+        """What the counters grew by since `earlier`: the requests served in between."""
+        return PrefixCache(self.queries - earlier.queries, self.hits - earlier.hits)
+
+
+def prefix_cache_counters(metrics: str) -> PrefixCache:
+    """The prefix-cache counters of a Prometheus text page (a vLLM server's /metrics), summed over
+    its samples; a `UserError` naming what is missing when it has none, as a page not vLLM's has not."""
+    totals = dict.fromkeys(PREFIX_CACHE_METRICS, 0.0)
+    found = set()
+    for line in metrics.splitlines():
+        sample = _SAMPLE.fullmatch(line.strip())
+        if sample and sample["name"] in totals:
+            totals[sample["name"]] += float(sample["value"])
+            found.add(sample["name"])
+    missing = [name for name in PREFIX_CACHE_METRICS if name not in found]
+    if missing:
+        raise UserError(
+            f"no {' or '.join(missing)} on the metrics page: is it a vLLM 0.33 server's /metrics?"
+        )
+    queries, hits = (round(totals[name]) for name in PREFIX_CACHE_METRICS)
+    return PrefixCache(queries, hits)
+
+
+CACHE_CONFIG_INFO = "vllm:cache_config_info"
+"""vLLM's cache config as the labels of one gauge on /metrics (`CacheConfig.metrics_info`), among them
+`block_size` (the attention block the engine settled on, a hybrid model's alignment included) and
+`prefix_match_unit`."""
+_LABEL = re.compile(r'(?P<key>[A-Za-z_][A-Za-z0-9_]*)="(?P<value>(?:[^"\\]|\\.)*)"')
+
+
+def cache_config(metrics: str) -> dict[str, str]:
+    """The labels of the first `vllm:cache_config_info` sample of a /metrics page ({} without one)."""
+    for line in metrics.splitlines():
+        if line.startswith(CACHE_CONFIG_INFO + "{"):
+            return {m["key"]: m["value"] for m in _LABEL.finditer(line)}
+    return {}
+
+
+def read_metrics(endpoint: Endpoint) -> str:
+    """The server's /metrics page (vLLM serves it without a key: only /v1 and a few other paths are
+    guarded, entrypoints/serve/middleware/authenticate.py)."""
+    with httpx.Client(timeout=endpoint.timeout_s) as client:
+        return request_sync(client, endpoint, "GET", "/metrics").text
+
+
+def read_prefix_cache(endpoint: Endpoint) -> PrefixCache:
+    """The server's prefix-cache counters now."""
+    return prefix_cache_counters(read_metrics(endpoint))
+
+
 def wait_for_server(
     url: str,
     what: str = "the server",

@@ -35,13 +35,30 @@ def _holder(fd: int) -> str:
         time.sleep(0.02)
     if not text:
         return "a process that has not written its PID yet"
-    pid, host = text[0], text[1] if len(text) > 1 else "?"
+    # What the file holds is shown, not trusted: another program's bytes (NUL, escapes) stay off the terminal.
+    pid, host = (_printable(word) for word in (text[0], text[1] if len(text) > 1 else "?"))
     return f"PID {pid}" if host == socket.gethostname() else f"PID {pid} on host {host}"
+
+
+def _printable(word: str) -> str:
+    return "".join(c if c.isprintable() else "?" for c in word[:64])
+
+
+def _open(path: Path, what: str) -> int:
+    """The lock file, never through a link: as root, following one would truncate whatever it names."""
+    try:
+        return os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o644)
+    except OSError as err:
+        if err.errno == errno.ELOOP:
+            raise UserError(f"{what}: {path} is a symbolic link, not a lock file; remove it") from None
+        if err.errno == errno.EISDIR:
+            raise UserError(f"{what}: {path} is a directory, not a lock file; remove it") from None
+        raise
 
 
 def _acquire(path: Path, what: str) -> int:
     while True:
-        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+        fd = _open(path, what)
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:

@@ -50,6 +50,27 @@ class TrackerConfig:
     )
 
 
+def check_trackers(trackers: TrackerConfig) -> None:
+    """A training stage's trackers checked where its config is, before any work (its __post_init__):
+    each named one imports (`resolve`), and the names a run is logged under are ones they take."""
+    if not trackers.project.strip():
+        raise UserError("project is empty: the wandb and trackio project a run is logged under needs a name")
+    if "wandb" in resolve(trackers.report_to):
+        _check_wandb_names(trackers.project, trackers.run_name)
+
+
+def _check_wandb_names(project: str, run_name: str | None) -> None:
+    """The project name as wandb itself checks it (its Settings), here rather than after the model has
+    loaded; trackers.json keeps a run's names, so a name wandb refuses must never reach it."""
+    import wandb
+    from wandb.errors import UsageError
+
+    try:
+        wandb.Settings(project=project, run_name=run_name)
+    except (UsageError, ValueError) as err:
+        raise UserError(f"project={project!r}: wandb refuses it ({err}); choose another --project") from None
+
+
 def _require(name: str) -> None:
     try:
         importlib.import_module(name)
@@ -63,6 +84,8 @@ def resolve(report_to: Sequence[str]) -> tuple[str, ...]:
     """The trackers `report_to` names, checked before any work: `none` alone means none, `all` means
     those installed (tensorboard always), and each named one must import."""
     names = tuple(dict.fromkeys(report_to))
+    if not names:
+        raise UserError("report_to is empty: name the trackers (tensorboard, wandb, trackio, all), or none")
     if "none" in names:
         if len(names) > 1:
             raise UserError(f"report_to: none means no tracker, so it stands alone; got {' '.join(names)}")

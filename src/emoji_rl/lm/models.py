@@ -52,7 +52,11 @@ class ModelConfig:
     """The `model` field of every stage that loads a causal LM (the sender, or the model trained)."""
 
     model: str = field(
-        default=SMOLLM2, metadata={"help": "base model spec: hub id, local directory or embedded:NAME"}
+        default=SMOLLM2,
+        metadata={
+            "help": "base model spec: hub id, local directory or embedded:NAME",
+            "aliases": ("model_name_or_path",),  # TRL's name for it
+        },
     )
 
 

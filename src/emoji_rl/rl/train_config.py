@@ -15,7 +15,7 @@ from emoji_rl.config import override, peek
 from emoji_rl.decode.sampler import SamplingConfig
 from emoji_rl.game import registry
 from emoji_rl.io.endpoint import ServerWaitConfig
-from emoji_rl.io.trackers import TrackerConfig, resolve
+from emoji_rl.io.trackers import TrackerConfig, check_trackers
 from emoji_rl.lm.models import ModelConfig
 from emoji_rl.lm.processes import ProcessConfig
 from emoji_rl.rl import grpo
@@ -193,7 +193,7 @@ class TrainConfig(SamplingConfig, ProcessConfig, ModelConfig, TrackerConfig, Ser
 
     def __post_init__(self) -> None:
         super().__post_init__()
-        resolve(self.report_to)  # a tracker that does not import is named before any work
+        check_trackers(self)  # a tracker that does not import, or a name it refuses, before any work
         if self.batch_size < 1:
             raise ValueError(f"batch_size={self.batch_size} must be >= 1 (prompts per step)")
         if self.group_size < 2:

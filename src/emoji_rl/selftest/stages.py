@@ -39,15 +39,18 @@ def lora_model(runtime: models.Runtime, layers: int, rank: int) -> torch.nn.Modu
 
 @check("lora-step")
 def lora_step(cfg: Config, runtime: models.Runtime) -> Result:
-    """One LoRA training step (peft) through Qwen3_5ForCausalLM with a left-padded row: loss and
-    gradients finite, and the peak memory it took."""
+    """One LoRA training step (peft) through Qwen3_5ForCausalLM with a right-padded row, as the
+    trainers pad (rl/batch.py, TRL's collator): loss and gradients finite, and the peak memory it took."""
     cuda = is_cuda(runtime)
     model = lora_model(runtime, LORA_LAYERS, rank=16)
     trained = [p for p in model.parameters() if p.requires_grad]
     optimizer = torch.optim.AdamW(trained, lr=1e-3)
     ids = torch.randint(QWEN3_5_4B["vocab_size"], (2, 64), device=runtime.device)
     mask = torch.ones_like(ids)
-    mask[1, :16] = 0
+    # Right, not left: a left-padded row's first queries see no key at all, and cuDNN's SDPA backward
+    # returns NaN for such a row in bf16 (an H200, torch 2.11+cu130: docs/gpu/selftest-2026-11-28-h200.md).
+    # No training batch of ours has one; generation left-pads but takes no gradient.
+    mask[1, -16:] = 0
     losses = []
     # bf16 base weights, peft's fp32 LoRA weights, under autocast: as accelerate's bf16 mixed precision.
     bf16 = runtime.dtype == torch.bfloat16
@@ -66,15 +69,25 @@ def lora_step(cfg: Config, runtime: models.Runtime) -> Result:
     else:
         peak_mb, _ = peak_rss_above_now(step)
         memory = f"peak RSS {peak_mb:.0f} MB above the built model"
-    finite = all(p.grad is not None and bool(p.grad.isfinite().all()) for p in trained)
+    named = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
+    missing = [n for n, p in named if p.grad is None]
+    broken = [n for n, p in named if p.grad is not None and not bool(p.grad.isfinite().all())]
     moved = sum(int(p.grad.count_nonzero()) > 0 for p in trained if p.grad is not None)
     shape = f"{LORA_LAYERS} layers, hidden {model.config.hidden_size}, vocab {model.config.vocab_size:,}"
     figure = (
         f"{shape}, {dtype_name(runtime.dtype)} + {dtype_name(trained[0].dtype)} LoRA ({len(trained)} tensors, "
         f"{moved} with gradient), attention {model.config._attn_implementation}: loss {losses[0]:.2f}, {memory}"
     )
-    ok = math.isfinite(losses[0]) and finite and moved > 0
-    return Result("PASS" if ok else "FAIL", figure if ok else f"non-finite loss or gradients: {figure}")
+    ok = math.isfinite(losses[0]) and not missing and not broken and moved > 0
+    if ok:
+        return Result("PASS", figure)
+    # Which tensors, by name: a FAIL that only counts them leaves the next run to find them.
+    where = "; ".join(
+        f"{what}: {', '.join(names[:6])}{' ...' if len(names) > 6 else ''}"
+        for what, names in (("no gradient", missing), ("non-finite gradient", broken))
+        if names
+    )
+    return Result("FAIL", f"{figure}; {where or 'non-finite loss or no gradient moved'}")
 
 
 # --- the sft and grpo stages on a small random Qwen3.5 ---------------------------------------------
@@ -146,6 +159,26 @@ def save_stage_model(runtime: models.Runtime, directory: Path) -> str:
     write_jsonl(directory / "sft.jsonl", [{"messages": chat} for chat in chats])
     write_jsonl(directory / "rl.jsonl", [{"target": t} for t in TARGETS])
     return str(directory / "model")
+
+
+# all-MiniLM-L6-v2's shape (the retrieval game's similarity model), random, on the byte tokenizer: the
+# embedded MiniLM is a 90 MB package a GPU box without a registry may lack, and the grpo check tests the
+# trainer, not the embedder's weights.
+MINILM = dict(hidden_size=384, num_hidden_layers=6, num_attention_heads=12, intermediate_size=1536)
+
+
+def save_stage_embedder(directory: Path) -> str:
+    """A random BERT of MiniLM's shape with the byte tokenizer, saved where sentence-transformers loads
+    it (mean pooling, as MiniLM's own); its path, for the grpo stage's similarity_model."""
+    from transformers import BertConfig, BertModel
+
+    tokenizer = byte_tokenizer()
+    tokenizer.model_max_length = 512
+    config = BertConfig(vocab_size=len(tokenizer), max_position_embeddings=512, **MINILM)
+    torch.manual_seed(0)
+    BertModel(config).save_pretrained(directory / "embedder")
+    tokenizer.save_pretrained(directory / "embedder")
+    return str(directory / "embedder")
 
 
 def _metrics(run: Path) -> list[dict]:
@@ -232,8 +265,8 @@ SAMPLER_GAP_BOUND = 0.05
 
 @check("grpo-steps")
 def grpo_steps(cfg: Config, runtime: models.Runtime) -> Result:
-    """`emoji-rl grpo` with the in-process (hf) engine under the emoji grammar and the lexicon judge,
-    FIRST_STEPS steps then one resumed: the loss finite, the adapter written, the resumed run at the
+    """`emoji-rl grpo` with the in-process (hf) engine under the emoji grammar, the lexicon judge and a
+    random embedder of MiniLM's shape, FIRST_STEPS steps then one resumed: the loss finite, the adapter written, the resumed run at the
     right step, the sampler-vs-trainer log-prob gap within SAMPLER_GAP_BOUND; peak memory reported."""
     need_module("sentence_transformers", "the grpo stage's similarity")
     _stages_device(runtime)
@@ -249,6 +282,7 @@ def grpo_steps(cfg: Config, runtime: models.Runtime) -> Result:
             output_dir=str(directory / "grpo"),
             engine="hf",
             judge="lexicon",
+            similarity_model=save_stage_embedder(directory),
             batch_size=2,
             group_size=2,
             max_turns=1,

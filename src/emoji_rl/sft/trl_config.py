@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Literal
 import yaml
 
 from emoji_rl.errors import UserError
-from emoji_rl.io.trackers import TrackerConfig, resolve
+from emoji_rl.io.trackers import TrackerConfig, check_trackers, resolve
 from emoji_rl.lm import lora, models
 from emoji_rl.lm.processes import ProcessConfig
 from emoji_rl.sft.data import Overlong
@@ -133,7 +133,7 @@ class Config(ProcessConfig, models.ModelConfig, TrackerConfig):
     )
 
     def __post_init__(self) -> None:
-        resolve(self.report_to)  # a tracker that does not import is named before any work
+        check_trackers(self)  # a tracker that does not import, or a name it refuses, before any work
         for name in ("learning_rate", "lora_r", "lora_alpha", "max_length", "per_device_train_batch_size"):
             if getattr(self, name) <= 0:
                 raise ValueError(f"{name}={getattr(self, name)} must be > 0")

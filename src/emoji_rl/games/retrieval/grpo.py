@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 from emoji_rl.game.registry import GameContext, GameSpec
 from emoji_rl.game.similarity import ContrastConfig, SimilarityConfig
 from emoji_rl.game.types import GameSetup
+from emoji_rl.games.retrieval.evaluation import EVALUATION
 from emoji_rl.games.retrieval.game import RetrievalConfig
 from emoji_rl.games.retrieval.judge_config import JudgeConfig
 from emoji_rl.io.jsonl import read_records
@@ -62,4 +63,5 @@ GAME = GameSpec(
     "the sender writes emoji, a frozen judge guesses the message, MiniLM scores the guess",
     Config,
     setup,
+    EVALUATION,
 )

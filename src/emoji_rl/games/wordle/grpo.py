@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from emoji_rl.config import override
 from emoji_rl.game.registry import GameConfig, GameContext, GameSpec
 from emoji_rl.game.types import EpisodeGroup, GameSetup
+from emoji_rl.games.wordle.evaluation import EVALUATION
 from emoji_rl.games.wordle.game import MAX_TURNS
 from emoji_rl.io.jsonl import read_records
 
@@ -66,4 +67,5 @@ GAME = GameSpec(
     "the policy guesses a five-letter word in six tries from the board's feedback",
     Config,
     setup,
+    EVALUATION,
 )

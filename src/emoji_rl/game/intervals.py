@@ -20,7 +20,7 @@ class Interval:
 
 
 def verdict(low: float | None, high: float | None) -> str:
-    """Where an interval lies against 0: what a reader takes from a difference."""
+    """Where an interval lies against 0: what a difference says."""
     if low is not None and low > 0:
         return "above 0"
     if high is not None and high < 0:

@@ -10,9 +10,13 @@ from emoji_rl.decode import senders
 from emoji_rl.emoji.alphabet import parse_message
 from emoji_rl.emoji.sender_prompts import sender_messages
 from emoji_rl.errors import UserError
-from emoji_rl.eval import compare, retrieval, retrieval_records
+from emoji_rl.game import compare, eval_records, evaluate
 from emoji_rl.game.similarity import Similarity
+from emoji_rl.games.retrieval import evaluate as retrieval
+from emoji_rl.games.retrieval import evaluation as retrieval_records
 from emoji_rl.lm import models
+
+RECORDS_LOG = "retrieval_records.jsonl"  # where eval-retrieval appends its records
 
 
 def test_compare_defaults_to_adjacent_systems_and_checks_names():
@@ -54,11 +58,11 @@ def test_reference_examples_keep_only_the_systems_without_an_adapter_to_the_firs
     base, sft = senders.System("base", "base"), senders.System("sft", "adapter", "runs/sft/adapter")
     teacher = senders.System("teacher", "teacher", "sft_test.jsonl")
     answers = ["🍕", None, "🎂", "🔑", "🎬"]
-    assert retrieval_records.played_indices(sft, None, 5, 2) == [0, 1, 2, 3, 4]
-    assert retrieval_records.played_indices(base, None, 5, 2) == [0, 1]
-    assert retrieval_records.played_indices(teacher, answers, 5, 3) == [0, 2]  # and only where it answered
-    assert retrieval_records.played_indices(teacher, answers, 5, 0) == [0, 2, 3, 4]  # 0: every target
-    assert retrieval_records.played_indices(base, None, 5, 9) == [0, 1, 2, 3, 4]
+    assert eval_records.played_indices(sft, None, 5, 2) == [0, 1, 2, 3, 4]
+    assert eval_records.played_indices(base, None, 5, 2) == [0, 1]
+    assert eval_records.played_indices(teacher, answers, 5, 3) == [0, 2]  # and only where it answered
+    assert eval_records.played_indices(teacher, answers, 5, 0) == [0, 2, 3, 4]  # 0: every target
+    assert eval_records.played_indices(base, None, 5, 9) == [0, 1, 2, 3, 4]
     with pytest.raises(ValueError, match="reference_examples=-1"):
         retrieval.Config(reference_examples=-1)
 
@@ -217,7 +221,7 @@ def test_teacher_and_random_through_the_same_judge_with_paired_differences(tmp_p
 def batches(monkeypatch):
     """Each sender batch `play`ed: its size and one torch draw, as a sampled sender or judge would make
     first; `batches.fail_at = n` makes the n-th batch raise, as running out of memory would."""
-    real = retrieval.play
+    real = evaluate.play
 
     class Batches(list):
         fail_at = 0
@@ -230,7 +234,7 @@ def batches(monkeypatch):
             raise RuntimeError("CUDA out of memory")
         return real(games, sender)
 
-    monkeypatch.setattr(retrieval, "play", play)
+    monkeypatch.setattr(evaluate, "play", play)
     return played
 
 
@@ -243,7 +247,7 @@ def fixed_systems_args(tmp_path):
 
 
 def log_lines(out):
-    return [json.loads(line) for line in (out / retrieval_records.RECORDS_LOG).read_text().splitlines()]
+    return [json.loads(line) for line in (out / RECORDS_LOG).read_text().splitlines()]
 
 
 def test_records_are_logged_as_played_and_a_rerun_plays_only_the_missing_games(
@@ -277,7 +281,7 @@ def test_records_are_logged_as_played_and_a_rerun_plays_only_the_missing_games(
     capsys.readouterr()
     assert cli.main([*args, "--output_dir", str(out)]) == 0
     assert batches == uninterrupted[4:]
-    assert f"reusing 7 records from {out / retrieval_records.RECORDS_LOG}" in capsys.readouterr().out
+    assert f"reusing 7 records from {out / RECORDS_LOG}" in capsys.readouterr().out
     assert json.loads((out / "retrieval.json").read_text()) == json.loads(
         (whole / "retrieval.json").read_text()
     )
@@ -296,7 +300,7 @@ def test_a_rerun_of_another_config_is_refused_and_a_cut_off_last_line_is_redone(
     out = tmp_path / "report"
     assert cli.main([*args, "--output_dir", str(out)]) == 0
     report = json.loads((out / "retrieval.json").read_text())
-    log = out / retrieval_records.RECORDS_LOG
+    log = out / RECORDS_LOG
     complete = log.read_bytes()
 
     # Killed while writing random's last record: half a line, no newline. The rerun drops it with a

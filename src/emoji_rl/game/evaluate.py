@@ -1,0 +1,265 @@
+"""The one evaluation path: systems x held-out records, played through a game in each of its modes
+(`game/play.py`), each system's row of the game's own final metrics, and the differences between
+systems as paired bootstrap intervals; a table, NAME.json and NAME.png (io/report.py). A game comes
+in through its hooks (`GameSpec.evaluation`, game/evaluation.py); its stage is its Config and a call
+of `evaluate`.
+
+Differences can be believed because every system plays the same records, in the same batches, each
+batch's draws seeded by its first record. Each game is appended to NAME_records.jsonl as its batch
+ends, under a first line holding what the games depend on (game/eval_records.py): a rerun with the
+same config plays only the games missing there, and one with another config is refused.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from functools import partial
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import torch
+from tqdm.auto import tqdm
+
+from emoji_rl.decode.sampler import HFSampler, Sample, Sampler
+from emoji_rl.decode.senders import System, parse_systems
+from emoji_rl.errors import DataError, UserError
+from emoji_rl.game.compare import LEVEL, compare_pairs, comparisons, format_comparisons
+from emoji_rl.game.eval_records import (
+    batch_seed,
+    fingerprint,
+    logged_records,
+    played_indices,
+    record_ids,
+    system_fingerprint,
+    unplayed_batches,
+)
+from emoji_rl.game.evaluation import EvalConfig, EvalSetup, Evaluation, ModelSender, Report, Scripted
+from emoji_rl.game.play import play
+from emoji_rl.io.jsonl import AppendLog, Record, read_jsonl, write_json
+from emoji_rl.io.report import bar_figure, format_table
+from emoji_rl.lm import models, template
+from emoji_rl.lm.adapters import active_system, load_systems
+
+if TYPE_CHECKING:
+    from emoji_rl.game.registry import GameSpec
+
+
+class ScriptedSender:
+    """A scripted system's sampler for the games of the records `batch`: each game's replies in turn,
+    encoded as a model's turn ends (the stop token). Games are asked for in order on their first turn;
+    after that each is known by its sample of the turn before, which carries its place in its script."""
+
+    def __init__(self, tokenizer: Any, replies: Sequence[Sequence[str] | None], batch: Sequence[int]) -> None:
+        self.tokenizer = tokenizer
+        self.stop = template.stop_token_id(tokenizer)
+        self.scripts = [replies[i] for i in batch]
+        self.started = 0
+
+    async def sample(
+        self, prompts: Sequence[tuple[int, ...]], previous: Sequence[Sample | None] | None = None
+    ) -> list[Sample]:
+        places = []
+        for before in previous or [None] * len(prompts):
+            if before is None:
+                places.append((self.started, 0))
+                self.started += 1
+            else:
+                game, turn = before.resume
+                places.append((game, turn + 1))
+        samples = []
+        for game, turn in places:
+            script = self.scripts[game] if game < len(self.scripts) else None
+            if script is None or turn >= len(script):
+                raise RuntimeError(
+                    f"a scripted system was asked for turn {turn + 1} of game {game + 1}, past its replies"
+                )
+            ids = self.tokenizer(script[turn], add_special_tokens=False)["input_ids"]
+            samples.append(Sample((*ids, self.stop), (), resume=(game, turn)))
+        return samples
+
+
+def model_sampler(model: torch.nn.Module, tokenizer: Any, sender: ModelSender, batch_size: int) -> Sampler:
+    """A model system's sampler (one for all of them: the adapter is switched under it)."""
+    return HFSampler(
+        model,
+        tokenizer,
+        sender.constraint,
+        sender.temperature,
+        sender.max_new_tokens,
+        batch_size,
+        sender.min_emoji,
+        sender.max_emoji,
+        sender.num_beams,
+        sender.guidance_scale,
+        sender.unconditional,
+    )
+
+
+def held_out(cfg: EvalConfig, hooks: Evaluation) -> list[Record]:
+    """The held-out records (the first `max_examples`), each with the string field the game reads."""
+    records = read_jsonl(cfg.data, hint=hooks.hint)
+    if cfg.max_examples:
+        records = records[: cfg.max_examples]
+    for number, record in enumerate(records, 1):
+        if not isinstance(record.get(hooks.field), str):
+            raise DataError(cfg.data, number, f"record has no string `{hooks.field}`")
+    return records
+
+
+def named_systems(cfg: EvalConfig, scripted: Mapping[str, Scripted]) -> dict[str, System | Scripted]:
+    """Every system by name, in the report's order: the game's scripted ones, and models for the rest."""
+    senders = parse_systems([s for s in cfg.systems if s.partition("=")[0] not in scripted])
+    systems: dict[str, System | Scripted] = {}
+    for name in cfg.system_names():
+        if name in scripted:
+            systems[name] = scripted[name]
+        elif name not in senders:
+            raise ValueError(
+                f"system {name!r}: the config names it, but it is no model and the game's setup made no "
+                f"scripted system of that name (it made {sorted(scripted)})"
+            )
+        else:
+            path = senders[name]
+            systems[name] = System(name, "base" if path is None else "adapter", path)
+    return systems
+
+
+def replies(system: System | Scripted) -> Sequence[object] | None:
+    return system.replies if isinstance(system, Scripted) else None
+
+
+def evaluate(spec: GameSpec, cfg: EvalConfig) -> None:
+    """Play every system on the held-out records in every mode of `spec`'s game; write the report."""
+    hooks = spec.evaluation
+    if hooks is None:
+        raise UserError(f"game {spec.name!r} has no evaluation: its GameSpec holds no `evaluation` hooks")
+    stage = f"eval-{hooks.name}"
+    records = held_out(cfg, hooks)
+    ids = record_ids(records, cfg.data)
+    runtime = models.pick_runtime()
+    tokenizer = models.load_tokenizer(cfg.model)
+    setup = hooks.setup(cfg, records, tokenizer, runtime)
+    systems = named_systems(cfg, setup.scripted)
+    pairs = compare_pairs(cfg.compare, systems)
+    plan = {
+        (name, mode): played_indices(system, replies(system), len(records), cfg.reference_examples)
+        for name, system in systems.items()
+        for mode in setup.games
+        if not isinstance(system, Scripted) or system.modes is None or mode in system.modes
+    }
+    depends = fingerprint(
+        [ids, [r[hooks.field] for r in records]],
+        {name: system_fingerprint(system, replies(system)) for name, system in systems.items()},
+        {key: getattr(cfg, key) for key in cfg.result_fields},
+    )
+    with AppendLog(Path(cfg.output_dir) / f"{hooks.name}_records.jsonl") as log:
+        run = Run(cfg, hooks, setup, records, ids, log, logged_records(log, depends))
+        reused = sum(
+            run.logged_key(name, mode, i) in run.logged
+            for (name, mode), played in plan.items()
+            for i in played
+        )
+        if reused:
+            print(f"{stage}: reusing {reused} records from {log.path}, playing the rest", flush=True)
+        senders = {name: s.path for name, s in systems.items() if isinstance(s, System)}
+        model = load_systems(models.load_causal_lm(cfg.model, runtime), senders) if senders else None
+        sampler = model_sampler(model, tokenizer, setup.sender, cfg.batch_size) if model is not None else None
+        rows: list[Record] = []
+        kept: list[Record] = []
+        for name, system in systems.items():
+            for mode in setup.games:
+                if (name, mode) not in plan:
+                    assert isinstance(system, Scripted)
+                    rows.append({"system": name, "mode": mode, "n": 0, "note": system.note})
+                    continue
+                start = time.perf_counter()
+                indices = plan[name, mode]
+                if isinstance(system, Scripted):
+                    played = run.play(name, mode, indices, partial(ScriptedSender, tokenizer, system.replies))
+                else:
+                    assert model is not None and sampler is not None
+                    with active_system(model, name, system.path):
+                        played = run.play(name, mode, indices, lambda b: sampler)
+                mine = [run.logged[run.logged_key(name, mode, i)] for i in indices]
+                kept.extend(mine)
+                rows.append({"system": name, "mode": mode, "n": len(mine), **hooks.summarize(mine, cfg)})
+                print(
+                    f"{stage}: {name} {mode}-turn: {hooks.headline} {rows[-1][hooks.headline]:.3f} "
+                    f"({len(mine)} {hooks.unit}s, {played} played in {time.perf_counter() - start:.0f} s)",
+                    flush=True,
+                )
+    compared = comparisons(kept, pairs, hooks.compared, cfg.resamples, cfg.seed)
+    write_report(Path(cfg.output_dir), hooks, setup.report, rows, compared, kept)
+
+
+@dataclass
+class Run:
+    """One evaluation's games as they are played: what the log holds, and how more are added to it."""
+
+    cfg: EvalConfig
+    hooks: Evaluation
+    setup: EvalSetup
+    records: Sequence[Record]
+    ids: Sequence[str]
+    log: AppendLog
+    logged: dict[tuple[str, str, str], Record]
+
+    def logged_key(self, name: str, mode: str, index: int) -> tuple[str, str, str]:
+        return name, mode, self.ids[index]
+
+    def play(
+        self, name: str, mode: str, indices: Sequence[int], sender: Callable[[Sequence[int]], Sampler]
+    ) -> int:
+        """Play the games of one system in one mode that the log lacks, a batch at a time (`sender`
+        gives a batch's sampler) under a progress bar that shows the game's headline; each batch's
+        records go to the log as it ends. Returns how many games the log lacked."""
+        done = {i for i in indices if self.logged_key(name, mode, i) in self.logged}
+        batches = unplayed_batches(indices, self.cfg.batch_size, done)
+        headline = self.hooks.compared[self.hooks.headline]
+        values = [headline(self.logged[self.logged_key(name, mode, i)]) for i in sorted(done)]
+        with tqdm(total=sum(map(len, batches)), desc=f"{name} {mode}-turn", unit=self.hooks.unit) as bar:
+            for batch in batches:
+                torch.manual_seed(batch_seed(self.cfg.seed, batch[0]))
+                games = [self.setup.games[mode](self.records[i]) for i in batch]
+                episodes = asyncio.run(play(games, sender(batch)))
+                for i, fields in zip(batch, self.setup.score(batch, episodes), strict=True):
+                    key = self.logged_key(name, mode, i)
+                    # A batch cut short by a crash is replayed whole; what it logged stands.
+                    if key not in self.logged:
+                        self.logged[key] = {"system": name, "mode": mode, "id": key[2], **fields}
+                        self.log.append(self.logged[key])
+                    values.append(headline(self.logged[key]))
+                bar.update(len(batch))
+                bar.set_postfix_str(f"{self.hooks.headline} {sum(values) / len(values):.3f}")
+        return len(indices) - len(done)
+
+
+def write_report(
+    out: Path,
+    hooks: Evaluation,
+    report: Report,
+    rows: list[Record],
+    compared: list[Record],
+    played: list[Record],
+) -> None:
+    path = out / f"{hooks.name}.json"
+    write_json(path, {**report.header, "rows": rows, "comparisons": compared, "records": played})
+    figure = bar_figure(
+        rows,
+        report.figure,
+        group=report.group,
+        series="system",
+        title=report.title,
+        path=out / f"{hooks.name}.png",
+    )
+    print(f"\n{report.heading}\n" if report.heading else "")
+    print(format_table([report.cells(r) for r in rows], report.columns) + "\n")
+    if compared:
+        print(f"differences, mean over the same {hooks.unit}s with {LEVEL:.0%} paired bootstrap intervals:")
+        print(format_comparisons(compared, hooks.unit) + "\n")
+    if report.note:
+        print(report.note)
+    print(f"report: {path}\nplot:   {figure}")
