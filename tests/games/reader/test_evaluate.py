@@ -6,14 +6,12 @@ the shared path's, tested in tests/game/test_evaluate.py.)"""
 import json
 
 import pytest
-import torch
 
 from emoji_rl import cli
 from emoji_rl.emoji.sender_prompts import sender_messages
 from emoji_rl.errors import DataError
 from emoji_rl.game.registry import load
 from emoji_rl.games.reader.evaluate import Config
-from emoji_rl.lm import models
 
 MESSAGES = {
     "Let's get pizza and watch a movie tonight": "🍕 🎬 🌃",
@@ -42,18 +40,10 @@ def test_the_reader_game_has_its_evaluation_and_compares_each_adapter_with_the_b
 
 
 @pytest.mark.slow
-def test_eval_reader_plays_base_and_an_adapter_and_compares_them(tmp_path, capsys):
-    from peft import LoraConfig, get_peft_model
-
-    torch.manual_seed(0)
-    base = models.load_causal_lm(models.SMOLLM2, models.pick_runtime("cpu"))
-    noisy = get_peft_model(
-        base, LoraConfig(r=4, target_modules=["q_proj", "v_proj"], init_lora_weights=False)
-    )
-    noisy.save_pretrained(tmp_path / "adapter")
+def test_eval_reader_plays_base_and_an_adapter_and_compares_them(tmp_path, capsys, noisy_adapter):
     out = tmp_path / "report"
     argv = ["eval-reader", "--data", split(tmp_path / "sft_test.jsonl"), "--output_dir", str(out)]
-    argv += ["--systems", "base", f"noisy={tmp_path / 'adapter'}", "--max_turns", "2", "--tau", "0.99"]
+    argv += ["--systems", "base", f"noisy={noisy_adapter}", "--max_turns", "2", "--tau", "0.99"]
     argv += ["--max_new_tokens", "16", "--partner_max_new_tokens", "24", "--contrast_messages", "2"]
     assert cli.main(argv) == 0
     report = json.loads((out / "reader.json").read_text())

@@ -22,8 +22,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from emoji_rl.config import override
+from emoji_rl.decode.sampler import SamplingConfig
 from emoji_rl.decode.senders import parse_systems
-from emoji_rl.emoji.alphabet import MAX_EMOJI, MIN_EMOJI
 from emoji_rl.errors import UserError
 from emoji_rl.game.evaluate import evaluate
 from emoji_rl.game.evaluation import EvalConfig
@@ -38,15 +38,9 @@ MAX_NEW_TOKENS = 32
 
 
 @dataclass
-class Config(EvalConfig, ReaderConfig, PartnerConfig, SimilarityConfig, ContrastConfig):
+class Config(EvalConfig, ReaderConfig, PartnerConfig, SimilarityConfig, ContrastConfig, SamplingConfig):
     """Evaluate readers on the reader's seat: base vs adapters, paired intervals of the differences."""
 
-    systems: list[str] = field(
-        default_factory=lambda: [BASE],
-        metadata={
-            "help": "readers to compare: `base`, or NAME=ADAPTER_DIR (e.g. rl=runs/reader-grpo/adapter)"
-        },
-    )
     compare: list[str] = field(
         default_factory=list,
         metadata={
@@ -68,14 +62,12 @@ class Config(EvalConfig, ReaderConfig, PartnerConfig, SimilarityConfig, Contrast
         help="times the final guess's mean similarity to contrast_messages held-out messages, subtracted "
         "in the reward (0: the reward is the similarity)",
     )
-    temperature: float = field(
-        default=0.0, metadata={"help": "the reader's sampling temperature; 0 = greedy", "min": 0.0}
+    temperature: float = override(
+        SamplingConfig, "temperature", 0.0, help="the reader's sampling temperature; 0 = greedy"
     )
-    max_new_tokens: int = field(
-        default=MAX_NEW_TOKENS, metadata={"help": "token budget of one guess", "min": 1}
+    max_new_tokens: int = override(
+        SamplingConfig, "max_new_tokens", MAX_NEW_TOKENS, help="token budget of one guess"
     )
-    min_emoji: int = field(default=MIN_EMOJI, metadata={"help": "fewest emoji in a valid message", "min": 1})
-    max_emoji: int = field(default=MAX_EMOJI, metadata={"help": "most emoji in a valid message", "min": 1})
 
     result_fields = (
         "model",
