@@ -130,3 +130,20 @@ def word_level_tokenizer() -> PreTrainedTokenizerFast:
 @pytest.fixture(scope="session")
 def tokenizer_without_eos() -> PreTrainedTokenizerFast:
     return _word_level_tokenizer(eos=False)
+
+
+@pytest.fixture(scope="session")
+def noisy_adapter(tmp_path_factory):
+    """A LoRA adapter on SmolLM2 initialized at random (not as a no-op), saved where an evaluation's
+    NAME=ADAPTER_DIR reads it: a system that plays unlike the base."""
+    import torch
+    from peft import LoraConfig, get_peft_model
+
+    from emoji_rl.lm import models
+
+    torch.manual_seed(0)
+    base = models.load_causal_lm(models.SMOLLM2, models.pick_runtime("cpu"))
+    lora = LoraConfig(r=4, target_modules=["q_proj", "v_proj"], init_lora_weights=False)
+    path = tmp_path_factory.mktemp("noisy") / "adapter"
+    get_peft_model(base, lora).save_pretrained(path)
+    return path

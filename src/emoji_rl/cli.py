@@ -64,6 +64,10 @@ STAGES: dict[str, tuple[str, str]] = {
         "emoji_rl.games.wordle.evaluate",
         "Wordle base vs SFT vs RL (vs the solver) on held-out answers, paired intervals: table, JSON, PNG",
     ),
+    "eval-reader": (
+        "emoji_rl.games.reader.evaluate",
+        "the reader's seat: base vs RL readers on held-out messages, paired intervals: table, JSON, PNG",
+    ),
     "chat": ("emoji_rl.chat", "talk to a model; emoji-constrained by default"),
     "pipeline": ("emoji_rl.pipeline", "run a list of stages in order, resumable (configs/*/experiment.yaml)"),
     "selftest": (

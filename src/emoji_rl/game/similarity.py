@@ -1,7 +1,8 @@
 """How close a text comes to a message: MiniLM cosine similarity (docs/DESIGN.md §3), which the games
 that guess messages score with (the retrieval game's judge, the reader); retrieval@1, which asks
 whether a guess is closer to its own target than to any other; and how well a guess fits messages in
-general (`Background`), which a contrast term charges.
+general (`Background`), which a contrast term charges (`ContrastConfig`: its weight and sample); and
+both for concurrent games (`GuessScorer`).
 
 The embedder is built once by the caller (`models.load_embedder`) and passed in; these functions do
 no I/O and read no config.
@@ -9,12 +10,16 @@ no I/O and read no config.
 
 from __future__ import annotations
 
+import random
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 import torch
 
+from emoji_rl.config import Checked
+from emoji_rl.game.batching import MicroBatcher
 from emoji_rl.lm.models import MINILM
 
 if TYPE_CHECKING:
@@ -122,3 +127,66 @@ class Background:
             return []
         skip = torch.tensor([[message == target for message in self.messages] for target in targets])
         return mean_similarity(self.similarity.embed(guesses), self.vectors, skip).tolist()
+
+
+class GuessScorer:
+    """`await scorer((target, guess))` -> (similarity, background: 0 without a `Background`), shared by
+    every game of a run: the pairs awaited in one event-loop pass are embedded in one call
+    (`MicroBatcher`), so the B x G games of a step make one embedding call per turn."""
+
+    def __init__(self, similarity: Similarity, background: Background | None = None) -> None:
+        self.similarity = similarity
+        self.background = background
+        self.seconds = 0.0
+        """Spent scoring since the start (a step's share is logged as `time/...`)."""
+        self._batcher: MicroBatcher[tuple[str, str], tuple[float, float]] = MicroBatcher(self._score)
+
+    async def __call__(self, pair: tuple[str, str]) -> tuple[float, float]:
+        return await self._batcher(pair)
+
+    @property
+    def batch_sizes(self) -> list[int]:
+        """The pairs of each embedding call so far, in order."""
+        return self._batcher.batch_sizes
+
+    async def _score(self, pairs: Sequence[tuple[str, str]]) -> list[tuple[float, float]]:
+        start = time.perf_counter()
+        targets, guesses = [t for t, _ in pairs], [g for _, g in pairs]
+        scores = self.similarity.similarity(targets, guesses)
+        backgrounds = self.background.score(targets, guesses) if self.background else [0.0] * len(pairs)
+        self.seconds += time.perf_counter() - start
+        return list(zip(scores, backgrounds, strict=True))
+
+
+@dataclass
+class ContrastConfig(Checked):
+    """The contrast term of a game whose guess is scored against its message (docs/DESIGN.md §3): its
+    weight, and how many training messages measure how generic a guess is."""
+
+    contrast: float = field(
+        default=0.0,
+        metadata={
+            "help": "times the final guess's mean similarity to contrast_messages other training targets, "
+            "subtracted: a guess that fits any message earns no more than one that fits none (0: off; the "
+            "original had none)"
+        },
+    )
+    contrast_messages: int = field(
+        default=64, metadata={"help": "training targets drawn (seeded) to measure how generic a guess is"}
+    )
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if self.contrast < 0 or self.contrast_messages < 1:
+            raise ValueError(
+                f"contrast={self.contrast} must be >= 0 and contrast_messages={self.contrast_messages} >= 1"
+            )
+
+    def background(self, similarity: Similarity, targets: Sequence[str], seed: int) -> Background | None:
+        """The sample a guess's background is measured on: contrast_messages of `targets`, drawn with
+        `seed` (the run's, so a resume draws the same); None when the term is off."""
+        if self.contrast == 0:
+            return None
+        return Background(
+            similarity, random.Random(seed).sample(list(targets), min(self.contrast_messages, len(targets)))
+        )

@@ -348,15 +348,7 @@ def test_the_judge_reads_the_same_emoji_the_same_way_at_temperature_0(smollm2_mo
 
 
 @pytest.mark.slow
-def test_eval_retrieval_compares_systems(tmp_path, capsys):
-    from peft import LoraConfig, get_peft_model
-
-    torch.manual_seed(0)
-    base = models.load_causal_lm(models.SMOLLM2, models.pick_runtime("cpu"))
-    adapter = get_peft_model(
-        base, LoraConfig(r=4, target_modules=["q_proj", "v_proj"], init_lora_weights=False)
-    )
-    adapter.save_pretrained(tmp_path / "adapter")
+def test_eval_retrieval_compares_systems(tmp_path, capsys, noisy_adapter):
     data = tmp_path / "eval.jsonl"
     targets = [
         f"let's meet at the {place} at {hour} o'clock"
@@ -370,7 +362,7 @@ def test_eval_retrieval_compares_systems(tmp_path, capsys):
             "eval-retrieval",
             "--systems",
             "base",
-            f"noisy={tmp_path / 'adapter'}",
+            f"noisy={noisy_adapter}",
             "--data",
             str(data),
             "--judge",

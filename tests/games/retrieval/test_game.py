@@ -4,8 +4,8 @@ import asyncio
 
 import pytest
 from tests.floats import F64
+from tests.games.scripted import ScriptedSampler
 
-from emoji_rl.decode.sampler import Sample
 from emoji_rl.emoji.sender_prompts import sender_messages
 from emoji_rl.game.play import play
 from emoji_rl.game.similarity import Background, Similarity
@@ -13,24 +13,6 @@ from emoji_rl.games.retrieval.game import RetrievalBuilder, RetrievalRules
 from emoji_rl.games.retrieval.judge import LexiconJudge
 from emoji_rl.games.retrieval.reward import RewardWeights, terminal_reward
 from emoji_rl.lm import models, template
-
-
-class ScriptedSampler:
-    """Answers turn t of every episode with the t-th scripted text, tokenized, plus end of turn."""
-
-    def __init__(self, tokenizer, script, end_turn=True):
-        self.tokenizer, self.script, self.end_turn = tokenizer, script, end_turn
-        self.prompts, self.previous, self.samples = [], [], []
-
-    async def sample(self, prompts, previous=None):
-        self.prompts.append(list(prompts))
-        self.previous.append(list(previous))
-        text = self.script[len(self.prompts) - 1]
-        ids = tuple(self.tokenizer(text, add_special_tokens=False)["input_ids"])
-        if self.end_turn:
-            ids += (template.stop_token_id(self.tokenizer),)
-        self.samples.append([Sample(ids, tuple(-1.0 for _ in ids)) for _ in prompts])
-        return self.samples[-1]
 
 
 @pytest.fixture(scope="module")

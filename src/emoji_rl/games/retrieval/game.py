@@ -17,7 +17,7 @@ from emoji_rl.emoji.sender_prompts import correction_message, sender_messages
 from emoji_rl.game.batching import MicroBatcher
 from emoji_rl.game.chat import ChatGame
 from emoji_rl.game.registry import GameConfig
-from emoji_rl.game.similarity import Background, Similarity
+from emoji_rl.game.similarity import Background, GuessScorer, Similarity
 from emoji_rl.game.types import StepResult
 from emoji_rl.games.retrieval.judge import Guess, Judge, JudgeInput
 from emoji_rl.games.retrieval.reward import RewardWeights, terminal_reward
@@ -136,26 +136,21 @@ class RetrievalBuilder:
     ) -> None:
         self.tokenizer = tokenizer
         self.judge = judge
-        self.similarity = similarity
         self.rules = rules
-        self.background = background
-        self.seconds = {"judge": 0.0, "similarity": 0.0}
+        self.judge_seconds = 0.0
         self._ask_judge: MicroBatcher[JudgeInput, Guess] = MicroBatcher(self._judge_batch)
-        self._score: MicroBatcher[tuple[str, str], tuple[float, float]] = MicroBatcher(self._score_batch)
+        self._score = GuessScorer(similarity, background)
+
+    @property
+    def seconds(self) -> dict[str, float]:
+        """Spent in the judge and in scoring since the start."""
+        return {"judge": self.judge_seconds, "similarity": self._score.seconds}
 
     async def _judge_batch(self, inputs: Sequence[JudgeInput]) -> list[Guess]:
         start = time.perf_counter()
         guesses = await self.judge.guess(inputs)
-        self.seconds["judge"] += time.perf_counter() - start
+        self.judge_seconds += time.perf_counter() - start
         return guesses
-
-    async def _score_batch(self, pairs: Sequence[tuple[str, str]]) -> list[tuple[float, float]]:
-        start = time.perf_counter()
-        targets, guesses = [t for t, _ in pairs], [g for _, g in pairs]
-        scores = self.similarity.similarity(targets, guesses)
-        backgrounds = self.background.score(targets, guesses) if self.background else [0.0] * len(pairs)
-        self.seconds["similarity"] += time.perf_counter() - start
-        return list(zip(scores, backgrounds, strict=True))
 
     def __call__(self, record: dict[str, str]) -> RetrievalGame:
         return RetrievalGame(record["target"], self.tokenizer, self._ask_judge, self._score, self.rules)

@@ -5,11 +5,10 @@ the reward's weights."""
 
 from __future__ import annotations
 
-import random
 from dataclasses import dataclass, field
 
 from emoji_rl.game.registry import GameContext, GameSpec
-from emoji_rl.game.similarity import SimilarityConfig
+from emoji_rl.game.similarity import ContrastConfig, SimilarityConfig
 from emoji_rl.game.types import GameSetup
 from emoji_rl.games.retrieval.evaluation import EVALUATION
 from emoji_rl.games.retrieval.game import RetrievalConfig
@@ -18,7 +17,7 @@ from emoji_rl.io.jsonl import read_records
 
 
 @dataclass
-class Config(RetrievalConfig, JudgeConfig, SimilarityConfig):
+class Config(RetrievalConfig, JudgeConfig, SimilarityConfig, ContrastConfig):
     """The retrieval game's GRPO fields: train_data holds `target` (emoji-rl rl-prompts)."""
 
     success_bonus: float = field(default=0.5, metadata={"help": "reward added when similarity >= tau"})
@@ -27,28 +26,11 @@ class Config(RetrievalConfig, JudgeConfig, SimilarityConfig):
     repetition_penalty: float = field(
         default=0.3, metadata={"help": "times (1 - unique/total emoji); the original: none"}
     )
-    contrast: float = field(
-        default=0.0,
-        metadata={
-            "help": "times the final guess's mean similarity to contrast_messages other training targets, "
-            "subtracted: a guess that fits any message earns no more than one that fits none (0: the original)"
-        },
-    )
-    contrast_messages: int = field(
-        default=64, metadata={"help": "training targets drawn (seeded) to measure how generic a guess is"}
-    )
-
-    def __post_init__(self) -> None:
-        super().__post_init__()
-        if self.contrast < 0 or self.contrast_messages < 1:
-            raise ValueError(
-                f"contrast={self.contrast} must be >= 0 and contrast_messages={self.contrast_messages} >= 1"
-            )
 
 
 def setup(cfg, context: GameContext) -> GameSetup:
     from emoji_rl.emoji.constraint import compile_emoji_grammar
-    from emoji_rl.game.similarity import Background, Similarity
+    from emoji_rl.game.similarity import Similarity
     from emoji_rl.games.retrieval.game import RetrievalBuilder, RetrievalRules
     from emoji_rl.games.retrieval.reward import RewardWeights
     from emoji_rl.lm import models
@@ -63,11 +45,7 @@ def setup(cfg, context: GameContext) -> GameSetup:
         cfg.success_bonus, cfg.turn_cost, cfg.format_penalty, cfg.repetition_penalty, cfg.contrast
     )
     rules = RetrievalRules(cfg.max_turns, cfg.tau, cfg.min_emoji, cfg.max_emoji, weights)
-    background = None
-    if cfg.contrast > 0:
-        targets = [r["target"] for r in records]
-        sample = random.Random(cfg.seed).sample(targets, min(cfg.contrast_messages, len(targets)))
-        background = Background(similarity, sample)
+    background = cfg.background(similarity, [r["target"] for r in records], cfg.seed)
     builder = RetrievalBuilder(context.tokenizer, judge, similarity, rules, background)
     return GameSetup(
         builder,
