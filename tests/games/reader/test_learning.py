@@ -7,6 +7,7 @@ import pytest
 import torch
 from tests.games.scripted import ScriptedSender
 
+from emoji_rl.decode.generate import Decoding
 from emoji_rl.decode.sampler import HFSampler
 from emoji_rl.game.play import play
 from emoji_rl.game.similarity import GuessScorer, Similarity
@@ -49,7 +50,7 @@ def test_grpo_raises_the_readers_similarity(tmp_path, embedder):
     torch.manual_seed(0)  # the fresh adapter's initialization
     tokenizer = models.load_tokenizer(cfg.model)
     policy = build_policy(cfg.model, models.pick_runtime("cpu"), None, None, cfg.lora_r, cfg.lora_alpha)
-    sampler = HFSampler(policy, tokenizer, "none", 1.0, cfg.max_new_tokens, 32)
+    sampler = HFSampler(policy, tokenizer, Decoding("none", 1.0, cfg.max_new_tokens, 32))
     # One turn: the sender is never asked, so a scripted one that knows nothing will do.
     builder = ReaderBuilder(
         tokenizer, Partner(ScriptedSender([])), GuessScorer(Similarity(embedder)), ReaderRules(max_turns=1)

@@ -85,6 +85,7 @@ def played_records(records: Sequence[Record], path: str, min_emoji: int, max_emo
 
 
 def setup(cfg: Any, records: Sequence[Record], tokenizer: Any, runtime: Runtime) -> EvalSetup:
+    from emoji_rl.decode.generate import Decoding
     from emoji_rl.game.similarity import GuessScorer, Similarity
     from emoji_rl.games.reader.game import ReaderBuilder, ReaderRules
     from emoji_rl.lm import models
@@ -134,7 +135,7 @@ def setup(cfg: Any, records: Sequence[Record], tokenizer: Any, runtime: Runtime)
     )
     return EvalSetup(
         {MODE: lambda record: builder(reader_record(record, cfg.min_emoji, cfg.max_emoji))},
-        ModelSender("none", cfg.temperature, cfg.max_new_tokens),
+        ModelSender(Decoding("none", cfg.temperature, cfg.max_new_tokens)),
         {},
         lambda indices, episodes: [
             game_record(e, played[i]["target"]) for e, i in zip(episodes, indices, strict=True)
