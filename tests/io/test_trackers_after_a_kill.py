@@ -1,8 +1,8 @@
 """Every tracker holds every step once after a real kill -9 and a resume: the stage run as a user runs
-it (`emoji-rl sft` / `grpo` in its own process group), killed once it has logged a step past its last
-checkpoint, then resumed; wandb's offline files, trackio's store and TensorBoard's events read back.
-wandb and trackio keep what they have not written yet in memory, so the kill drops it: the resume
-sends again what each lacks (io/metrics.py)."""
+it (`emoji-rl sft` / `grpo` in its own process group), killed between checkpoints, just after one or
+while one is being written, then resumed; wandb's offline files, trackio's store and TensorBoard's
+events read back. wandb and trackio keep what they have not written yet in memory, so the kill drops
+it: the resume sends again what each lacks (io/metrics.py)."""
 
 from __future__ import annotations
 
@@ -52,6 +52,21 @@ def _logged(metrics: Path, step: int) -> bool:
     return any(line.endswith("}") and json.loads(line)["step"] >= step for line in lines)
 
 
+def _moment(stage: str, moment: str, run: Path) -> bool:
+    """Whether the run has reached the moment to be killed at: a step logged past its last checkpoint,
+    the step-2 checkpoint just written, or that checkpoint being written (a moment of milliseconds:
+    missed, the kill lands just after it, still between checkpoints)."""
+    if moment == "between checkpoints":
+        return _logged(run / "metrics.jsonl", KILL_AFTER)
+    if stage == "sft":
+        written = (run / "checkpoint-2" / "trainer_state.json").is_file()
+        return written if moment == "after a checkpoint" else (run / "checkpoint-2").is_dir()
+    latest = run / "checkpoints" / "latest"
+    if moment == "after a checkpoint":
+        return latest.is_file() and latest.read_text().strip() == "step-000002"
+    return (run / "checkpoints" / ".step-000002.tmp").is_dir() or latest.is_file()
+
+
 def _tensorboard_steps(run: Path, key: str) -> list[int]:
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
@@ -60,8 +75,16 @@ def _tensorboard_steps(run: Path, key: str) -> list[int]:
     return [event.step for event in events.Scalars(key)]
 
 
-@pytest.mark.parametrize("stage", ["sft", "grpo"])
-def test_every_tracker_holds_every_step_once_after_a_kill_between_checkpoints(tmp_path, stage):
+@pytest.mark.parametrize(
+    ("stage", "moment"),
+    [
+        ("sft", "between checkpoints"),
+        ("sft", "during a save"),
+        ("grpo", "between checkpoints"),
+        ("grpo", "after a checkpoint"),
+    ],
+)
+def test_every_tracker_holds_every_step_once_after_a_kill(tmp_path, stage, moment):
     run = tmp_path / "run"
     command = [sys.executable, "-m", "emoji_rl.cli", *_stage_args(stage, tmp_path), "--output_dir", str(run),
                "--max_steps", str(STEPS), "--save_steps", "2", "--report_to", "tensorboard", "wandb", "trackio"]  # fmt: skip
@@ -72,10 +95,10 @@ def test_every_tracker_holds_every_step_once_after_a_kill_between_checkpoints(tm
     log = (tmp_path / "killed.log").open("w")
     killed = subprocess.Popen(command, cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)  # fmt: skip
     deadline = time.monotonic() + 600
-    while not _logged(run / "metrics.jsonl", KILL_AFTER):
+    while not _moment(stage, moment, run):
         assert killed.poll() is None, (tmp_path / "killed.log").read_text()[-3000:]
-        assert time.monotonic() < deadline, "the run logged no step 3 in 10 minutes"
-        time.sleep(0.1)
+        assert time.monotonic() < deadline, f"the run did not reach {moment!r} in 10 minutes"
+        time.sleep(0.01)
     os.killpg(killed.pid, signal.SIGKILL)  # the stage, wandb's own process, trackio's threads: all at once
     killed.wait()
 
