@@ -10,6 +10,7 @@ line, so a resume from a checkpoint never redoes one: the steps it redoes were n
 from __future__ import annotations
 
 import asyncio
+import time
 from collections import defaultdict
 from dataclasses import dataclass
 
@@ -22,8 +23,11 @@ from emoji_rl.lm.training import gather
 @dataclass
 class HeldOut:
     records: list[Record]
+    game: GameSetup
     sampler: Sampler
     """Greedy, on the policy being trained (an HFSampler over the same weights)."""
+    rank: int
+    world: int
     every: int
     before_train: bool
 
@@ -33,13 +37,15 @@ class HeldOut:
             return self.before_train
         return self.every > 0 and step % self.every == 0
 
-    def run(self, game: GameSetup, rank: int, world: int) -> dict[str, float]:
+    def run(self) -> dict[str, float]:
         """Every process plays an equal share (the last record fills the shares out, so that sharded
-        weights see the same passes on every process), and all see the means of the records once each."""
+        weights see the same passes on every process), and all see the means of the records once each,
+        with the seconds it took (`time/eval_s`)."""
+        start = time.perf_counter()
         indices = list(range(len(self.records)))
-        indices += indices[-1:] * (-len(indices) % world)
-        mine = indices[rank::world]
-        episodes = asyncio.run(play([game.make_game(self.records[i]) for i in mine], self.sampler))
+        indices += indices[-1:] * (-len(indices) % self.world)
+        mine = indices[self.rank :: self.world]
+        episodes = asyncio.run(play([self.game.make_game(self.records[i]) for i in mine], self.sampler))
         scored = [
             (i, {"reward": e.reward, "turns": float(len(e.turns)), **e.turns[-1].result.metrics})
             for i, e in zip(mine, episodes, strict=True)
@@ -49,4 +55,5 @@ class HeldOut:
         for metrics in once.values():
             for key, value in metrics.items():
                 values[key].append(float(value))
-        return {f"eval/{key}": sum(v) / len(v) for key, v in sorted(values.items())}
+        means = {f"eval/{key}": sum(v) / len(v) for key, v in sorted(values.items())}
+        return {**means, "time/eval_s": time.perf_counter() - start}

@@ -87,7 +87,7 @@ def train(
     checkpoints and the adapter."""
     trainer, state, checkpoint = Trainer.start(cfg, policy, game.state, weight_sync is not None)
     rollouts = schedule(cfg, trainer, game, sampler, weight_sync, state, checkpoint)
-    held_out = _held_out(cfg, policy, tokenizer, game)
+    held_out = _held_out(cfg, policy, tokenizer, game, trainer.accelerator)
     try:
         rollouts.start()
         return _loop(cfg, trainer, game, tokenizer, rollouts, state, held_out)
@@ -117,10 +117,9 @@ def _loop(
     rollouts_log = AppendLog(run_dir / ROLLOUTS_FILE) if is_main else main_only()
     with metrics_log as writer, rollouts_log as rollout_log:
         if held_out is not None and state.step == 0 and held_out.due(0) and not _logged_at_start(run_dir):
-            start = time.perf_counter()
-            before = held_out.run(game, trainer.accelerator.process_index, trainer.accelerator.num_processes)
+            before = held_out.run()
             if writer is not None:
-                writer.write(0, {**before, "time/eval_s": time.perf_counter() - start})
+                writer.write(0, before)
         steps = range(state.step, cfg.max_steps)
         bar = tqdm(steps, initial=state.step, total=cfg.max_steps, desc="grpo", disable=not is_main)
         for step in bar:
@@ -152,10 +151,7 @@ def _loop(
             metrics["time/step_s"] = time.perf_counter() - start
             state.step = step + 1
             if held_out is not None and held_out.due(state.step):
-                eval_start = time.perf_counter()
-                accelerator = trainer.accelerator
-                metrics.update(held_out.run(game, accelerator.process_index, accelerator.num_processes))
-                metrics["time/eval_s"] = time.perf_counter() - eval_start
+                metrics.update(held_out.run())
             if writer is not None:
                 writer.write(state.step, metrics)
                 if cfg.log_completions:
@@ -174,17 +170,22 @@ def _loop(
     return state
 
 
-def _held_out(cfg: TrainConfig, policy: PeftModel, tokenizer, game: GameSetup) -> HeldOut | None:
+def _held_out(cfg: TrainConfig, policy: PeftModel, tokenizer, game: GameSetup, accelerator) -> HeldOut | None:
     """The held-out evaluation `eval_steps` and `eval_before_train` ask for (None: neither): greedy,
-    in process on the weights being trained, whichever engine samples the rollouts."""
+    in process on the weights being trained, whichever engine samples the rollouts, decoded in chunks
+    of the rollouts' size."""
     if not (cfg.eval_steps or cfg.eval_before_train):
         return None
     assert cfg.eval_data is not None  # TrainConfig checks it
     records = read_jsonl(cfg.eval_data, hint="the game's held-out records (eval_data)")
     records = records[: cfg.eval_max_examples or None]
     constraint = "grammar" if game.constraint else "none"
-    decoding = cfg.decoding(constraint=constraint, temperature=0.0, batch_size=len(records))
-    return HeldOut(records, HFSampler(policy, tokenizer, decoding), cfg.eval_steps, cfg.eval_before_train)
+    decoding = cfg.decoding(
+        constraint=constraint, temperature=0.0, batch_size=cfg.batch_size * cfg.group_size
+    )
+    sampler = HFSampler(policy, tokenizer, decoding)
+    rank, world = accelerator.process_index, accelerator.num_processes
+    return HeldOut(records, game, sampler, rank, world, cfg.eval_steps, cfg.eval_before_train)
 
 
 def _logged_at_start(run_dir: Path) -> bool:
