@@ -2,7 +2,7 @@
 
 import pytest
 
-from emoji_rl.bench.step_times import overlap_ratios, step_times
+from emoji_rl.bench.step_times import balancing_padding, overlap_ratios, step_times
 
 
 def line(step, rollout, update, wait, total):
@@ -34,3 +34,14 @@ def test_the_two_ratios_against_lockstep_and_against_its_slower_side():
 def test_a_run_with_nothing_after_the_warm_up_is_an_error():
     with pytest.raises(ValueError, match="no steps after the 2 of warm-up: 2 steps"):
         step_times([line(1, 1, 1, 1, 2), line(2, 1, 1, 1, 2)], warmup=2)
+
+
+def test_the_padding_where_update_meets_rollouts_on_two_lockstep_probes():
+    bare = step_times([line(3, 8.0, 4.0, 8.0, 12.0)], warmup=2)
+    # 100 words: update 4 -> 6 s, rollouts 8 -> 8.5 s; they close 1.5 s per 100 words, 4 s apart
+    padded = step_times([line(3, 8.5, 6.0, 8.5, 14.5)], warmup=2)
+    assert balancing_padding(bare, padded, probe=100, limit=1000) == 267
+    assert balancing_padding(bare, padded, probe=100, limit=200) == 200
+    # already update-heavy, or padding widens the gap: nothing to add
+    assert balancing_padding(step_times([line(3, 4.0, 6.0, 4.0, 10.0)], warmup=2), padded, 100, 1000) == 0
+    assert balancing_padding(bare, step_times([line(3, 11.0, 5.0, 11.0, 16.0)], warmup=2), 100, 1000) == 0

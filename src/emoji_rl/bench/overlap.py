@@ -9,16 +9,20 @@ has, its rollout thread and torch with one thread) is pinned to the second core 
 `os.sched_setaffinity` while the runs last, then set back. Unpinned, both would spread over both
 cores: lockstep would use both for each side in turn, and K = 1 would only make them compete.
 
-The shape (`BALANCED`) is chosen so that in lockstep the rollouts (sampled on core 0) and the update
-(on core 1) each take 40-60% of the step: then overlapping them can halve the step, and the goals
-mean something. K = 1 should take at most 0.65x the lockstep step and at most 1.15x the slower of
-the two sides measured in lockstep (not their sum). The game is one turn on a fixed prompt, its
-reward a hash of the emoji (no judge: what is timed is sampling against updating). Then the same
-ratio for the engine test's own shape (tests/vllm_engine/test_grpo.py: the retrieval game, B=2,
-G=4, the judge served by the same engine), reported whatever it is: its rollouts (sampling, then the
-judge on the same core) outweigh its update, and its learning rate (5e-3) moves the policy, so the
-two runs do not time the same messages. The toy runs learn at 1e-6: their messages, and so both
-sides' work, stay as the starting adapter makes them.
+The shape balances itself on the machine at hand, so that the rows mean the same on every CPU: in
+lockstep the rollouts (sampled on core 0) and the update (on core 1) should each take 40-60% of the
+step, for then overlapping them can halve the step and the goals mean something. Which share each
+side takes depends on the CPU (its kernels, its clock, the engine's build), so two short lockstep
+probes, with bare prompts and with `PROBE_WORDS` words of padding, measure how each side grows with
+the prompt (the update trains through every prompt token; the rollouts read a group's shared
+prompt once), and the runs use the padding at which the two meet. K = 1 should take at most 0.65x
+the lockstep step and at most 1.15x the slower of the two sides measured in lockstep (not their
+sum). The game is one turn on a fixed prompt, its reward a hash of the emoji (no judge: what is
+timed is sampling against updating). Then the same ratio for the engine test's own shape
+(tests/vllm_engine/test_grpo.py: the retrieval game, B=2, G=4, the judge served by the same engine),
+reported whatever it is, with where its rollouts' time goes (`time/judge_s`, `time/similarity_s`).
+Every run learns at rate 0: both sides do all their work, and the policy, so the messages sampled
+and the work they make, stays the starting adapter's, the same in lockstep and K = 1.
 
 Each run takes `STEPS` steps; the first `WARMUP` are left out (the first step of K = 1 has nothing
 to overlap with, and both pay first calls), the medians of the rest are compared.
@@ -29,18 +33,26 @@ from __future__ import annotations
 import contextlib
 import os
 import random
+import statistics
 import tempfile
 import time
 import zlib
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import torch
 
 from emoji_rl.bench.engine import ENGINE_VENV, ROOT, Server, engine_env, start_server
 from emoji_rl.bench.row import Row
-from emoji_rl.bench.step_times import StepTimes, describe, overlap_ratios, step_times
+from emoji_rl.bench.step_times import (
+    WARMUP,
+    StepTimes,
+    balancing_padding,
+    describe,
+    overlap_ratios,
+    step_times,
+)
 from emoji_rl.emoji.alphabet import parse_message
 from emoji_rl.emoji.constraint import compile_emoji_grammar
 from emoji_rl.emoji.sender_prompts import sender_messages
@@ -65,26 +77,23 @@ TARGETS = (
     "Happy birthday, have fun",
     "It's snowing, stay warm",
 )
-# The same four messages told at length: a longer prompt costs the update (every token is trained
-# through) far more than the rollouts (the server reads a group's shared prompt once).
-LONG_TARGETS = (
-    "Let's grab pizza tonight after work, the new place by the station with the wood oven; I'll book a "
-    "table for four at eight, bring your sister if she is free, and we can walk to the cinema after",
-    "I missed the train again this morning because the bus was late and then the ticket machine broke, "
-    "so I will be at the office an hour late; please start the meeting without me and keep my notes",
-    "Happy birthday, have fun at the party tonight! I am sorry I cannot be there, I am stuck at my "
-    "parents' farm with no car, but I baked you a chocolate cake and I will bring it over on Sunday",
-    "It's snowing, stay warm: the roads are closed up the mountain, the schools are shut until "
-    "Thursday, and the power may go out tonight, so fill the bath, charge your phone and find candles",
+# What pads a message: ordinary words, one or two tokens each.
+PADDING = (
+    "and then we walked along the river past the old mill where the children were feeding the ducks "
+    "while their parents talked about the weather and the price of bread at the market on the square"
 )
+PROBE_WORDS = 200
+# The padded prompt, the reply and the chat template stay inside MAX_MODEL_LEN.
+MAX_PADDING_WORDS = 500
+PROBE_STEPS = 4  # WARMUP steps left out, then two measured
 
 
 @dataclass(frozen=True)
 class Shape:
     """What sets the two sides' work: prompts x group size episodes, each up to `max_new_tokens`
-    tokens of up to `max_emoji` emoji on a short or a long message (`long_targets`), trained through
-    a LoRA adapter of rank `lora_r`, with a KL weight `beta` to the base model (one more forward
-    pass) and `gradient_checkpointing` (one more forward pass in the backward)."""
+    tokens of up to `max_emoji` emoji on a message padded with `padding` words, trained through a
+    LoRA adapter of rank `lora_r`, with a KL weight `beta` to the base model (one more forward pass)
+    and `gradient_checkpointing` (one more forward pass in the backward)."""
 
     batch_size: int
     group_size: int
@@ -93,29 +102,25 @@ class Shape:
     lora_r: int
     beta: float = 0.0
     gradient_checkpointing: bool = False
-    long_targets: bool = False
+    padding: int = 0
 
     def describe(self) -> str:
         return (
             f"B={self.batch_size} G={self.group_size} max_new_tokens={self.max_new_tokens} "
             f"max_emoji={self.max_emoji} r={self.lora_r} beta={self.beta:g}"
             + (" gradient checkpointing" if self.gradient_checkpointing else "")
-            + (" long targets" if self.long_targets else " short targets")
+            + f" padding={self.padding} words"
         )
 
+    def targets(self) -> list[str]:
+        cycle = PADDING.split()
+        words = [cycle[i % len(cycle)] for i in range(self.padding)]
+        return [" ".join([target, *words]) for target in TARGETS]
 
-# Measured here (2 cores, pinned as above): rollouts 46%, update 53% of the lockstep step. The
-# reference pass (beta > 0) and activation checkpointing are the gpu profile's KL and Wordle's memory
-# saver, here to give the update as much work as the engine's sampling on its core.
-BALANCED = Shape(
-    batch_size=1,
-    group_size=16,
-    max_new_tokens=24,
-    max_emoji=6,
-    lora_r=8,
-    beta=0.01,
-    gradient_checkpointing=True,
-)
+
+# Unpadded, the update is the lighter side on the CPUs seen so far (2-core Xeons: the engine's
+# sampling of 16 replies outweighs training through them), which leaves padding room to balance.
+BASE = Shape(batch_size=1, group_size=16, max_new_tokens=24, max_emoji=6, lora_r=8)
 
 
 # --- pinning ----------------------------------------------------------------------------------------
@@ -221,9 +226,7 @@ def _toy_run(server: Server, out: Path, shape: Shape, max_off_policy_steps: int,
         max_emoji=shape.max_emoji,
         lora_r=shape.lora_r,
         lora_alpha=2 * shape.lora_r,
-        # Small enough that the policy, so the messages' lengths and the work of both sides, stay as
-        # they started: the two runs must time the same work, not two learning curves.
-        learning_rate=1e-6,
+        learning_rate=0.0,  # the two runs time the same work, not two learning curves
         beta=shape.beta,
         gradient_checkpointing=shape.gradient_checkpointing,
         max_steps=steps,
@@ -240,8 +243,7 @@ def _toy_run(server: Server, out: Path, shape: Shape, max_off_policy_steps: int,
         checkpoint_layers(policy)
     width = policy.get_output_embeddings().weight.shape[0]
     constraint = compile_emoji_grammar(tokenizer, cfg.min_emoji, cfg.max_emoji, vocab_size=width)
-    targets = LONG_TARGETS if shape.long_targets else TARGETS
-    records = [{"id": f"t{i}", "target": t} for i, t in enumerate(targets)]
+    records = [{"id": f"t{i}", "target": t} for i, t in enumerate(shape.targets())]
     game = GameSetup(
         lambda r: HashEmojiGame(tokenizer, r["target"], cfg.min_emoji, cfg.max_emoji),
         records,
@@ -263,7 +265,7 @@ def _engine_test_run(server: Server, out: Path, max_off_policy_steps: int, steps
         group_size=4,
         max_turns=1,
         lora_r=8,
-        learning_rate=5e-3,
+        learning_rate=0.0,  # the test's 5e-3 would have the two runs sample other messages
         temperature=0.7,
         max_steps=steps,
         save_steps=steps,
@@ -283,20 +285,36 @@ def _engine_test_run(server: Server, out: Path, max_off_policy_steps: int, steps
     return read_metrics(out)
 
 
-def measure_toy(server: Server, tmp: Path, shape: Shape, steps: int = STEPS) -> tuple[StepTimes, StepTimes]:
-    """Lockstep's and K = 1's step times of the hash game at `shape`, printed."""
+def measure_toy(server: Server, tmp: Path, shape: Shape, ks: Sequence[int], steps: int) -> list[StepTimes]:
+    """The step times of the hash game at `shape` with each K of `ks`, printed."""
     times = []
-    for k in (0, 1):
+    for k in ks:
         out = Path(tempfile.mkdtemp(prefix=f"toy-k{k}-", dir=tmp)) / "run"
-        metrics = _toy_run(server, out, shape, k, steps)
-        times.append(step_times(metrics))
+        times.append(step_times(_toy_run(server, out, shape, k, steps)))
         print(describe(f"K={k}", times[-1]), flush=True)
-    return times[0], times[1]
+    return times
 
 
-def bench_overlap(shape: Shape = BALANCED, steps: int = STEPS, engine_test: bool = True) -> list[Row]:
-    """K = 1 against lockstep, the engine on one core and the trainer on the other; `engine_test`: the
-    engine test's shape too."""
+def balanced(server: Server, tmp: Path, shape: Shape) -> Shape:
+    """`shape` padded so that in lockstep its rollouts and update meet on this machine (module doc)."""
+    print(f"  balancing: lockstep probes of {PROBE_STEPS} steps, padding 0 and {PROBE_WORDS} words")
+    (bare,) = measure_toy(server, tmp, shape, (0,), PROBE_STEPS)
+    (padded,) = measure_toy(server, tmp, replace(shape, padding=PROBE_WORDS), (0,), PROBE_STEPS)
+    return replace(shape, padding=balancing_padding(bare, padded, PROBE_WORDS, MAX_PADDING_WORDS))
+
+
+def _engine_test_services(metrics: Sequence[dict]) -> str:
+    """Where the engine test's rollouts go besides sampling: the judge's and the similarity's medians."""
+    kept = [m for m in metrics if m["step"] > WARMUP]
+    return ", ".join(
+        f"{key.removeprefix('time/')} {statistics.median(m.get(key, 0.0) for m in kept):.2f}"
+        for key in ("time/judge_s", "time/similarity_s")
+    )
+
+
+def bench_overlap(shape: Shape = BASE, steps: int = STEPS, engine_test: bool = True) -> list[Row]:
+    """K = 1 against lockstep at `shape` balanced here, the engine on one core and the trainer on the
+    other; `engine_test`: the engine test's shape too."""
     if not (ENGINE_VENV / "bin" / "vllm").is_file():
         print(
             f"  skipped: {ENGINE_VENV} is missing (build vLLM's engine for the CPU: make setup-vllm-engine)"
@@ -314,8 +332,10 @@ def bench_overlap(shape: Shape = BALANCED, steps: int = STEPS, engine_test: bool
     with tempfile.TemporaryDirectory() as tmp_name:
         tmp = Path(tmp_name)
         with policy_server(engine_core, tmp / "policy-server.log") as server, pinned(trainer_core):
-            print(f"  engine on core {engine_core}, trainer on core {trainer_core}; {shape.describe()}")
-            lockstep, ahead = measure_toy(server, tmp, shape, steps)
+            print(f"  engine on core {engine_core}, trainer on core {trainer_core}")
+            shape = balanced(server, tmp, shape)
+            print(f"  the balanced shape: {shape.describe()}")
+            lockstep, ahead = measure_toy(server, tmp, shape, (0, 1), steps)
             if engine_test:
                 print("  the engine test's shape: retrieval, B=2 G=4, judge on the same server")
                 test_times = []
@@ -323,11 +343,12 @@ def bench_overlap(shape: Shape = BALANCED, steps: int = STEPS, engine_test: bool
                     metrics = _engine_test_run(server, tmp / f"engine-test-k{k}", k, steps)
                     test_times.append(step_times(metrics))
                     print(describe(f"K={k}", test_times[-1]), flush=True)
+                    print(f"    of the rollouts: {_engine_test_services(metrics)} s (medians)", flush=True)
     print(f"  grpo_overlap took {time.monotonic() - start:.0f} s", flush=True)
-    balance = "balanced" if lockstep.balanced() else "NOT balanced (40-60% each)"
+    split = "balanced" if lockstep.balanced() else "NOT balanced (40-60% each)"
     print(
         f"  lockstep split: rollout {lockstep.rollout_share:.0%}, update {lockstep.update_share:.0%} "
-        f"of the step ({balance})"
+        f"of the step ({split})"
     )
     vs_lockstep, vs_slower = overlap_ratios(lockstep, ahead)
     slower = max(lockstep.rollout, lockstep.update)

@@ -64,3 +64,16 @@ def describe(label: str, times: StepTimes) -> str:
         f"update {times.update:.2f} s ({times.update_share:.0%}), waited {times.wait:.2f} s "
         f"(medians of {times.steps} steps)"
     )
+
+
+def balancing_padding(bare: StepTimes, padded: StepTimes, probe: int, limit: int) -> int:
+    """The padding (words added to each prompt) at which lockstep's rollouts and update take equal
+    time, from two lockstep runs: `bare` with none and `padded` with `probe` words. Both sides are
+    taken as linear in the padding between them (the update trains through every prompt token, the
+    rollouts read a group's shared prompt once), clamped to [0, limit]. 0 when padding cannot help:
+    the update already takes at least half of the bare step, or grows no faster than the rollouts."""
+    gap = bare.rollout - bare.update
+    closing = (padded.update - bare.update) - (padded.rollout - bare.rollout)
+    if gap <= 0 or closing <= 0:
+        return 0
+    return min(limit, round(probe * gap / closing))
