@@ -163,6 +163,36 @@ def test_report_shows_the_table_paired_differences_curves_examples_and_timings(r
     assert "the gloss view reads emoji names" in report
 
 
+def test_the_held_out_evaluation_is_drawn_beside_the_training_curves(run_dir, monkeypatch):
+    """GRPO's held-out lines (eval_before_train: step 0, eval_steps 2) as panels beside the training
+    ones, retrieval@1 under the K its key names."""
+    from emoji_rl.eval import experiment_report
+
+    path = run_dir / "grpo" / "metrics.jsonl"
+    trained = {m["step"]: m for m in map(json.loads, path.read_text().splitlines())}
+    keys = ("eval/reward", "eval/similarity", "eval/retrieval@1/10")
+    values = {0: (-0.5, 0.1, 0.2), 2: (-0.1, 0.2, 0.3), 4: (0.2, 0.3, 0.5)}
+    held_out = {step: dict(zip(keys, v, strict=True)) for step, v in values.items()}
+    lines = [{"step": s, **trained.get(s, {}), **held_out.get(s, {})} for s in range(5)]
+    path.write_text("".join(json.dumps(m) + "\n" for m in lines))
+    drawn, draw = {}, experiment_report.line_figure
+
+    def spy(curves, title, path, **kwargs):
+        drawn[title] = curves
+        return draw(curves, title, path, **kwargs)
+
+    monkeypatch.setattr(experiment_report, "line_figure", spy)
+    assert cli.main(["experiment-report", "--run_dir", str(run_dir)]) == 0
+    grpo = drawn["GRPO by step"]
+    assert list(grpo)[:4] == ["reward", "held-out reward", "similarity", "held-out similarity"]
+    assert grpo["held-out retrieval@1 (of 10)"] == [(0.0, 0.2), (2.0, 0.3), (4.0, 0.5)]
+    assert grpo["reward"][0] == (1.0, -0.2)  # the step-0 line holds no training figure
+    report = (run_dir / "report.md").read_text().splitlines()
+    assert experiment_report.HELD_OUT_NOTE in report
+    assert "| held-out similarity | 0.100 (step 0) | 0.300 (step 4) | 0.300 |" in report
+    assert "| held-out retrieval@1 (of 10) | 0.200 (step 0) | 0.500 (step 4) | 0.500 |" in report
+
+
 def _eval_sft(run, name, temperature, sft_rows):
     """An eval-sft JSON: the data's answers (80 distinct emoji, 6.0 bits) and the given SFT rows."""
     stats = ["replies", "compliance", "emoji_per_message", "distinct_emoji", "entropy_bits", "top10_share"]

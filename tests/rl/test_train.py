@@ -287,17 +287,39 @@ def constraint_ebnf():
 
 
 @pytest.mark.parametrize(
-    ("game", "record", "extra"),
+    ("game", "record", "held_out", "rates", "extra"),
     [
-        ("retrieval", {"id": "t0", "target": "let's get pizza tonight"}, ["--judge", "lexicon"]),
-        ("wordle", {"id": "w0", "answer": "crane"}, ["--max_new_tokens", "48"]),
+        (
+            "retrieval",
+            {"id": "t0", "target": "let's get pizza tonight"},
+            ["the train is late", "happy birthday sis", "I lost my keys"],
+            # eval-retrieval's compared rates; retrieval@1 among the 3 held-out targets, all there are
+            ["success@0.5", "success@0.7", "retrieval@1/3"],
+            ["--judge", "lexicon"],
+        ),
+        (
+            "wordle",
+            {"id": "w0", "answer": "crane"},
+            ["slate", "pride"],
+            ["win_rate"],  # eval-wordle's
+            ["--max_new_tokens", "48"],
+        ),
     ],
 )
-def test_grpo_stage_runs_one_step_from_the_command_line(tmp_path, game, record, extra, capsys):
+def test_grpo_stage_runs_one_step_from_the_command_line(
+    tmp_path, game, record, held_out, rates, extra, capsys
+):
+    """One step, then the held-out evaluation, whose line holds the rates the game's eval stage
+    compares."""
     from emoji_rl import cli
 
     data = tmp_path / "rl.jsonl"
     data.write_text(json.dumps(record) + "\n")
+    field = next(k for k in record if k != "id")
+    eval_data = tmp_path / "rl_eval.jsonl"
+    eval_data.write_text(
+        "".join(json.dumps({"id": f"e{i}", field: v}) + "\n" for i, v in enumerate(held_out))
+    )
     out = tmp_path / "run"
     code = cli.main(
         [
@@ -320,12 +342,19 @@ def test_grpo_stage_runs_one_step_from_the_command_line(tmp_path, game, record, 
             "4",
             "--save_steps",
             "1",
+            "--eval_data",
+            str(eval_data),
+            "--eval_steps",
+            "1",
             *extra,
         ]
     )
     assert code == 0, capsys.readouterr().err
     [metrics] = read_metrics(out)
     assert metrics["step"] == 1 and "reward/mean" in metrics and "time/rollout_s" in metrics
+    held = {key: metrics[f"eval/{key}"] for key in rates}
+    assert all(0.0 <= value <= 1.0 for value in held.values()), held
+    assert metrics["eval/turns"] == 1.0 and "eval/reward" in metrics
     assert (out / "adapter" / "adapter_config.json").is_file()
     assert (out / "checkpoints" / "latest").read_text() == "step-000001"
     assert (out / "config.yaml").is_file() and (out / "rollouts.jsonl").is_file()

@@ -7,7 +7,9 @@ Reads what the stages of `make experiment` wrote into the run directory:
   each sender learned (repeated emoji, the message it sends most, the guess the judge gives most), and
   the emoji statistics of the teacher's answers to the whole split, beside which the senders' are set;
 - `grpo/metrics.jsonl`: learning curves by step (reward, similarity, success, KL, distinct emoji,
-  emoji per message, the contrast term, judge replies that echoed emoji);
+  emoji per message, the contrast term, judge replies that echoed emoji), and beside them those of the
+  held-out evaluation inside GRPO (`eval_steps`, from step 0 with `eval_before_train`: reward,
+  similarity, success, retrieval@1);
 - `sft/metrics.jsonl`: the SFT loss curves;
 - `reports/*/eval_sft.json` (`eval-sft`, greedy and sampled): the SFT sender's emoji diversity beside
   its data's, where a collapse to generic emoji shows;
@@ -36,19 +38,31 @@ from emoji_rl.pipeline import read_marker
 RETRIEVAL = "reports/retrieval/retrieval.json"
 GRPO_METRICS = "grpo/metrics.jsonl"
 SFT_METRICS = "sft/metrics.jsonl"
-# Learning curves: a panel per metric the GRPO run logged, in this order, under these titles.
+# Learning curves: a panel per metric the GRPO run logged, in this order, under these titles; a
+# held-out one beside its training one, so that a gap between them (overfitting the training targets)
+# shows. A key ending in `*` stands for each logged key it begins, the `*` of its title for the rest:
+# retrieval@1's key ends with K, the candidates it ranks among.
 GRPO_CURVES = {
     "reward/mean": "reward",
+    "eval/reward": "held-out reward",
     "reward/group_best": "best reward in a group",
     "game/similarity": "similarity",
+    "eval/similarity": "held-out similarity",
     "game/success@0.5": "success@0.5",
+    "eval/success@0.5": "held-out success@0.5",
     "game/success@0.7": "success@0.7",
+    "eval/success@0.7": "held-out success@0.7",
+    "eval/retrieval@1/*": "held-out retrieval@1 (of *)",
     "optim/kl": "KL to the reference",
     "emoji/distinct": "distinct emoji",
     "emoji/per_message": "emoji per message",
     "reward/contrast/mean": "contrast term",
     "game/judge_emoji_stripped": "judge echoed emoji",
 }
+HELD_OUT_NOTE = (
+    "A held-out panel is the policy as it trained, greedy on held-out messages, at the steps GRPO "
+    "evaluated it (`eval_steps`; step 0: before the first update)."
+)
 SFT_CURVES = {"train/loss": "train loss", "eval/loss": "eval loss"}
 EVAL_SFT = "reports/*/eval_sft.json"
 
@@ -245,10 +259,23 @@ def _stats(row: Record, data: Record) -> list[str]:
     ]
 
 
+def logged_keys(metrics: Sequence[Record], wanted: dict[str, str]) -> dict[str, str]:
+    """`wanted` with each key ending in `*` replaced by the logged keys it begins, in the order logged."""
+    logged = dict.fromkeys(key for m in metrics for key in m)
+    out = {}
+    for key, title in wanted.items():
+        stem = key.removesuffix("*")
+        if stem == key:
+            out[key] = title
+            continue
+        out |= {k: title.replace("*", k.removeprefix(stem)) for k in logged if k.startswith(stem)}
+    return out
+
+
 def curves(metrics: Sequence[Record], wanted: dict[str, str]) -> dict[str, list[tuple[float, float]]]:
     """Per wanted metric that the run logged, its (step, value) points; None (non-finite) left out."""
     out = {}
-    for key, title in wanted.items():
+    for key, title in logged_keys(metrics, wanted).items():
         points = [(float(m["step"]), float(m[key])) for m in metrics if m.get(key) is not None]
         if points:
             out[title] = points
@@ -330,6 +357,8 @@ def main(cfg: Config) -> None:
     grpo = curves(read_metrics(run_dir / GRPO_METRICS), GRPO_CURVES)
     sft = curves(read_metrics(run_dir / SFT_METRICS), SFT_CURVES)
     sections.append("## Learning curves")
+    if any(title.startswith("held-out") for title in grpo):
+        sections.append(HELD_OUT_NOTE)
     for name, points, path in (("GRPO", grpo, GRPO_METRICS), ("SFT", sft, SFT_METRICS)):
         if not points:
             sections.append(f"No {name} metrics: `{run_dir / path}` is missing or empty.")

@@ -153,6 +153,11 @@ class Evaluation:
     headline: str
     """The `compared` metric the progress bar shows as it plays, and the log line after each row."""
 
+    def values(self, record: Record) -> dict[str, float]:
+        """A record's value of each compared metric, as GRPO's held-out evaluation means them over the
+        records (`GameSetup.held_out_metrics`)."""
+        return {name: float(metric(record)) for name, metric in self.compared.items()}
+
     def __post_init__(self) -> None:
         if self.headline not in self.compared:
             raise ValueError(f"evaluation {self.name}: headline {self.headline!r} is not a compared metric")

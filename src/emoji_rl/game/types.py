@@ -120,15 +120,25 @@ class Stateful(Protocol):
 Record = dict[str, str]
 """One training or held-out record of a game: a JSONL line's fields (its `id` names its group)."""
 
+HeldOutMetrics = Callable[[Sequence[Record], Sequence[int], Sequence[Episode]], list[dict[str, float]]]
+"""held_out_metrics(records, indices, episodes): per episode, records[indices[i]] played as
+episodes[i], the figures of the game's eval stage that its final metrics lack."""
+
 
 @dataclass
 class GameSetup:
     """What the trainer needs of a game: a builder of games from records, the records, the constraint
     the policy samples under (None: free text), a one-line description, what a record is about (its
     target, shown beside its group in logs), its headline metric (label, key: the progress bar shows
-    it beside the reward), the seconds spent in the game's services since the start, any state of the run beyond the model that a checkpoint must hold (a curriculum), and what
-    learns from each step's groups, every process's, in rank order (the curriculum again): fed the
-    same groups on every process, the processes take the same decisions."""
+    it beside the reward), the seconds spent in the game's services since the start, any state of the
+    run beyond the model that a checkpoint must hold (a curriculum), what learns from each step's
+    groups, every process's, in rank order (the curriculum again): fed the same groups on every
+    process, the processes take the same decisions, and what the held-out evaluation inside GRPO
+    (rl/held_out.py) reports beside the final metrics.
+
+    `held_out_metrics` is given every held-out record, though a process plays only its share: a figure
+    that reads other records (retrieval@1 ranks a guess among other targets) is then the same on every
+    process. It answers per episode, not a mean, so the processes' shares gather record by record."""
 
     make_game: Callable[[Record], Game]
     records: list[Record]
@@ -139,3 +149,4 @@ class GameSetup:
     seconds: Callable[[], dict[str, float]] = dict
     state: Stateful | None = None
     observe: Callable[[Sequence[EpisodeGroup]], None] = lambda groups: None
+    held_out_metrics: HeldOutMetrics = lambda records, indices, episodes: [{} for _ in episodes]

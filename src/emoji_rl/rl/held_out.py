@@ -1,8 +1,10 @@
 """Held-out evaluation inside GRPO (`eval_steps`, `eval_before_train`): the policy being trained plays
 its game greedily on held-out records, in process, every process its share, and the step's line of
-metrics.jsonl gets the mean of the game's own final metrics as `eval/...` (`eval/reward`, `eval/turns`,
-and each key the game's last turn reports). The eval stages (game/evaluate.py) add what needs more than
-the training game: distractors, baselines, intervals.
+metrics.jsonl gets the mean over the records of the game's own final metrics as `eval/...`
+(`eval/reward`, `eval/turns`, each key the game's last turn reports) and of what its eval stage
+compares beyond them (`GameSetup.held_out_metrics`: a rank among distractors, a win rate). The eval
+stages (game/evaluate.py) add what needs more than the training game: baselines, other systems,
+intervals.
 
 An evaluation belongs to the step after whose update it runs (0: before the first), in that step's
 line, so a resume from a checkpoint never redoes one: the steps it redoes were not logged."""
@@ -46,9 +48,10 @@ class HeldOut:
         indices += indices[-1:] * (-len(indices) % self.world)
         mine = indices[self.rank :: self.world]
         episodes = asyncio.run(play([self.game.make_game(self.records[i]) for i in mine], self.sampler))
+        compared = self.game.held_out_metrics(self.records, mine, episodes)
         scored = [
-            (i, {"reward": e.reward, "turns": float(len(e.turns)), **e.turns[-1].result.metrics})
-            for i, e in zip(mine, episodes, strict=True)
+            (i, {"reward": e.reward, "turns": float(len(e.turns)), **e.turns[-1].result.metrics, **more})
+            for i, e, more in zip(mine, episodes, compared, strict=True)
         ]
         once = dict(pair for part in gather(scored) for pair in part)
         values: dict[str, list[float]] = defaultdict(list)

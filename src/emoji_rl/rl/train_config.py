@@ -199,8 +199,8 @@ class TrainConfig(SamplingConfig, ProcessConfig, ModelConfig, TrackerConfig, Ser
     eval_steps: int = field(
         default=0,
         metadata={
-            "help": "every N steps the policy plays eval_data greedily; the game's final metrics go to "
-            "metrics.jsonl and the trackers as eval/* (0: never)",
+            "help": "every N steps the policy plays eval_data greedily; the game's final metrics and those "
+            "its eval stage compares go to metrics.jsonl and the trackers as eval/* (0: never)",
             "min": 0,
         },
     )

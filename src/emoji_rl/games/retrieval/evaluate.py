@@ -47,6 +47,7 @@ from emoji_rl.decode.senders import eval_systems
 from emoji_rl.game.evaluate import evaluate
 from emoji_rl.game.evaluation import EvalConfig
 from emoji_rl.game.similarity import SimilarityConfig
+from emoji_rl.games.retrieval.evaluation import DISTRACTORS
 from emoji_rl.games.retrieval.game import RetrievalConfig
 from emoji_rl.games.retrieval.grpo import GAME
 from emoji_rl.games.retrieval.judge_config import JudgeConfig
@@ -91,7 +92,7 @@ class Config(EvalConfig, JudgeConfig, RetrievalConfig, SimilarityConfig, Samplin
         },
     )
     distractors: int = field(
-        default=10, metadata={"help": "K: candidates (target + K-1 others) for retrieval@1"}
+        default=DISTRACTORS, metadata={"help": "K: candidates (target + K-1 others) for retrieval@1"}
     )
     temperature: float | None = override(
         SamplingConfig,

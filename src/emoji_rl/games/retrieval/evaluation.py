@@ -7,6 +7,7 @@ final guess picked out its target among K-1 distractor messages (retrieval@1), d
 so every system is ranked among the same ones. A row: mean final similarity with its 95% interval,
 success at 0.5 / 0.65 / 0.7 / 0.85, turns, format violations, retrieval@1, emoji per message and the
 emoji statistics (distinct, entropy, share of the 10 most used: seed 001's SFT emoji were "generic").
+GRPO's held-out evaluation reports the compared metrics of each game too (`held_out_metrics`).
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from __future__ import annotations
 import random
 from collections.abc import Sequence
 from dataclasses import asdict
+from functools import partial
 from typing import TYPE_CHECKING, Any
 
 from emoji_rl.decode.senders import eval_systems
@@ -27,8 +29,11 @@ from emoji_rl.io.jsonl import Record
 
 if TYPE_CHECKING:
     from emoji_rl.game.similarity import Similarity
-    from emoji_rl.game.types import Episode
+    from emoji_rl.game.types import Episode, HeldOutMetrics
     from emoji_rl.lm.models import Runtime
+
+DISTRACTORS = 10
+"""K of retrieval@1 unless told: the target ranked among K-1 other held-out targets."""
 
 
 def distractor_sets(targets: Sequence[str], k: int, seed: int) -> list[list[str]]:
@@ -74,6 +79,41 @@ def episode_record(episode: Episode, record: Record) -> Record:
 
 def final_guess(record: Record) -> str:
     return next((t["guess"] for t in reversed(record["turns"]) if "guess" in t), "[unknown]")
+
+
+def scored_records(
+    similarity: Similarity,
+    records: Sequence[Record],
+    candidates: Sequence[Sequence[str]],
+    indices: Sequence[int],
+    episodes: Sequence[Episode],
+) -> list[Record]:
+    """What is kept of each game, records[indices[i]] played as episodes[i], with whether its final
+    guess picked out its target among the record's candidates (`distractor_sets`)."""
+    kept = [episode_record(e, records[i]) for e, i in zip(episodes, indices, strict=True)]
+    hits = retrieved(similarity, [candidates[i] for i in indices], [final_guess(r) for r in kept])
+    return [{**record, "retrieved": hit} for record, hit in zip(kept, hits, strict=True)]
+
+
+def held_out_metrics(similarity: Similarity, seed: int) -> HeldOutMetrics:
+    """GRPO's held-out evaluation of the game (`GameSetup.held_out_metrics`), scored by the reward's
+    embedder: per game, the metrics this stage compares, retrieval@1 among DISTRACTORS candidates (all
+    the distinct held-out targets when there are fewer) named retrieval@1/K as the stage's row names
+    it. The distractors are drawn with the run's seed, so every evaluation of a run ranks each target
+    among the same ones."""
+
+    def metrics(
+        records: Sequence[Record], indices: Sequence[int], episodes: Sequence[Episode]
+    ) -> list[dict[str, float]]:
+        targets = [r["target"] for r in records]
+        k = min(DISTRACTORS, len(set(targets)))
+        if k < 2:  # no other target to rank one among (similarity and success are final metrics)
+            return [{} for _ in episodes]
+        kept = scored_records(similarity, records, distractor_sets(targets, k, seed), indices, episodes)
+        names = {"retrieval@1": f"retrieval@1/{k}"}
+        return [{names.get(name, name): value for name, value in EVALUATION.values(r).items()} for r in kept]
+
+    return metrics
 
 
 def sent_texts(records: Sequence[Record]) -> tuple[list[str], list[bool]]:
@@ -137,11 +177,6 @@ def setup(cfg: Any, records: Sequence[Record], tokenizer: Any, runtime: Runtime)
         rules = RetrievalRules(turns, cfg.tau, cfg.min_emoji, cfg.max_emoji)
         return RetrievalBuilder(tokenizer, judge, similarity, rules)
 
-    def score(indices: Sequence[int], episodes: Sequence[Episode]) -> list[Record]:
-        kept = [episode_record(e, records[i]) for e, i in zip(episodes, indices, strict=True)]
-        hits = retrieved(similarity, [candidates[i] for i in indices], [final_guess(r) for r in kept])
-        return [{**record, "retrieved": hit} for record, hit in zip(kept, hits, strict=True)]
-
     sender = ModelSender(
         cfg.decoding(
             constraint="grammar" if cfg.protocol == "ours" else "none",
@@ -196,6 +231,7 @@ def setup(cfg: Any, records: Sequence[Record], tokenizer: Any, runtime: Runtime)
         heading=f"protocol {cfg.protocol}; judge: {described}; {len(records)} held-out targets",
         note=NAMES_CAVEAT if cfg.judge_reads_names else None,
     )
+    score = partial(scored_records, similarity, records, candidates)
     return EvalSetup({mode: builder(mode) for mode in cfg.modes}, sender, scripted, score, report)
 
 

@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 from emoji_rl.game.registry import GameContext, GameSpec
 from emoji_rl.game.similarity import ContrastConfig, SimilarityConfig
 from emoji_rl.game.types import GameSetup
-from emoji_rl.games.retrieval.evaluation import EVALUATION
+from emoji_rl.games.retrieval.evaluation import EVALUATION, held_out_metrics
 from emoji_rl.games.retrieval.game import RetrievalConfig
 from emoji_rl.games.retrieval.judge_config import JudgeConfig
 from emoji_rl.io.jsonl import read_records
@@ -55,6 +55,7 @@ def setup(cfg, context: GameContext) -> GameSetup:
         target=lambda record: record["target"],
         headline=("sim", "game/similarity"),
         seconds=lambda: dict(builder.seconds),
+        held_out_metrics=held_out_metrics(similarity, cfg.seed),
     )
 
 

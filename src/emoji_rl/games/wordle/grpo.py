@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from emoji_rl.config import override
 from emoji_rl.game.registry import GameConfig, GameContext, GameSpec
 from emoji_rl.game.types import EpisodeGroup, GameSetup
-from emoji_rl.games.wordle.evaluation import EVALUATION
+from emoji_rl.games.wordle.evaluation import EVALUATION, game_record
 from emoji_rl.games.wordle.game import MAX_TURNS
 from emoji_rl.io.jsonl import read_records
 
@@ -48,7 +48,16 @@ def setup(cfg, context: GameContext) -> GameSetup:
     tracker = CurriculumTracker(curriculum) if cfg.curriculum else None
     builder = WordleBuilder(context.tokenizer, WordleRules(max_turns=cfg.max_turns), tracker)
     game = GameSetup(
-        builder, records, None, "wordle", target=lambda record: record["answer"], headline=("won", "game/won")
+        builder,
+        records,
+        None,
+        "wordle",
+        target=lambda record: record["answer"],
+        headline=("won", "game/won"),
+        # eval-wordle's compared metrics: its win rate is no final metric of the game (`won` is)
+        held_out_metrics=lambda records, indices, episodes: [
+            EVALUATION.values(game_record(e)) for e in episodes
+        ],
     )
     if tracker is None:
         return game
