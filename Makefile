@@ -26,7 +26,8 @@ $(STAMP): pyproject.toml Makefile requirements/selftest.txt
 	$(BIN)/python -m pip install --quiet --upgrade pip
 	# torch first, pinned: pip takes the CPU wheel on disk; a bare `torch` pulls a multi-GB CUDA build.
 	$(BIN)/python -m pip install --quiet torch==2.13.0
-	# trackers: report_to's wandb and trackio, which the tests log to offline (about 8 s and 106 MB).
+	# trackers: report_to's wandb, trackio and mlflow (mlflow-skinny), which the tests log to offline
+	# (about 190 MB, mlflow-skinny's 85 of them).
 	# The selftest wheels' pins constrain it: the suite runs what the GPU box's selftest installs, not
 	# whatever the registry released since (tests/test_selftest.py checks they agree).
 	$(BIN)/python -m pip install --quiet -c requirements/selftest.txt -e '.[embedded,dev,trackers]'
