@@ -21,12 +21,15 @@ if "PYTEST_XDIST_WORKER_COUNT" in os.environ:
 
 @pytest.fixture(scope="session", autouse=True)
 def offline_trackers(tmp_path_factory):
-    """wandb and trackio, wherever a test reaches them, log offline into temporary directories: wandb
-    into the run directory (no WANDB_DIR), trackio into this session's store. trackio reads
-    TRACKIO_DIR once, when first imported, which no test module does at collection."""
+    """wandb, trackio and mlflow, wherever a test reaches them, log offline into temporary directories:
+    wandb into the run directory (no WANDB_DIR), trackio and mlflow into this session's stores. trackio
+    reads TRACKIO_DIR once, when first imported, which no test module does at collection. mlflow's is a
+    folder (its file store, which it must be allowed to use): mlflow-skinny has no database store."""
     os.environ["WANDB_MODE"] = "offline"
     os.environ.pop("WANDB_DIR", None)
     os.environ["TRACKIO_DIR"] = str(tmp_path_factory.mktemp("trackio"))
+    os.environ["MLFLOW_TRACKING_URI"] = tmp_path_factory.mktemp("mlflow").as_uri()
+    os.environ["MLFLOW_ALLOW_FILE_STORE"] = "true"
 
 
 @pytest.fixture(scope="session")

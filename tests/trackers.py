@@ -1,6 +1,6 @@
-"""What wandb and trackio hold after a run, read back from their own files: wandb's offline run files
-(the transaction log of protobuf records that `wandb sync` uploads; `io/wandb_file.py` reads them)
-and trackio's local database."""
+"""What wandb, trackio and mlflow hold after a run, read back from their own files: wandb's offline run
+files (the transaction log of protobuf records that `wandb sync` uploads; `io/wandb_file.py` reads
+them), trackio's local database and mlflow's store, through mlflow's own client."""
 
 from __future__ import annotations
 
@@ -20,3 +20,10 @@ def trackio_rows(project: str, name: str) -> list[dict]:
     from trackio.sqlite_storage import SQLiteStorage
 
     return SQLiteStorage.get_logs(project, name)
+
+
+def mlflow_points(run_id: str, key: str) -> list[tuple[int, float]]:
+    """The (step, value) points mlflow's store ($MLFLOW_TRACKING_URI) holds for `key` in run `run_id`."""
+    from mlflow import MlflowClient
+
+    return sorted((m.step, m.value) for m in MlflowClient().get_metric_history(run_id, key))

@@ -10,17 +10,21 @@ import pytest
 
 from emoji_rl.config import parse_config
 from emoji_rl.errors import UserError
-from emoji_rl.io.trackers import EXTRAS, STATE_FILE, TrackerConfig, resolve, tracker_run
+from emoji_rl.io.trackers import EXTRAS, STATE_FILE, TrackerConfig, keep_mlflow_run, resolve, tracker_run
 from emoji_rl.rl.train_config import config_class
 from emoji_rl.sft.trl_config import Config as SftConfig
 
 STAGES = [config_class("retrieval"), SftConfig]
+# What `make setup` installs (the trackers extra): accelerate's other trackers are the user's to add.
+INSTALLED = ("tensorboard", "wandb", "trackio", "mlflow")
+CHOICES = "tensorboard, wandb, trackio, mlflow, comet_ml, clearml, dvclive, aim, swanlab, all, none"
 
 
 @pytest.mark.parametrize("stage", STAGES)
 def test_report_to_takes_trls_names_alone_or_as_a_list(stage, tmp_path):
     assert parse_config(stage, [], "stage").report_to == ["tensorboard"]
     assert parse_config(stage, ["--report_to", "wandb", "trackio"], "stage").report_to == ["wandb", "trackio"]
+    assert parse_config(stage, ["--report_to", "mlflow"], "stage").report_to == ["mlflow"]
     one, listed = tmp_path / "one.yaml", tmp_path / "listed.yaml"
     one.write_text("report_to: none\n")
     listed.write_text("report_to: [tensorboard, trackio]\n")
@@ -34,31 +38,56 @@ def test_an_unknown_tracker_names_the_key_and_the_choices(stage, tmp_path, capsy
         parse_config(stage, ["--report_to", "wandb", "mlflw"], "stage")
     err = capsys.readouterr().err
     assert "argument --report_to: invalid choice: 'mlflw'" in err
-    assert "'tensorboard', 'wandb', 'trackio', 'all', 'none'" in err
+    assert ", ".join(f"'{name}'" for name in CHOICES.split(", ")) in err
     path = tmp_path / "bad.yaml"
     path.write_text("report_to: [wandb, mlflw]\n")
-    with pytest.raises(UserError, match=r"report_to must be one of tensorboard, wandb, trackio, all, none"):
+    with pytest.raises(UserError, match=f"report_to must be one of {CHOICES}"):
         parse_config(stage, ["--config", str(path)], "stage")
 
 
 def test_none_stands_alone_and_all_is_every_installed_tracker():
     assert resolve(["none"]) == ()
-    assert resolve(["all"]) == ("tensorboard", "wandb", "trackio")
+    assert resolve(["all"]) == INSTALLED
     assert resolve(["wandb", "tensorboard", "wandb"]) == ("wandb", "tensorboard")
     with pytest.raises(UserError, match="none means no tracker"):
         resolve(["none", "wandb"])
 
 
 @pytest.mark.parametrize("stage", STAGES)
-@pytest.mark.parametrize("package", ["wandb", "trackio"])
-def test_a_tracker_that_does_not_import_names_the_extras_command(stage, package, monkeypatch):
+@pytest.mark.parametrize(
+    ("package", "install"),
+    [
+        ("wandb", EXTRAS),
+        ("trackio", EXTRAS),
+        ("mlflow", EXTRAS),
+        ("comet_ml", "pip install comet-ml"),
+        ("clearml", "pip install clearml"),
+        ("dvclive", "pip install dvclive"),
+        ("aim", "pip install 'aim<4'"),
+        ("swanlab", "pip install swanlab"),
+    ],
+)
+def test_a_tracker_that_does_not_import_names_its_install_command(stage, package, install, monkeypatch):
     monkeypatch.setitem(sys.modules, package, None)  # what `import` sees where the package is missing
     with pytest.raises(
         UserError, match=rf"report_to {package}: the {package} package does not import"
     ) as err:
         parse_config(stage, ["--report_to", "tensorboard", package], "stage")
-    assert EXTRAS in str(err.value)
-    assert resolve(["all"]) == tuple(name for name in ("tensorboard", "wandb", "trackio") if name != package)
+    assert str(err.value).endswith(f"install it with {install}")
+    assert resolve(["all"]) == tuple(name for name in INSTALLED if name != package)
+
+
+@pytest.mark.parametrize("stage", STAGES)
+def test_an_mlflow_store_mlflow_refuses_is_named_when_parsed(stage, tmp_path, monkeypatch):
+    # A folder mlflow has not been allowed to keep runs in (its file store is in maintenance mode).
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", (tmp_path / "mlruns").as_uri())
+    monkeypatch.delenv("MLFLOW_ALLOW_FILE_STORE")
+    with pytest.raises(
+        UserError, match=r"report_to mlflow: mlflow cannot keep runs at its tracking URI file:"
+    ):
+        parse_config(stage, ["--report_to", "mlflow"], "stage")
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", "http://127.0.0.1:9")  # a server: not contacted yet
+    assert parse_config(stage, ["--report_to", "mlflow"], "stage").report_to == ["mlflow"]
 
 
 def test_the_tracker_run_is_kept_in_the_run_directory(tmp_path):
@@ -72,6 +101,10 @@ def test_the_tracker_run_is_kept_in_the_run_directory(tmp_path):
         "project": "first",
         "name": first.name,
     }
+    # mlflow gives its run an id of its own when it starts it: kept beside wandb's.
+    kept = keep_mlflow_run(run_dir, first, "0123abcd")
+    assert tracker_run(run_dir, TrackerConfig()) == kept and kept.mlflow_run_id == "0123abcd"
+    assert json.loads((run_dir / STATE_FILE).read_text())["mlflow_run_id"] == "0123abcd"
     (run_dir / STATE_FILE).write_text('{"id": "x"}')
     with pytest.raises(UserError, match=f"{STATE_FILE} is not a tracker run"):
         tracker_run(run_dir, TrackerConfig())

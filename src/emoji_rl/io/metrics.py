@@ -1,5 +1,6 @@
 """Run metrics: one JSON line per step in `metrics.jsonl` and the same scalars in the trackers that
-`report_to` names (TensorBoard, wandb, trackio: `io/trackers.py`), at the same step numbers.
+`report_to` names (TensorBoard, wandb, trackio: `io/trackers.py`; accelerate's, such as mlflow:
+`io/accelerate_trackers.py`), at the same step numbers.
 
 Keys are slash-namespaced and stable (`reward/mean`, `optim/kl`, `time/rollout_s`), so runs compare
 on a dashboard and in `jq`.
@@ -13,8 +14,9 @@ from pathlib import Path
 from types import TracebackType
 
 from emoji_rl.config import to_dict
+from emoji_rl.io.accelerate_trackers import AccelerateWriter
 from emoji_rl.io.jsonl import drop_steps_after
-from emoji_rl.io.trackers import TrackerConfig, TrackioWriter, WandbWriter, resolve, tracker_run
+from emoji_rl.io.trackers import TrackerConfig, TrackerRun, TrackioWriter, WandbWriter, resolve, tracker_run
 
 
 class MetricsWriter:
@@ -25,7 +27,8 @@ class MetricsWriter:
     histories only go forward, and a kill -9 can drop what they held in memory: each says the last
     step it holds (`held`), and the lines of metrics.jsonl after it are sent again before the run goes
     on; a step it holds past the checkpoint keeps the value the dead run gave it, and the redone step
-    is not sent twice."""
+    is not sent twice. mlflow says the same from its store; accelerate's other trackers start a new
+    run, which gets every line."""
 
     def __init__(
         self, run_dir: str | Path, resume_from_step: int = 0, trackers: TrackerConfig | None = None
@@ -41,14 +44,12 @@ class MetricsWriter:
             from torch.utils.tensorboard import SummaryWriter
 
             self._tb = SummaryWriter(str(Path(run_dir) / "tensorboard"), purge_step=resume_from_step + 1)
-        self._forward: list[WandbWriter | TrackioWriter] = []
-        if {"wandb", "trackio"} & set(names):
+        forwarded = [name for name in names if name != "tensorboard"]
+        self._forward: list[WandbWriter | TrackioWriter | AccelerateWriter] = []
+        if forwarded:
             run = tracker_run(run_dir, trackers)
             config = to_dict(trackers)
-            if "wandb" in names:
-                self._forward.append(WandbWriter(run, run_dir, config))
-            if "trackio" in names:
-                self._forward.append(TrackioWriter(run, config))
+            self._forward = [_writer(name, run, run_dir, config) for name in forwarded]
         kept = read_metrics(run_dir) if self._forward and self.path.is_file() else []
         for tracker in self._forward:
             for row in kept:
@@ -72,9 +73,9 @@ class MetricsWriter:
                 tracker.write(step, finite)
 
     def table(self, step: int, name: str, columns: list[str], rows: list[list]) -> None:
-        """Rows of text and numbers to read, not plot: a table in wandb and trackio, markdown text in
-        TensorBoard. Not in metrics.jsonl (what it shows is in its own file, such as rollouts.jsonl), so
-        a resume does not send the steps a kill took again."""
+        """Rows of text and numbers to read, not plot: a table in wandb, trackio and clearml, markdown
+        text in TensorBoard; the other trackers have none. Not in metrics.jsonl (what it shows is in
+        its own file, such as rollouts.jsonl), so a resume does not send the steps a kill took again."""
         if self._tb is not None:
             self._tb.add_text(name, markdown_table(columns, rows), step)
             self._tb.flush()
@@ -96,6 +97,16 @@ class MetricsWriter:
         self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
     ) -> None:
         self.close(failed=exc is not None)
+
+
+def _writer(
+    name: str, run: TrackerRun, run_dir: str | Path, config: dict
+) -> WandbWriter | TrackioWriter | AccelerateWriter:
+    if name == "wandb":
+        return WandbWriter(run, run_dir, config)
+    if name == "trackio":
+        return TrackioWriter(run, config)
+    return AccelerateWriter(name, run, run_dir, config)
 
 
 def read_metrics(run_dir: str | Path) -> list[dict[str, float]]:

@@ -1,10 +1,12 @@
 """Experiment trackers beside metrics.jsonl, named and read as TRL's `report_to` is: `tensorboard`,
-`wandb`, `trackio`, `all` (those installed) or `none`.
+`wandb`, `trackio`, accelerate's other trackers (`mlflow`, `comet_ml`, `clearml`, `dvclive`, `aim`,
+`swanlab`: io/accelerate_trackers.py), `all` (those installed) or `none`.
 
 A run directory keeps its tracker run in `trackers.json` (wandb's run id, the project and the run's
-name, which trackio resumes by), written when the run first starts: a resumed run continues the same
-wandb and trackio run whatever `project` and `run_name` say then. No credential is ever written there:
-wandb and trackio read theirs from their own environment variables and files.
+name, which trackio resumes by, and mlflow's run id once it has one), written when the run first
+starts: a resumed run continues the same wandb, trackio and mlflow run whatever `project` and
+`run_name` say then. No credential is ever written there: each tracker reads its own from its own
+environment variables and files.
 """
 
 from __future__ import annotations
@@ -18,15 +20,36 @@ import secrets
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Literal
+from typing import Literal, get_args
 
 from emoji_rl.errors import UserError
 from emoji_rl.io.jsonl import write_json
 from emoji_rl.io.wandb_file import offline_last_step
 
-TRACKERS = ("tensorboard", "wandb", "trackio")
-ReportTo = Literal["tensorboard", "wandb", "trackio", "all", "none"]
+# The last six are made by accelerate's own tracker classes, under the names TRL and accelerate share.
+ReportTo = Literal[
+    "tensorboard",
+    "wandb",
+    "trackio",
+    "mlflow",
+    "comet_ml",
+    "clearml",
+    "dvclive",
+    "aim",
+    "swanlab",
+    "all",
+    "none",
+]
+TRACKERS = tuple(name for name in get_args(ReportTo) if name not in ("all", "none"))
 EXTRAS = "pip install -e '.[trackers]'"
+# The trackers the extras leave out; aim below 4, as accelerate's AimTracker requires.
+INSTALL = {
+    "comet_ml": "pip install comet-ml",
+    "clearml": "pip install clearml",
+    "dvclive": "pip install dvclive",
+    "aim": "pip install 'aim<4'",
+    "swanlab": "pip install swanlab",
+}
 STATE_FILE = "trackers.json"
 
 
@@ -38,15 +61,17 @@ class TrackerConfig:
         default_factory=lambda: ["tensorboard"],
         metadata={
             "help": "trackers that get the metrics besides metrics.jsonl, as TRL's report_to: tensorboard, "
-            f"wandb, trackio, all (those installed) or none; wandb and trackio need `{EXTRAS}`"
+            "wandb, trackio, mlflow, comet_ml, clearml, dvclive, aim, swanlab (the last six through "
+            f"accelerate's trackers), all (those installed) or none; wandb, trackio and mlflow need `{EXTRAS}`"
         },
     )
     project: str = field(
-        default="emoji-rl", metadata={"help": "the wandb and trackio project a new run is logged under"}
+        default="emoji-rl",
+        metadata={"help": "the project (mlflow: the experiment) a new run is logged under in the trackers"},
     )
     run_name: str | None = field(
         default=None,
-        metadata={"help": "the run's name in wandb and trackio; none: the output directory's name and an id"},
+        metadata={"help": "the run's name in the trackers; none: the output directory's name and an id"},
     )
 
 
@@ -54,9 +79,12 @@ def check_trackers(trackers: TrackerConfig) -> None:
     """A training stage's trackers checked where its config is, before any work (its __post_init__):
     each named one imports (`resolve`), and the names a run is logged under are ones they take."""
     if not trackers.project.strip():
-        raise UserError("project is empty: the wandb and trackio project a run is logged under needs a name")
-    if "wandb" in resolve(trackers.report_to):
+        raise UserError("project is empty: the trackers' project a run is logged under needs a name")
+    names = resolve(trackers.report_to)
+    if "wandb" in names:
         _check_wandb_names(trackers.project, trackers.run_name)
+    if "mlflow" in names:
+        _check_mlflow_store()
 
 
 def _check_wandb_names(project: str, run_name: str | None) -> None:
@@ -71,12 +99,30 @@ def _check_wandb_names(project: str, run_name: str | None) -> None:
         raise UserError(f"project={project!r}: wandb refuses it ({err}); choose another --project") from None
 
 
+def _check_mlflow_store() -> None:
+    """The stores behind mlflow's tracking URI, built as its client builds them: mlflow-skinny has no
+    database store for the default URI (sqlite), and mlflow refuses a folder unless allowed; found
+    here, not after the model has loaded. A tracking server is not contacted."""
+    import mlflow
+    from mlflow.exceptions import MlflowException
+
+    try:
+        mlflow.MlflowClient()
+    except (MlflowException, ImportError) as err:
+        raise UserError(
+            f"report_to mlflow: mlflow cannot keep runs at its tracking URI {mlflow.get_tracking_uri()} "
+            f"({err}); set MLFLOW_TRACKING_URI to your tracking server (http://HOST:PORT), or install "
+            "mlflow itself (`pip install mlflow`: mlflow-skinny has no database store)"
+        ) from None
+
+
 def _require(name: str) -> None:
     try:
         importlib.import_module(name)
     except ImportError as err:
         raise UserError(
-            f"report_to {name}: the {name} package does not import ({err}); install it with {EXTRAS}"
+            f"report_to {name}: the {name} package does not import ({err}); install it with "
+            f"{INSTALL.get(name, EXTRAS)}"
         ) from err
 
 
@@ -85,7 +131,7 @@ def resolve(report_to: Sequence[str]) -> tuple[str, ...]:
     those installed (tensorboard always), and each named one must import."""
     names = tuple(dict.fromkeys(report_to))
     if not names:
-        raise UserError("report_to is empty: name the trackers (tensorboard, wandb, trackio, all), or none")
+        raise UserError(f"report_to is empty: name the trackers ({', '.join(TRACKERS)}, all), or none")
     if "none" in names:
         if len(names) > 1:
             raise UserError(f"report_to: none means no tracker, so it stands alone; got {' '.join(names)}")
@@ -105,11 +151,13 @@ def resolve(report_to: Sequence[str]) -> tuple[str, ...]:
 
 @dataclass(frozen=True)
 class TrackerRun:
-    """One run in wandb and trackio: wandb's id, the project, the name (trackio resumes by name)."""
+    """One run in the trackers: wandb's id, the project, the name (trackio resumes by name) and
+    mlflow's run id, which mlflow itself gives a new run."""
 
     id: str
     project: str
     name: str
+    mlflow_run_id: str | None = None
 
 
 def tracker_run(run_dir: str | Path, cfg: TrackerConfig) -> TrackerRun:
@@ -120,13 +168,26 @@ def tracker_run(run_dir: str | Path, cfg: TrackerConfig) -> TrackerRun:
             return TrackerRun(**json.loads(path.read_text()))
         except (ValueError, TypeError) as err:
             raise UserError(
-                f"{path} is not a tracker run ({err}): restore it, or delete it to start a new wandb/trackio run"
+                f"{path} is not a tracker run ({err}): restore it, or delete it to start new tracker runs"
             ) from err
     # wandb's own ids are 8 characters of [a-z0-9].
     run_id = secrets.token_hex(4)
     run = TrackerRun(run_id, cfg.project, cfg.run_name or f"{Path(run_dir).resolve().name}-{run_id}")
-    write_json(path, dataclasses.asdict(run))
+    _keep(path, run)
     return run
+
+
+def keep_mlflow_run(run_dir: str | Path, run: TrackerRun, mlflow_run_id: str) -> TrackerRun:
+    """`run` with the mlflow run just started for it, kept in trackers.json before anything is
+    logged there, so a resume continues that mlflow run."""
+    run = dataclasses.replace(run, mlflow_run_id=mlflow_run_id)
+    _keep(Path(run_dir) / STATE_FILE, run)
+    return run
+
+
+def _keep(path: Path, run: TrackerRun) -> None:
+    # A run without mlflow keeps no mlflow field, as trackers.json was before mlflow was a tracker.
+    write_json(path, {key: value for key, value in dataclasses.asdict(run).items() if value is not None})
 
 
 def wandb_dir(run_dir: str | Path) -> str:

@@ -214,7 +214,7 @@ class TrainConfig(SamplingConfig, ProcessConfig, ModelConfig, TrackerConfig, Ser
     log_completions: bool = field(
         default=True,
         metadata={
-            "help": "each step, a table of its episodes in the trackers (wandb and trackio tables, "
+            "help": "each step, a table of its episodes in the trackers (wandb, trackio and clearml tables, "
             "TensorBoard text): target, each turn's game log, reward, advantage, sampler version"
         },
     )

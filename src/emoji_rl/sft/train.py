@@ -13,8 +13,8 @@ and the tokens after the generation prompt (the emoji, end of turn) carry the lo
     emoji-rl sft --config configs/gpu/sft.yaml --resume true         # go on from the last checkpoint
 
 The run directory (`output_dir`) holds config.yaml, metrics.jsonl, TensorBoard logs under tensorboard/
-(`report_to`: the trackers it also reports to, at metrics.jsonl's steps; trackers.json: their wandb and
-trackio run),
+(`report_to`: the trackers it also reports to, at metrics.jsonl's steps; trackers.json: their wandb,
+trackio and mlflow run),
 checkpoint-N/ and, at the end, adapter/: a PEFT LoRA adapter (adapter_config.json +
 adapter_model.safetensors) that `PeftModel.from_pretrained` and vLLM's `--lora-modules` load.
 """

@@ -1,0 +1,101 @@
+"""report_to's trackers that accelerate's own classes make (`mlflow`, `comet_ml`, `clearml`, `dvclive`,
+`aim`, `swanlab`): created with the arguments `Accelerator.init_trackers` gives them (the project, the
+logging directory where a class asks for one) and the run's name where the class takes one, then fed
+through accelerate's GeneralTracker API (`store_init_configuration`, `log(values, step)`, `finish`)
+behind the writer interface MetricsWriter feeds wandb and trackio through (io/metrics.py).
+
+mlflow continues the run trackers.json keeps, and says the last step its store holds (`held`), so a
+resume sends it exactly the steps it lacks, as wandb and trackio. The others start a new run in each
+process (dvclive starts its folder over), whose `held` is -1: a resume sends the new run every line of
+metrics.jsonl, and the killed process's run keeps what it had as a run of its own.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+from emoji_rl.errors import UserError
+from emoji_rl.io.trackers import STATE_FILE, TrackerRun, keep_mlflow_run
+
+# The characters mlflow refuses in a metric's name (game/success@0.5), which TRL's mlflow callback
+# (transformers' MLflowCallback) replaces with `_` as this does.
+MLFLOW_REFUSED = re.compile(r"[^0-9A-Za-z_\-. :/]")
+
+
+def init_arguments(name: str, run: TrackerRun, run_dir: str | Path) -> dict:
+    """The keyword arguments accelerate's tracker class `name` is made with."""
+    return {
+        "mlflow": {"experiment_name": run.project, "run_name": run.name, "run_id": run.mlflow_run_id},
+        # comet_ml.start's project; comet names the experiment itself.
+        "comet_ml": {"run_name": run.project},
+        "clearml": {"run_name": run.project, "task_name": run.name},
+        # In the run directory, as TensorBoard's events: dvclive's default is the working directory's.
+        "dvclive": {"dir": str(Path(run_dir) / "dvclive")},
+        "aim": {"run_name": run.name, "logging_dir": str(run_dir), "experiment": run.project},
+        "swanlab": {"run_name": run.project},
+    }[name]
+
+
+class AccelerateWriter:
+    """Metrics to one of accelerate's trackers at our step numbers. `held`: the last step the tracker
+    already holds for this run (-1: none, as in a new run)."""
+
+    def __init__(self, name: str, run: TrackerRun, run_dir: str | Path, config: dict) -> None:
+        from accelerate import PartialState
+        from accelerate.tracking import LOGGER_TYPE_TO_CLASS
+
+        # accelerate's trackers log through its logger, which refuses to run before the process state
+        # exists: the stage's (join_processes made it), or a lone process's outside a stage.
+        PartialState()
+        self._tracker = LOGGER_TYPE_TO_CLASS[name](**init_arguments(name, run, run_dir))
+        self._name = name
+        self.held = -1
+        if name == "mlflow" and run.mlflow_run_id is not None:
+            _continue_mlflow_run(self._tracker, run.mlflow_run_id, run_dir)
+            # Not the config again: mlflow refuses to change a param once logged, and a resume's
+            # differs (resume: true). The run keeps the config it started with.
+            self.held = mlflow_last_step(run.mlflow_run_id)
+            return
+        self._tracker.start()
+        if name == "mlflow":
+            keep_mlflow_run(run_dir, run, self._tracker.tracker.info.run_id)
+        self._tracker.store_init_configuration(config)
+
+    def write(self, step: int, metrics: dict[str, float]) -> None:
+        if self._name == "mlflow":
+            metrics = {MLFLOW_REFUSED.sub("_", key): value for key, value in metrics.items()}
+        self._tracker.log(metrics, step=step)
+
+    def table(self, step: int, name: str, columns: list[str], rows: list[list]) -> None:
+        """A table where accelerate's class logs one (clearml); the others have no table to log."""
+        log_table = getattr(self._tracker, "log_table", None)
+        if log_table is not None:
+            log_table(name, columns=columns, data=rows, step=step)
+
+    def close(self, failed: bool = False) -> None:
+        self._tracker.finish()
+
+
+def _continue_mlflow_run(tracker, run_id: str, run_dir: str | Path) -> None:
+    import mlflow
+    from mlflow.exceptions import MlflowException
+
+    try:
+        tracker.start()
+    except MlflowException as err:
+        raise UserError(
+            f"{Path(run_dir) / STATE_FILE} keeps mlflow run {run_id}, which mlflow at "
+            f"{mlflow.get_tracking_uri()} cannot continue ({err}): point MLFLOW_TRACKING_URI at the store "
+            "that holds it, or delete mlflow_run_id there to start a new mlflow run"
+        ) from None
+
+
+def mlflow_last_step(run_id: str) -> int:
+    """The last step mlflow's store holds a metric at for run `run_id` (-1: none). mlflow logs each
+    call before it returns, so this is every step the killed process logged."""
+    from mlflow import MlflowClient
+
+    client = MlflowClient()
+    keys = client.get_run(run_id).data.metrics
+    return max((m.step for key in keys for m in client.get_metric_history(run_id, key)), default=-1)
