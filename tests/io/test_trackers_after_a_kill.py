@@ -1,8 +1,8 @@
 """Every tracker holds every step once after a real kill -9 and a resume: the stage run as a user runs
 it (`emoji-rl sft` / `grpo` in its own process group), killed between checkpoints, just after one or
-while one is being written, then resumed; wandb's offline files, trackio's store and TensorBoard's
-events read back. wandb and trackio keep what they have not written yet in memory, so the kill drops
-it: the resume sends again what each lacks (io/metrics.py)."""
+while one is being written, then resumed; wandb's offline files, trackio's store, mlflow's store and
+TensorBoard's events read back. wandb and trackio keep what they have not written yet in memory, so the
+kill drops it: the resume sends again what each lacks (io/metrics.py)."""
 
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ import time
 from pathlib import Path
 
 import pytest
-from tests.trackers import trackio_rows, wandb_runs
+from tests.trackers import mlflow_points, trackio_rows, wandb_runs
 
 ROOT = Path(__file__).resolve().parents[2]
 STEPS = 4
@@ -84,10 +84,11 @@ def _tensorboard_steps(run: Path, key: str) -> list[int]:
         ("grpo", "after a checkpoint"),
     ],
 )
-def test_every_tracker_holds_every_step_once_after_a_kill(tmp_path, stage, moment):
+def test_every_tracker_holds_every_step_once_after_a_kill(tmp_path, stage, moment, monkeypatch):
     run = tmp_path / "run"
     command = [sys.executable, "-m", "emoji_rl.cli", *_stage_args(stage, tmp_path), "--output_dir", str(run),
-               "--max_steps", str(STEPS), "--save_steps", "2", "--report_to", "tensorboard", "wandb", "trackio"]  # fmt: skip
+               "--max_steps", str(STEPS), "--save_steps", "2", "--report_to", "tensorboard", "wandb", "trackio", "mlflow"]  # fmt: skip
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", (tmp_path / "mlruns").as_uri())  # this test's runs alone
     # Not this pytest process's wandb service (WANDB_SERVICE, set by a test that ran wandb in process):
     # the kill must take the stage's own wandb process with it, as it does a user's.
     env = {k: v for k, v in os.environ.items() if not k.startswith("WANDB_") or k == "WANDB_MODE"}
@@ -118,3 +119,12 @@ def test_every_tracker_holds_every_step_once_after_a_kill(tmp_path, stage, momen
     rows = trackio_rows(tracker["project"], tracker["name"])
     assert sorted(row["step"] for row in rows if key in row) == list(range(1, STEPS + 1))
     assert _tensorboard_steps(run, key) == list(range(1, STEPS + 1))
+    assert [step for step, _ in mlflow_points(tracker["mlflow_run_id"], key)] == list(range(1, STEPS + 1))
+    assert _mlflow_run_ids(tracker["project"]) == [tracker["mlflow_run_id"]]
+
+
+def _mlflow_run_ids(project: str) -> list[str]:
+    from mlflow import MlflowClient
+
+    client = MlflowClient()
+    return [r.info.run_id for r in client.search_runs([client.get_experiment_by_name(project).experiment_id])]
