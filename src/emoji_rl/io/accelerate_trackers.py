@@ -92,8 +92,8 @@ def _continue_mlflow_run(tracker, run_id: str, run_dir: str | Path) -> None:
 
 
 def mlflow_last_step(run_id: str) -> int:
-    """The last step mlflow's store holds a metric at for run `run_id` (-1: none). mlflow logs each
-    call before it returns, so this is every step the killed process logged."""
+    """The last step mlflow's store holds a metric at for run `run_id` (-1: none): read from the store,
+    not from what a killed process logged, since mlflow may have queued some (its async logging)."""
     from mlflow import MlflowClient
 
     client = MlflowClient()
