@@ -86,8 +86,12 @@ def test_an_mlflow_store_mlflow_refuses_is_named_when_parsed(stage, tmp_path, mo
         UserError, match=r"report_to mlflow: mlflow cannot keep runs at its tracking URI file:"
     ):
         parse_config(stage, ["--report_to", "mlflow"], "stage")
+    # `all` leaves out an installed mlflow it could not log to, rather than stop the stage
+    assert "mlflow" in INSTALLED and resolve(["all"]) == tuple(n for n in INSTALLED if n != "mlflow")
+    assert parse_config(stage, ["--report_to", "all"], "stage").report_to == ["all"]
     monkeypatch.setenv("MLFLOW_TRACKING_URI", "http://127.0.0.1:9")  # a server: not contacted yet
     assert parse_config(stage, ["--report_to", "mlflow"], "stage").report_to == ["mlflow"]
+    assert resolve(["all"]) == INSTALLED
 
 
 def test_the_tracker_run_is_kept_in_the_run_directory(tmp_path):

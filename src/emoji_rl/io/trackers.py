@@ -62,7 +62,7 @@ class TrackerConfig:
         metadata={
             "help": "trackers that get the metrics besides metrics.jsonl, as TRL's report_to: tensorboard, "
             "wandb, trackio, mlflow, comet_ml, clearml, dvclive, aim, swanlab (the last six through "
-            f"accelerate's trackers), all (those installed) or none; wandb, trackio and mlflow need `{EXTRAS}`"
+            f"accelerate's trackers), all (those installed; mlflow once it has a store) or none; wandb, trackio and mlflow need `{EXTRAS}`"
         },
     )
     project: str = field(
@@ -99,21 +99,39 @@ def _check_wandb_names(project: str, run_name: str | None) -> None:
         raise UserError(f"project={project!r}: wandb refuses it ({err}); choose another --project") from None
 
 
-def _check_mlflow_store() -> None:
-    """The stores behind mlflow's tracking URI, built as its client builds them: mlflow-skinny has no
-    database store for the default URI (sqlite), and mlflow refuses a folder unless allowed; found
-    here, not after the model has loaded. A tracking server is not contacted."""
+def _mlflow_store_problem() -> str | None:
+    """Why mlflow cannot keep runs at its tracking URI (None: it can), its stores built as its client
+    builds them: mlflow-skinny has no database store for the default URI (sqlite), and mlflow refuses
+    a folder unless allowed; found here, not after the model has loaded. A tracking server is not
+    contacted."""
     import mlflow
     from mlflow.exceptions import MlflowException
 
     try:
         mlflow.MlflowClient()
     except (MlflowException, ImportError) as err:
-        raise UserError(
-            f"report_to mlflow: mlflow cannot keep runs at its tracking URI {mlflow.get_tracking_uri()} "
-            f"({err}); set MLFLOW_TRACKING_URI to your tracking server (http://HOST:PORT), or install "
-            "mlflow itself (`pip install mlflow`: mlflow-skinny has no database store)"
-        ) from None
+        return (
+            f"mlflow cannot keep runs at its tracking URI {mlflow.get_tracking_uri()} ({err}); set "
+            "MLFLOW_TRACKING_URI to your tracking server (http://HOST:PORT), or install mlflow itself "
+            "(`pip install mlflow`: mlflow-skinny has no database store)"
+        )
+    return None
+
+
+def _check_mlflow_store() -> None:
+    problem = _mlflow_store_problem()
+    if problem is not None:
+        raise UserError(f"report_to mlflow: {problem}")
+
+
+def _usable(name: str) -> bool:
+    """Whether `all` takes the tracker: installed, and for mlflow a store it can write (mlflow-skinny,
+    which the trackers extra installs, has none until MLFLOW_TRACKING_URI names one)."""
+    if name == "tensorboard":
+        return True
+    if importlib.util.find_spec(name) is None:
+        return False
+    return name != "mlflow" or _mlflow_store_problem() is None
 
 
 def _require(name: str) -> None:
@@ -128,7 +146,8 @@ def _require(name: str) -> None:
 
 def resolve(report_to: Sequence[str]) -> tuple[str, ...]:
     """The trackers `report_to` names, checked before any work: `none` alone means none, `all` means
-    those installed (tensorboard always), and each named one must import."""
+    those installed and usable (tensorboard always; mlflow with a store it can write), and each named
+    one must import."""
     names = tuple(dict.fromkeys(report_to))
     if not names:
         raise UserError(f"report_to is empty: name the trackers ({', '.join(TRACKERS)}, all), or none")
@@ -137,7 +156,7 @@ def resolve(report_to: Sequence[str]) -> tuple[str, ...]:
             raise UserError(f"report_to: none means no tracker, so it stands alone; got {' '.join(names)}")
         return ()
     if "all" in names:
-        return tuple(name for name in TRACKERS if name == "tensorboard" or importlib.util.find_spec(name))
+        return tuple(name for name in TRACKERS if _usable(name))
     unknown = [name for name in names if name not in TRACKERS]
     if unknown:
         raise UserError(

@@ -177,7 +177,10 @@ def _held_out(cfg: TrainConfig, policy: PeftModel, tokenizer, game: GameSetup, a
     if not (cfg.eval_steps or cfg.eval_before_train):
         return None
     assert cfg.eval_data is not None  # TrainConfig checks it
-    records = read_jsonl(cfg.eval_data, hint="the game's held-out records (eval_data)")
+    if game.read_records is None:
+        records = read_jsonl(cfg.eval_data, hint="the game's held-out records (eval_data)")
+    else:
+        records = game.read_records(cfg.eval_data)
     records = records[: cfg.eval_max_examples or None]
     constraint = "grammar" if game.constraint else "none"
     decoding = cfg.decoding(

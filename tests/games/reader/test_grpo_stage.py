@@ -50,10 +50,13 @@ def grpo(split, out, *extra):
 
 
 def test_the_reader_trains_from_the_command_line_with_the_sender_in_process(split, tmp_path):
-    metrics, episodes = grpo(split, tmp_path / "run", "--max_steps", "2", "--save_steps", "2")
-    assert [m["step"] for m in metrics] == [1, 2]
+    # The held-out evaluation reads the SFT split the game's way (the teacher's emoji from `messages`).
+    held_out = ("--eval_data", split, "--eval_before_train", "true", "--eval_max_examples", "2")
+    metrics, episodes = grpo(split, tmp_path / "run", "--max_steps", "2", "--save_steps", "2", *held_out)
+    assert [m["step"] for m in metrics] == [0, 1, 2]
+    assert 0 <= metrics[0]["eval/similarity"] <= 1 and metrics[0]["eval/turns"] >= 1
     keys = {"game/similarity", "game/first_similarity", "reward/contrast/mean", "time/partner_s"}
-    assert all(keys <= m.keys() for m in metrics)
+    assert all(keys <= m.keys() for m in metrics[1:])
     assert {e["target"] for e in episodes} <= MESSAGES.keys() and len(episodes) == 4
     for episode in episodes:
         first = episode["turns"][0]

@@ -10,7 +10,7 @@ from dataclasses import dataclass
 
 from emoji_rl.game.registry import GameContext, GameSpec
 from emoji_rl.game.similarity import ContrastConfig, SimilarityConfig
-from emoji_rl.game.types import GameSetup
+from emoji_rl.game.types import GameSetup, Record
 from emoji_rl.games.reader.evaluation import EVALUATION
 from emoji_rl.games.reader.game import ReaderConfig
 from emoji_rl.games.reader.partner import PartnerConfig
@@ -28,7 +28,10 @@ def setup(cfg, context: GameContext) -> GameSetup:
     from emoji_rl.games.reader.game import ReaderBuilder, ReaderRules
     from emoji_rl.lm import models
 
-    records = read_reader_records(cfg.train_data, cfg.min_emoji, cfg.max_emoji)
+    def read(path: str) -> list[Record]:
+        return read_reader_records(path, cfg.min_emoji, cfg.max_emoji)
+
+    records = read(cfg.train_data)
     partner = cfg.build_partner(
         context.runtime,
         model=cfg.model,
@@ -49,6 +52,7 @@ def setup(cfg, context: GameContext) -> GameSetup:
         target=lambda record: record["target"],
         headline=("sim", "game/similarity"),
         seconds=lambda: builder.seconds,
+        read_records=read,
     )
 
 

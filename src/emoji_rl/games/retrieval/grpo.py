@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 
 from emoji_rl.game.registry import GameContext, GameSpec
 from emoji_rl.game.similarity import ContrastConfig, SimilarityConfig
-from emoji_rl.game.types import GameSetup
+from emoji_rl.game.types import GameSetup, Record
 from emoji_rl.games.retrieval.evaluation import EVALUATION, held_out_metrics
 from emoji_rl.games.retrieval.game import RetrievalConfig
 from emoji_rl.games.retrieval.judge_config import JudgeConfig
@@ -35,7 +35,10 @@ def setup(cfg, context: GameContext) -> GameSetup:
     from emoji_rl.games.retrieval.reward import RewardWeights
     from emoji_rl.lm import models
 
-    records = read_records(cfg.train_data, "target", "make it with `emoji-rl rl-prompts`")
+    def read(path: str) -> list[Record]:
+        return read_records(path, "target", "make it with `emoji-rl rl-prompts`")
+
+    records = read(cfg.train_data)
     constraint = compile_emoji_grammar(
         context.tokenizer, cfg.min_emoji, cfg.max_emoji, vocab_size=context.vocab_size
     )
@@ -56,6 +59,7 @@ def setup(cfg, context: GameContext) -> GameSetup:
         headline=("sim", "game/similarity"),
         seconds=lambda: dict(builder.seconds),
         held_out_metrics=held_out_metrics(similarity, cfg.seed),
+        read_records=read,
     )
 
 

@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 
 from emoji_rl.config import override
 from emoji_rl.game.registry import GameConfig, GameContext, GameSpec
-from emoji_rl.game.types import EpisodeGroup, GameSetup
+from emoji_rl.game.types import EpisodeGroup, GameSetup, Record
 from emoji_rl.games.wordle.evaluation import EVALUATION, game_record
 from emoji_rl.games.wordle.game import MAX_TURNS
 from emoji_rl.io.jsonl import read_records
@@ -43,7 +43,10 @@ def setup(cfg, context: GameContext) -> GameSetup:
     from emoji_rl.games.wordle.game import WordleBuilder, WordleRules
     from emoji_rl.games.wordle.reward import Curriculum, CurriculumTracker
 
-    records = read_records(cfg.train_data, "answer", "make it with `emoji-rl wordle-data`")
+    def read(path: str) -> list[Record]:
+        return read_records(path, "answer", "make it with `emoji-rl wordle-data`")
+
+    records = read(cfg.train_data)
     curriculum = Curriculum(threshold=cfg.curriculum_threshold, window=cfg.curriculum_window)
     tracker = CurriculumTracker(curriculum) if cfg.curriculum else None
     builder = WordleBuilder(context.tokenizer, WordleRules(max_turns=cfg.max_turns), tracker)
@@ -58,6 +61,7 @@ def setup(cfg, context: GameContext) -> GameSetup:
         held_out_metrics=lambda records, indices, episodes: [
             EVALUATION.values(game_record(e)) for e in episodes
         ],
+        read_records=read,
     )
     if tracker is None:
         return game
