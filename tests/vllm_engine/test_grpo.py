@@ -11,7 +11,7 @@ import shutil
 
 import pytest
 from tests.rl.test_async_grpo import run
-from tests.rl.test_train import Interrupted, favorite_share
+from tests.rl.test_train import Interrupted, _comparable, favorite_share
 from tests.vllm_engine.conftest import KEY_ENV
 
 from emoji_rl import cli
@@ -80,9 +80,7 @@ def test_grpo_trains_resumes_and_reruns_against_the_engine(engine, engine_key, t
 
 
 def comparable(out) -> list[dict[str, float]]:
-    return [
-        {k: v for k, v in m.items() if not k.startswith(("time/", "throughput/"))} for m in read_metrics(out)
-    ]
+    return _comparable(read_metrics(out))
 
 
 # What the server's log-probs feed: the importance weights, so the loss and its gradient, and the

@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Protocol
 
 if TYPE_CHECKING:
     from emoji_rl.emoji.constraint import EmojiConstraint
+    from emoji_rl.io.endpoint import Endpoint
 
 
 @dataclass(frozen=True)
@@ -128,7 +129,8 @@ class GameSetup:
     target, shown beside its group in logs), its headline metric (label, key: the progress bar shows
     it beside the reward), the seconds spent in the game's services since the start, any state of the run beyond the model that a checkpoint must hold (a curriculum), and what
     learns from each step's groups, every process's, in rank order (the curriculum again): fed the
-    same groups on every process, the processes take the same decisions."""
+    same groups on every process, the processes take the same decisions. `servers`: the servers its
+    services play on, by role (`judge`), whose own metrics each step logs (`rl/rollout/servers.py`)."""
 
     make_game: Callable[[Record], Game]
     records: list[Record]
@@ -139,3 +141,4 @@ class GameSetup:
     seconds: Callable[[], dict[str, float]] = dict
     state: Stateful | None = None
     observe: Callable[[Sequence[EpisodeGroup]], None] = lambda groups: None
+    servers: dict[str, Endpoint] = field(default_factory=dict)

@@ -49,6 +49,7 @@ def setup(cfg, context: GameContext) -> GameSetup:
         target=lambda record: record["target"],
         headline=("sim", "game/similarity"),
         seconds=lambda: builder.seconds,
+        servers={"partner": partner.completer.endpoint} if partner.completer.endpoint else {},
     )
 
 

@@ -55,6 +55,7 @@ def setup(cfg, context: GameContext) -> GameSetup:
         target=lambda record: record["target"],
         headline=("sim", "game/similarity"),
         seconds=lambda: dict(builder.seconds),
+        servers={"judge": judge.endpoint} if judge.endpoint else {},
     )
 
 
