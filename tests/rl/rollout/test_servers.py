@@ -10,32 +10,15 @@ import socket
 
 import httpx
 import pytest
-from tests.fakes.fake_lm import FakeLM
 from tests.fakes.vllm_server import FakeVLLMServer
+from tests.rl.rollout.conftest import endpoint
 
 from emoji_rl.io.endpoint import Endpoint
 from emoji_rl.rl.rollout.servers import READ_TIMEOUT_S, ServerWatch, watched
 
-KEY_ENV = "EMOJI_RL_TEST_POLICY_KEY"
 POLL_S = 0.01
 # Token-id prompts of 40 tokens: two whole blocks of the fake's 16 looked up, none shared between them.
 FIRST, OTHER = list(range(300, 340)), list(range(500, 540))
-
-
-@pytest.fixture(scope="module")
-def lm(smollm2_tokenizer):
-    return FakeLM(smollm2_tokenizer)
-
-
-@pytest.fixture
-def server(lm, monkeypatch):
-    monkeypatch.setenv(KEY_ENV, "test-key")
-    with FakeVLLMServer(lm) as fake:
-        yield fake
-
-
-def endpoint(server):
-    return Endpoint(server.url, api_key_env=KEY_ENV)
 
 
 async def complete(server, prompts):
