@@ -68,7 +68,10 @@ class PrefixCache:
 
 def prefix_cache_counters(metrics: str) -> PrefixCache:
     """The prefix-cache counters of a server's /metrics page, summed over its samples."""
-    found = _samples(metrics, PREFIX_CACHE_METRICS)
+    return _counters(_samples(metrics, PREFIX_CACHE_METRICS))
+
+
+def _counters(found: dict[str, list[float]]) -> PrefixCache:
     queries, hits = (round(sum(found[name])) for name in PREFIX_CACHE_METRICS)
     return PrefixCache(queries, hits)
 
@@ -89,7 +92,7 @@ def server_load(metrics: str) -> ServerLoad:
     found = _samples(metrics, [*PREFIX_CACHE_METRICS, KV_CACHE_USAGE, RUNNING, WAITING])
     usage = found[KV_CACHE_USAGE]
     return ServerLoad(
-        prefix_cache_counters(metrics),
+        _counters(found),
         sum(usage) / len(usage),
         round(sum(found[RUNNING])),
         round(sum(found[WAITING])),
