@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import torch
+from tests.fakes.engine_stats import EngineStats
 from tests.fakes.fake_lm import FakeLM, LogprobsMode, SamplingParams
 
 from emoji_rl.lm.template import chat_ids
@@ -78,6 +79,7 @@ class OpenAIAPI:
     logprobs_mode: LogprobsMode
     length_rule: str
     chat_reply: Callable[[Sequence[JSONBody]], str]
+    stats: EngineStats
     _generator: torch.Generator
 
     def _resolve(self, name: object) -> tuple[str, str]:
@@ -250,7 +252,9 @@ class OpenAIAPI:
                 # A seeded request: every prompt draws from the same seed (sample j from seed + j),
                 # so identical prompts get identical samples. Otherwise the server's own stream.
                 generator = torch.Generator().manual_seed(seed + j) if seed is not None else self._generator
+                self.stats.prefill(lm_key, prompt)
                 gen = self.lm.generate(lm_key, prompt, params, grammar, generator)
+                self.stats.cache(lm_key, [*prompt, *gen.token_ids])
                 completion_tokens += len(gen.token_ids)
                 text_ids = gen.token_ids[:-1] if gen.finish_reason == "stop" else gen.token_ids
                 choices.append(
@@ -324,7 +328,7 @@ class OpenAIAPI:
                 or not isinstance(m.get("content"), str)
             ):
                 raise bad_field("messages", f"Each message needs a string role and content, got {m!r}")
-        echoed, _ = self._resolve(body.get("model"))
+        echoed, lm_key = self._resolve(body.get("model"))
         kwargs = body.get("chat_template_kwargs") or {}
         if not isinstance(kwargs, dict):
             raise bad_field("chat_template_kwargs", "Input should be a valid dictionary")
@@ -335,7 +339,9 @@ class OpenAIAPI:
                 )
         self._number(body, "temperature", 1.0, lambda t: t >= 0, "must be non-negative")
         # The template ignores kwargs it does not declare; SmolLM2's declares none.
-        prompt_len = len(chat_ids(self.lm.tokenizer, messages))
+        prompt = chat_ids(self.lm.tokenizer, messages)
+        prompt_len = len(prompt)
+        self.stats.prefill(lm_key, prompt)
         requested = self._int(body, "max_completion_tokens", None)
         if requested is None:
             requested = self._int(body, "max_tokens", None)
@@ -346,6 +352,7 @@ class OpenAIAPI:
         ]
         finish = "stop" if len(ids) <= limit else "length"
         ids = ids[:limit]
+        self.stats.cache(lm_key, [*prompt, *ids])
         content = self.lm.tokenizer.decode(ids[:-1] if finish == "stop" else ids, skip_special_tokens=True)
         message = {
             "role": "assistant",

@@ -6,6 +6,9 @@ key vLLM sends, nulls included, and generates for real with `FakeLM` under the r
 Every request is recorded, so tests assert on the exact bodies a client sent. This file holds the
 HTTP side, auth, routes, readiness and the LoRA endpoints; completions and chat are in vllm_api.py.
 
+Its /metrics page has vLLM's prefix-cache counters and load gauges, which a GRPO step logs
+(engine_stats.py), and is answered while a request generates, as vLLM's API server answers it.
+
 Readiness as in vLLM (§5): the socket is bound at `start()` but listens only `ready_after` seconds
 later (None: never), so connections are refused until then and `/health` then answers 200.
 
@@ -26,10 +29,12 @@ from pathlib import Path
 from typing import Any, Literal
 
 import torch
+from tests.fakes.engine_stats import EngineStats
 from tests.fakes.fake_lm import FakeLM, LogprobsMode
 from tests.fakes.vllm_api import Adapter, JSONBody, OpenAIAPI, Reject, bad_field, default_chat_reply, error
 
 AUTH_PREFIXES = ("/v1", "/v2", "/inference", "/cohere")
+ENGINE_ROUTES = ("/v1/completions", "/v1/chat/completions")
 # 0.33 hides the folder of a missing adapter under these roots (serve/exception_handling/utils.py).
 HIDDEN_PATH_ROOTS = ("/tmp", "/home", "/root", "/Users", "/var", "/mnt", "/data")
 
@@ -80,6 +85,7 @@ class FakeVLLMServer(OpenAIAPI):
         """Most requests open at once (each waits for the lock while the one before is answered)."""
         self._in_flight = 0
         self.adapters: dict[str, Adapter] = {}
+        self.stats = EngineStats()
         self._failures: dict[str, list[int]] = {}
         self._generator = torch.Generator().manual_seed(seed)
         self._lock = threading.Lock()
@@ -181,11 +187,14 @@ class FakeVLLMServer(OpenAIAPI):
             body = json.loads(text) if text else None
         except ValueError:
             body = text
+        if (method, path) == ("GET", "/metrics"):
+            self.requests.append(Recorded(method, path, headers, body))
+            return 200, self.stats.page(self.served[0])
         with self._count_lock:
             self._in_flight += 1
             self.max_in_flight = max(self.max_in_flight, self._in_flight)
         try:
-            with self._lock:
+            with self.stats.request(self._lock) if path in ENGINE_ROUTES else self._lock:
                 self.requests.append(Recorded(method, path, headers, body))
                 try:
                     return 200, self._route(method, path, headers, body, text)

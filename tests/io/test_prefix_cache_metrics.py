@@ -1,13 +1,19 @@
-"""Reading a vLLM server's prefix-cache counters and cache config from its /metrics page, on a page
-the real engine served (tests/fixtures/README.md) and on lines written here for what it did not show
-(several engines, labels with spaces and braces)."""
+"""Reading a vLLM server's prefix-cache counters, cache config and load from its /metrics page, on a
+page the real engine served (tests/fixtures/README.md) and on lines written here for what it did not
+show (several engines, labels with spaces and braces, a busy server)."""
 
 from pathlib import Path
 
 import pytest
 
 from emoji_rl.errors import UserError
-from emoji_rl.io.endpoint import PrefixCache, cache_config, prefix_cache_counters
+from emoji_rl.io.server_metrics import (
+    PrefixCache,
+    ServerLoad,
+    cache_config,
+    prefix_cache_counters,
+    server_load,
+)
 
 PAGE = (Path(__file__).parents[1] / "fixtures" / "vllm_metrics_hybrid.txt").read_text()
 
@@ -59,3 +65,33 @@ def test_counters_over_an_interval_are_the_difference():
     before, after = PrefixCache(1000, 400), PrefixCache(1800, 1000)
     assert after - before == PrefixCache(800, 600) and (after - before).rate == 0.75
     assert PrefixCache(0, 0).rate == 0.0  # no request in the interval
+
+
+def test_the_engines_page_gives_its_load():
+    # Served idle, after the bench's requests: nothing running, nothing queued, no block in use (the
+    # cached prefixes' blocks count as free). `num_requests_waiting_by_reason` is another gauge.
+    assert "vllm:num_requests_waiting_by_reason{" in PAGE
+    assert server_load(PAGE) == ServerLoad(PrefixCache(37858, 24656), 0.0, 0, 0)
+
+
+def test_a_busy_server_with_two_engines_sums_its_requests_and_averages_its_cache_usage():
+    labels = '{engine="%d",model_name="policy"}'
+    page = "\n".join(
+        [
+            *(
+                f"vllm:prefix_cache_{kind}_total{labels % e} {n}"
+                for e in (0, 1)
+                for kind, n in (("queries", 90.0), ("hits", 30.0))
+            ),
+            f"vllm:kv_cache_usage_perc{labels % 0} 0.75",
+            f"vllm:kv_cache_usage_perc{labels % 1} 0.25",
+            f"vllm:num_requests_running{labels % 0} 12.0",
+            f"vllm:num_requests_running{labels % 1} 4.0",
+            f"vllm:num_requests_waiting{labels % 0} 3.0",
+            f"vllm:num_requests_waiting{labels % 1} 0.0",
+            'vllm:num_requests_waiting_by_reason{engine="0",model_name="policy",reason="capacity"} 3.0',
+        ]
+    )
+    assert server_load(page) == ServerLoad(PrefixCache(180, 60), 0.5, 16, 3)
+    with pytest.raises(UserError, match="no vllm:kv_cache_usage_perc on the metrics page"):
+        server_load(page.replace("kv_cache_usage_perc", "gpu_cache_usage_perc"))

@@ -1,11 +1,12 @@
 """GRPO with its rollouts one version behind the update (`max_off_policy_steps` 1) against the fake vLLM
 server: a function of its seed whatever the timing, resumed with a step in flight to the same end, a
-server that dies during the next step's rollouts named, and a trainer that dies taking its rollout
-thread with it."""
+server that dies during the next step's rollouts named, a trainer that dies taking its rollout
+thread with it, and what the policy and judge servers say of each step logged beside it."""
 
 from __future__ import annotations
 
 import hashlib
+import itertools
 import json
 import random
 import threading
@@ -34,6 +35,7 @@ pytestmark = pytest.mark.slow
 
 KEY_ENV = "EMOJI_RL_TEST_POLICY_KEY"
 RECORDS = [{"id": f"p{i}", "target": "I love the sunny weather today"} for i in range(3)]
+TARGETS = ("let's get pizza tonight", "the train is late again")
 
 
 class WeightsServer(FakeVLLMServer):
@@ -185,3 +187,35 @@ def test_a_trainer_that_dies_stops_its_rollouts(lm, tmp_path, monkeypatch):
         time.sleep(1.0)
         assert len(server.bodies("/v1/completions")) == sent  # nothing more reaches the server
     assert json.loads((tmp_path / "run" / "metrics.jsonl").read_text().splitlines()[0])["step"] == 1
+
+
+def test_each_step_logs_what_the_policy_and_judge_servers_say_of_it(lm, tmp_path, capsys):
+    """The retrieval game, two turns, its judge on a server of its own: each step's line holds both
+    servers' prefix-cache hit rate over the step (a group shares its opening, and turn 2 resends turn
+    1), the most KV cache they used, and their requests running and waiting."""
+    from emoji_rl import cli
+
+    data = tmp_path / "rl.jsonl"
+    data.write_text("".join(json.dumps({"id": f"t{i}", "target": t}) + "\n" for i, t in enumerate(TARGETS)))
+    out = tmp_path / "run"
+    with (
+        FakeVLLMServer(lm, logprobs_mode="processed_logprobs") as policy,
+        FakeVLLMServer(lm, served_model_names=("judge",)) as judge,
+    ):
+        served = ["--engine", "vllm", "--vllm_url", policy.url, "--vllm_api_key_env", KEY_ENV]
+        judged = ["--judge", "openai", "--judge_url", judge.url, "--judge_model", "judge"]
+        judged += ["--judge_api_key_env", KEY_ENV]
+        small = ["--max_turns", "2", "--tau", "0.99", "--batch_size", "1", "--group_size", "2"]
+        small += ["--lora_r", "4", "--max_steps", "2", "--save_steps", "2", "--max_off_policy_steps", "1"]
+        args = ["grpo", "--train_data", str(data), "--output_dir", str(out), *served, *judged, *small]
+        assert cli.main(args) == 0, capsys.readouterr().err
+    metrics = read_metrics(out)
+    assert [m["step"] for m in metrics] == [1, 2]
+    for m, role in itertools.product(metrics, ("policy", "judge")):
+        assert 0.0 < m[f"server/{role}/prefix_cache_hit_rate"] < 1.0, m
+        assert 0.0 <= m[f"server/{role}/kv_cache_usage"] <= 1.0
+        # The fake serves one request at a time.
+        assert m[f"server/{role}/running"] in (0.0, 1.0) and m[f"server/{role}/waiting"] >= 0.0
+    # Beside the time the trainer waited for those rollouts.
+    keys = list(metrics[0])
+    assert keys.index("time/wait_rollouts_s") + 1 == keys.index("server/policy/prefix_cache_hit_rate")

@@ -25,6 +25,7 @@ from emoji_rl.rl.train_config import grpo_config
 
 pytestmark = pytest.mark.slow
 
+UNCOMPARABLE = ("time/", "throughput/", "server/")
 FAVORITE = "🌱"
 PROMPT = "I love the sunny weather today"
 
@@ -112,7 +113,8 @@ def test_grpo_raises_a_verifiable_reward(tmp_path):
 
 
 def _comparable(metrics):
-    return [{k: v for k, v in m.items() if not k.startswith(("time/", "throughput/"))} for m in metrics]
+    """Without what depends on the clock or on what the servers served before (their cache and load)."""
+    return [{k: v for k, v in m.items() if not k.startswith(UNCOMPARABLE)} for m in metrics]
 
 
 class Interrupted(Exception):

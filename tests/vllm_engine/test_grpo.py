@@ -1,8 +1,9 @@
 """GRPO with `--engine vllm` and `--judge openai` against the real engine: steps, a resume, and a
 rerun into the same run directory, each sampled by the adapter the trainer just published and never
-served from a prefix cached under an earlier session's adapter (docs/VLLM.md §4); with the rollouts
-one version behind (`--max_off_policy_steps 1`), a resume with a step in flight to the uninterrupted
-run's end; and a verifiable reward learned through the engine, in lockstep and one version behind."""
+served from a prefix cached under an earlier session's adapter (docs/VLLM.md §4); multi-turn steps
+that log the server's prefix-cache hits over each; with the rollouts one version behind
+(`--max_off_policy_steps 1`), a resume with a step in flight to the uninterrupted run's end; and a
+verifiable reward learned through the engine, in lockstep and one version behind."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ import shutil
 
 import pytest
 from tests.rl.test_async_grpo import run
-from tests.rl.test_train import Interrupted, favorite_share
+from tests.rl.test_train import Interrupted, _comparable, favorite_share
 from tests.vllm_engine.conftest import KEY_ENV
 
 from emoji_rl import cli
@@ -79,10 +80,30 @@ def test_grpo_trains_resumes_and_reruns_against_the_engine(engine, engine_key, t
     assert all(abs(kl) < KL_TOLERANCE for kl in rerun.values()), rerun
 
 
+def test_a_multi_turn_step_reads_its_earlier_turns_from_the_prefix_cache(
+    engine, engine_key, tmp_path, capsys
+):
+    """Each turn after the first resends the episode so far, which the server computed a turn before:
+    each step's line has the share of prompt tokens the server found in its prefix cache over that
+    step, from its own counters, and the requests it was running while the step played. The judge,
+    served by the same server, is read with it, as the policy."""
+    out = tmp_path / "run"
+    turns = ("--max_turns", "3", "--tau", "0.99")
+    assert grpo(engine, out, "--max_steps", "2", *turns, "--seed", "0") == 0, capsys.readouterr().err
+    episodes = [json.loads(line) for line in (out / "rollouts.jsonl").open()]
+    assert any(len(e["turns"]) > 1 for e in episodes)
+    metrics = read_metrics(out)
+    rates = [m["server/policy/prefix_cache_hit_rate"] for m in metrics]
+    print(f"prefix-cache hit rate by step: {[round(r, 3) for r in rates]}")
+    assert all(0.0 < rate < 1.0 for rate in rates), rates
+    assert all(
+        0.0 < m["server/policy/kv_cache_usage"] <= 1.0 and m["server/policy/running"] >= 1 for m in metrics
+    )
+    assert not any(key.startswith("server/judge/") for m in metrics for key in m)
+
+
 def comparable(out) -> list[dict[str, float]]:
-    return [
-        {k: v for k, v in m.items() if not k.startswith(("time/", "throughput/"))} for m in read_metrics(out)
-    ]
+    return _comparable(read_metrics(out))
 
 
 # What the server's log-probs feed: the importance weights, so the loss and its gradient, and the

@@ -1,5 +1,5 @@
 """The `engine_prefix_cache` rows of `make bench` (issue #53): how much of a multi-turn episode a vLLM
-server reads from its prefix cache, from the server's own counters (`io.endpoint.read_prefix_cache`).
+server reads from its prefix cache, from the server's own counters (`io.server_metrics.read_prefix_cache`).
 
 Qwen3.5 is hybrid: vLLM 0.33 makes the attention blocks of a hybrid model at least as large as one
 Gated DeltaNet state (`Platform._align_hybrid_block_size`, vllm/platforms/interface.py): 528, 576
@@ -42,7 +42,8 @@ from emoji_rl.bench.row import Row
 from emoji_rl.decode.prefill import common_length
 from emoji_rl.emoji.sender_prompts import correction_message, sender_messages
 from emoji_rl.errors import UserError
-from emoji_rl.io.endpoint import Endpoint, PrefixCache, cache_config, read_metrics, read_prefix_cache, request
+from emoji_rl.io.endpoint import Endpoint, request
+from emoji_rl.io.server_metrics import PrefixCache, cache_config, read_metrics, read_prefix_cache
 
 TARGETS = 8
 GROUP = 4  # the gpu profile's group_size

@@ -49,6 +49,8 @@ class Completer(ABC):
     """One answer per chat, batched: built once and shared by every game of a run."""
 
     settings: Completion
+    endpoint: Endpoint | None = None
+    """The server it asks (None in process): each GRPO step logs what that server says of it."""
 
     @abstractmethod
     async def complete(self, chats: Sequence[Chat]) -> list[str]:

@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Protocol
 
 if TYPE_CHECKING:
     from emoji_rl.emoji.constraint import EmojiConstraint
+    from emoji_rl.io.endpoint import Endpoint
 
 
 @dataclass(frozen=True)
@@ -134,7 +135,8 @@ class GameSetup:
     run beyond the model that a checkpoint must hold (a curriculum), what learns from each step's
     groups, every process's, in rank order (the curriculum again): fed the same groups on every
     process, the processes take the same decisions, and what the held-out evaluation inside GRPO
-    (rl/held_out.py) reports beside the final metrics.
+    (rl/held_out.py) reports beside the final metrics. `servers`: the servers its services play on,
+    by role (`judge`), whose own metrics each step logs (`rl/rollout/servers.py`).
 
     `held_out_metrics` is given every held-out record, though a process plays only its share: a figure
     that reads other records (retrieval@1 ranks a guess among other targets) is then the same on every
@@ -152,3 +154,4 @@ class GameSetup:
     held_out_metrics: HeldOutMetrics = lambda records, indices, episodes: [{} for _ in episodes]
     read_records: Callable[[str], list[Record]] | None = None
     """How the game reads a file of its records (train_data's way), for `eval_data`: None, as JSONL."""
+    servers: dict[str, Endpoint] = field(default_factory=dict)

@@ -133,6 +133,7 @@ def _loop(
             metrics["async/version_lag"] = float(step - played.version)
             metrics["async/dropped_episodes"] = float(sum(gather(dropped)))
             metrics["time/wait_rollouts_s"] = waited
+            metrics.update(played.servers)
             episodes = log_rollouts(rollout_log, step + 1, everyone.played, players) if is_main else []
             update_start = time.perf_counter()
             # This process's groups; with none kept, its played ones stand in at weight 0.

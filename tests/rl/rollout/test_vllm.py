@@ -12,9 +12,9 @@ import time
 import httpx
 import pytest
 import torch
-from tests.fakes.fake_lm import FakeLM
 from tests.fakes.vllm_server import FakeVLLMServer
 from tests.floats import FP32_EPS
+from tests.rl.rollout.conftest import KEY_ENV, endpoint
 
 from emoji_rl.decode.generate import Decoding
 from emoji_rl.decode.sampler import Sample
@@ -29,24 +29,6 @@ from emoji_rl.io.endpoint import Endpoint, wait_for_server
 from emoji_rl.lm import template
 from emoji_rl.rl import grpo
 from emoji_rl.rl.rollout.vllm import AdapterSync
-
-KEY_ENV = "EMOJI_RL_TEST_POLICY_KEY"
-
-
-@pytest.fixture(scope="module")
-def lm(smollm2_tokenizer):
-    return FakeLM(smollm2_tokenizer)
-
-
-@pytest.fixture
-def server(lm, monkeypatch):
-    monkeypatch.setenv(KEY_ENV, "test-key")
-    with FakeVLLMServer(lm, max_model_len=1024) as fake:
-        yield fake
-
-
-def endpoint(server, **kwargs):
-    return Endpoint(server.url + "/v1", api_key_env=KEY_ENV, backoff_s=0.01, **kwargs)
 
 
 def sampler_for(server, tokenizer, constraint="grammar", temperature=1.0, **kwargs):

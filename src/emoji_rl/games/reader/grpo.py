@@ -53,6 +53,7 @@ def setup(cfg, context: GameContext) -> GameSetup:
         headline=("sim", "game/similarity"),
         seconds=lambda: builder.seconds,
         read_records=read,
+        servers={"partner": partner.completer.endpoint} if partner.completer.endpoint else {},
     )
 
 

@@ -60,6 +60,7 @@ def setup(cfg, context: GameContext) -> GameSetup:
         seconds=lambda: dict(builder.seconds),
         held_out_metrics=held_out_metrics(similarity, cfg.seed),
         read_records=read,
+        servers={"judge": judge.endpoint} if judge.endpoint else {},
     )
 
 

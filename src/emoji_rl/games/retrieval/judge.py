@@ -125,6 +125,11 @@ class Judge(ABC):
     def describe(self) -> str:
         """Kind, view and model, for logs and reports."""
 
+    @property
+    def endpoint(self) -> Endpoint | None:
+        """The server it asks (None in process)."""
+        return None
+
 
 def plain_name(e: str) -> str:
     """The emoji's CLDR name without skin tones: `🧔🏽‍♂️` -> `man beard`, `🍕` -> `pizza`."""
@@ -226,6 +231,10 @@ class LLMJudge(Judge):
 
     def describe(self) -> str:
         return self.completer.describe(f"view={self.view}")
+
+    @property
+    def endpoint(self) -> Endpoint | None:
+        return self.completer.endpoint
 
 
 class HFJudge(LLMJudge):

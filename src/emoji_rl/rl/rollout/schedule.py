@@ -24,7 +24,7 @@ import functools
 import shutil
 import threading
 from collections.abc import Awaitable, Callable, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -32,6 +32,7 @@ from emoji_rl.game.types import EpisodeGroup
 from emoji_rl.lm.training import adapter_state_dict, gather, save_adapter, whole_weights
 from emoji_rl.rl.checkpoint import TrainState, behaviour_adapters
 from emoji_rl.rl.rollout.collect import PromptStream, Rollouts, collect, prompts_per_process
+from emoji_rl.rl.rollout.servers import ServerWatch, watched
 
 if TYPE_CHECKING:
     import torch
@@ -56,6 +57,8 @@ class Played:
     """Seconds this step's games spent in each service (the judge, the embedder)."""
     position: tuple[int, int]
     """The prompt stream's (epoch, cursor) after this step's draws: what a checkpoint after it stores."""
+    servers: dict[str, float] = field(default_factory=dict)
+    """What the servers said of this step (`rl/rollout/servers.py`); on the main process, which logs."""
 
 
 PlayStep = Callable[[int, int, "str | None"], Awaitable[Played]]
@@ -312,6 +315,9 @@ def schedule(
         game.records, cfg.seed, replace(state), rank, gather_counts=lambda n: gather(n, group)
     )
     rounds = cfg.max_resample_rounds if cfg.dynamic_sampling else 0
+    main = trainer.accelerator.is_main_process
+    policy = sync.endpoint if sync is not None else None
+    watch = ServerWatch(watched(policy, game.servers) if main else {})
     if background:
         from emoji_rl.decode.vllm import request_seed
 
@@ -321,9 +327,10 @@ def schedule(
         bound = sampler if name is None else sampler.at(version, name, request_seed(cfg.seed, rank, step))
         stream.state.step = step  # the stream's own copy of the state: the step it draws for
         before = game.seconds()
-        played = await collect(stream, game, bound, share, cfg.group_size, cfg.scale_rewards, rounds)
+        games = collect(stream, game, bound, share, cfg.group_size, cfg.scale_rewards, rounds)
+        played, servers = await watch.during(games)
         services = {k: v - before.get(k, 0.0) for k, v in game.seconds().items()}
-        return Played(step, version, played, services, (stream.state.epoch, stream.state.cursor))
+        return Played(step, version, played, services, (stream.state.epoch, stream.state.cursor), servers)
 
     kept = behaviour_adapters(checkpoint) if checkpoint is not None and background else {}
     ahead = RolloutsAhead(
