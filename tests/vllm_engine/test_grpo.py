@@ -86,20 +86,43 @@ def test_a_multi_turn_step_reads_its_earlier_turns_from_the_prefix_cache(
     """Each turn after the first resends the episode so far, which the server computed a turn before:
     each step's line has the share of prompt tokens the server found in its prefix cache over that
     step, from its own counters, and the requests it was running while the step played. The judge,
-    served by the same server, is read with it, as the policy."""
+    served by the same server, is read with it, as the policy. What a person watching the run sees
+    in TensorBoard and in an offline wandb run: the held-out curve from step 0, the hit rate, and a
+    table of the step's episodes."""
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+    from tests.trackers import wandb_runs
+
     out = tmp_path / "run"
     turns = ("--max_turns", "3", "--tau", "0.99")
-    assert grpo(engine, out, "--max_steps", "2", *turns, "--seed", "0") == 0, capsys.readouterr().err
+    held_out = ("--eval_data", "data/samples/rl_eval.jsonl", "--eval_max_examples", "4")
+    held_out += ("--eval_before_train", "true", "--eval_steps", "1")
+    trackers = ("--report_to", "tensorboard", "wandb")
+    args = ("--max_steps", "2", *turns, *held_out, *trackers, "--seed", "0")
+    assert grpo(engine, out, *args) == 0, capsys.readouterr().err
     episodes = [json.loads(line) for line in (out / "rollouts.jsonl").open()]
     assert any(len(e["turns"]) > 1 for e in episodes)
     metrics = read_metrics(out)
-    rates = [m["server/policy/prefix_cache_hit_rate"] for m in metrics]
+    assert [m["step"] for m in metrics] == [0, 1, 2]
+    rates = [m["server/policy/prefix_cache_hit_rate"] for m in metrics[1:]]
     print(f"prefix-cache hit rate by step: {[round(r, 3) for r in rates]}")
     assert all(0.0 < rate < 1.0 for rate in rates), rates
     assert all(
-        0.0 < m["server/policy/kv_cache_usage"] <= 1.0 and m["server/policy/running"] >= 1 for m in metrics
+        0.0 < m["server/policy/kv_cache_usage"] <= 1.0 and m["server/policy/running"] >= 1
+        for m in metrics[1:]
     )
     assert not any(key.startswith("server/judge/") for m in metrics for key in m)
+
+    events = EventAccumulator(str(out / "tensorboard"))
+    events.Reload()
+    assert [e.step for e in events.Scalars("eval/similarity")] == [0, 1, 2]
+    assert [e.value for e in events.Scalars("server/policy/prefix_cache_hit_rate")] == pytest.approx(rates)
+    assert [e.step for e in events.Tensors("episodes/text_summary")] == [1, 2]
+    [(_, history)] = wandb_runs(out)
+    assert [r["_step"] for r in history if "eval/similarity" in r] == [0, 1, 2]
+    assert [r["server/policy/prefix_cache_hit_rate"] for r in history if r["_step"] > 0] == pytest.approx(
+        rates
+    )
+    assert [r["_step"] for r in history if "episodes/path" in r] == [1, 2]
 
 
 def comparable(out) -> list[dict[str, float]]:
