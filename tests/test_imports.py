@@ -136,6 +136,26 @@ def test_games_know_the_tokenizer_and_their_partner_not_the_samplers_or_the_trai
     assert not any(reaching_up.values()), {game: up for game, up in reaching_up.items() if up}
 
 
+def game_of(module: str) -> str | None:
+    """The game a module belongs to (`emoji_rl.games.reader.game` -> `reader`), or None."""
+    parts = module.split(".")
+    return parts[2] if parts[:2] == ["emoji_rl", "games"] and len(parts) > 2 else None
+
+
+def test_no_game_imports_another_and_what_games_share_imports_none():
+    """What two games share (the guessing chat, similarity, the partners) lives in game/, which every
+    game imports and which imports no game: a game removed, or installed on its own, takes nothing
+    of another with it."""
+    graph = import_graph()
+    crossing = sorted(
+        f"{m} -> {t}"
+        for m, targets in graph.items()
+        for t in targets
+        if game_of(t) is not None and (game_of(m) not in (None, game_of(t)) or m.startswith("emoji_rl.game."))
+    )
+    assert not crossing, "a game reached from another game, or from what games share:\n" + "\n".join(crossing)
+
+
 def lines_naming_a_game(paths) -> list[str]:
     """Each line of `paths` that names a registered game as a whole word, in code or in words."""
     from emoji_rl.game import registry

@@ -10,7 +10,7 @@ import pytest
 from emoji_rl import cli
 from emoji_rl.errors import DataError, UserError
 from emoji_rl.eval.judge_check import DEFAULT_MESSAGES, read_messages
-from emoji_rl.games.retrieval.judge import NAMES_CAVEAT
+from emoji_rl.game.guessing import NAMES_CAVEAT
 from emoji_rl.lm import models
 
 SAMPLES = Path(__file__).resolve().parents[2] / DEFAULT_MESSAGES

@@ -76,7 +76,9 @@ def retrieval_inputs() -> list[str]:
 
 
 def wordle_inputs() -> list[str]:
-    _lines(Path("answers.jsonl"), [{"id": "w-above", "answer": "above"}, {"id": "w-speed", "answer": "speed"}])
+    _lines(
+        Path("answers.jsonl"), [{"id": "w-above", "answer": "above"}, {"id": "w-speed", "answer": "speed"}]
+    )
     args = ["--data", "answers.jsonl", "--max_turns", "2", "--max_new_tokens", "10"]
     return [*args, "--resamples", "50", "--seed", "3"]
 

@@ -36,8 +36,8 @@ from emoji_rl.data.prompts import Prompt, held_out, read_prompts
 from emoji_rl.decode.sampler import SamplingConfig
 from emoji_rl.emoji.alphabet import SEPARATOR, parse_message
 from emoji_rl.errors import UserError
+from emoji_rl.game.guessing import JudgeInput
 from emoji_rl.game.similarity import SimilarityConfig
-from emoji_rl.games.retrieval.judge import JudgeInput
 from emoji_rl.games.retrieval.judge_config import JudgeConfig
 from emoji_rl.io.jsonl import Record, read_jsonl, write_json, write_jsonl
 from emoji_rl.lm import models

@@ -22,7 +22,7 @@ from emoji_rl.data.dedup import normalize
 from emoji_rl.emoji.alphabet import parse_message
 from emoji_rl.emoji.sender_prompts import correction_message, sender_messages
 from emoji_rl.errors import UserError
-from emoji_rl.games.retrieval.judge import JudgeInput
+from emoji_rl.game.guessing import JudgeInput
 from emoji_rl.io.jsonl import Record
 from emoji_rl.lm.adapters import adapter_hash
 from emoji_rl.web.jobs import BadInput, Jobs

@@ -15,21 +15,20 @@ import emoji as emoji_pkg
 from emoji_rl.config import build_parser, parse_config
 from emoji_rl.emoji.alphabet import ALPHABET
 from emoji_rl.errors import UserError
-from emoji_rl.game.similarity import Similarity
-from emoji_rl.games.retrieval.judge import (
+from emoji_rl.game.guessing import (
     FEW_SHOT,
     JUDGE_FIRST_TURN,
     JUDGE_NEXT_TURN,
     JUDGE_SYSTEM,
     UNKNOWN,
-    HFJudge,
     JudgeInput,
-    LexiconJudge,
     clean_guess,
     judge_messages,
     plain_name,
     render_turn,
 )
+from emoji_rl.game.similarity import Similarity
+from emoji_rl.games.retrieval.judge import HFJudge, LexiconJudge
 from emoji_rl.games.retrieval.judge_config import JudgeConfig, make_judge
 
 

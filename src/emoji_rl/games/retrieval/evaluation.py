@@ -158,9 +158,9 @@ COMPARED: dict[str, Metric] = {
 def setup(cfg: Any, records: Sequence[Record], tokenizer: Any, runtime: Runtime) -> EvalSetup:
     from emoji_rl.decode.senders import fixed_answers, teacher_emoji
     from emoji_rl.emoji.sender_prompts import sender_messages
+    from emoji_rl.game.guessing import NAMES_CAVEAT
     from emoji_rl.game.similarity import Similarity
     from emoji_rl.games.retrieval.game import RetrievalBuilder, RetrievalRules
-    from emoji_rl.games.retrieval.judge import NAMES_CAVEAT
     from emoji_rl.lm import models, template
 
     targets = [r["target"] for r in records]

@@ -6,13 +6,13 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from emoji_rl.errors import UserError
+from emoji_rl.game.guessing import JudgeView
 from emoji_rl.games.retrieval.judge import (
     BATCH_SIZE,
     TEMPERATURE,
     HFJudge,
     Judge,
     JudgeKind,
-    JudgeView,
     LexiconJudge,
     OpenAIJudge,
 )
