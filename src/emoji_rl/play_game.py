@@ -22,7 +22,7 @@ from emoji_rl.decode.sampler import HFSampler, Sample
 from emoji_rl.emoji.alphabet import MAX_EMOJI, MIN_EMOJI, parse_message
 from emoji_rl.game.guessing import Guess, JudgeInput, clean_guess, render_turn
 from emoji_rl.game.play import play
-from emoji_rl.game.similarity import Similarity
+from emoji_rl.game.similarity import load_similarity
 from emoji_rl.games.retrieval.game import RetrievalBuilder, RetrievalConfig, RetrievalRules
 from emoji_rl.games.retrieval.judge import Judge
 from emoji_rl.games.retrieval.judge_config import JudgeConfig
@@ -91,7 +91,7 @@ def pick_target(cfg: Config) -> str:
 
 def main(cfg: Config) -> None:
     runtime = models.pick_runtime()
-    similarity_model = models.load_embedder(device=runtime.device)
+    similarity = load_similarity(runtime=runtime)
     tokenizer = models.load_tokenizer(cfg.model)
     if cfg.role == "sender":
         judge: Judge = cfg.build_judge(runtime)
@@ -101,7 +101,7 @@ def main(cfg: Config) -> None:
         sender = models.load_causal_lm(cfg.model, runtime, adapter=cfg.adapter)
         sampler = HFSampler(sender, tokenizer, Decoding(temperature=cfg.temperature))
     rules = RetrievalRules(max_turns=cfg.max_turns, tau=cfg.tau)
-    builder = RetrievalBuilder(tokenizer, judge, Similarity(similarity_model), rules)
+    builder = RetrievalBuilder(tokenizer, judge, similarity, rules)
     target = pick_target(cfg)
     print(f"playing as the {cfg.role} against {judge.describe() if cfg.role == 'sender' else cfg.model}")
     [episode] = asyncio.run(play([builder({"target": target})], sampler))

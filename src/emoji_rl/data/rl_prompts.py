@@ -212,7 +212,6 @@ def write_outputs(
 def main(cfg: Config) -> None:
     from emoji_rl.decode.generate import generate_replies
     from emoji_rl.emoji.sender_prompts import sender_messages
-    from emoji_rl.game.similarity import Similarity
 
     prompts = read_prompts(cfg.prompts)
     sft_test = read_jsonl(
@@ -240,7 +239,7 @@ def main(cfg: Config) -> None:
     )
     del sender  # the judge may be another copy of a model: hold one at a time
     judge = cfg.build_judge(runtime, cfg.batch_size)
-    similarity = Similarity(models.load_embedder(cfg.similarity_model, device=runtime.device))
+    similarity = cfg.load_similarity(runtime)
     trips = round_trips([p.text for p in chosen], replies, judge, similarity, cfg.min_emoji, cfg.max_emoji)
     describe = {"sender": f"{cfg.model} + {cfg.adapter or 'no adapter'}", "judge": judge.describe()}
     stats = write_outputs(cfg, chosen, trips, dropped, describe)

@@ -25,7 +25,7 @@ from emoji_rl.data.offline_teacher import OfflineTeacher
 from emoji_rl.emoji.alphabet import parse_message, random_answers
 from emoji_rl.errors import DataError, UserError
 from emoji_rl.game.guessing import NAMES_CAVEAT, UNKNOWN, Guess, JudgeInput
-from emoji_rl.game.similarity import Similarity, SimilarityConfig
+from emoji_rl.game.similarity import SimilarityConfig
 from emoji_rl.games.retrieval.judge_config import JudgeConfig
 from emoji_rl.io.jsonl import read_jsonl, write_json
 from emoji_rl.lm import models
@@ -153,12 +153,11 @@ def main(cfg: Config) -> None:
     messages = read_messages(cfg.messages)[: cfg.limit]
 
     # models: the embedder serves the teacher and the score; the judge is built once
-    embedder = models.load_embedder(cfg.similarity_model)
-    similarity = Similarity(embedder)
+    similarity = cfg.load_similarity()
     judge = cfg.build_judge(models.pick_runtime(cfg.device) if cfg.judge == "hf" else None, cfg.batch_size)
 
     # answers: teacher emoji, and random emoji of the same lengths
-    teacher = OfflineTeacher(embedder).answer(messages)
+    teacher = OfflineTeacher(similarity.embedder).answer(messages)
     lengths = [len(parse_message(a).emoji) for a in teacher]
     randoms = random_answers(lengths, cfg.seed)
 

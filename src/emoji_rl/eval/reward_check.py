@@ -112,7 +112,6 @@ def noise_report(first: Sequence[Sequence[float]], second: Sequence[Sequence[flo
 
 
 def main(cfg: Config) -> None:
-    from emoji_rl.game.similarity import Similarity
 
     records = read_jsonl(cfg.data, hint="make it with `emoji-rl rl-prompts`")
     if len(records) < cfg.groups:
@@ -123,7 +122,7 @@ def main(cfg: Config) -> None:
     sender = models.load_causal_lm(cfg.model, runtime, cfg.adapter)
     tokenizer = models.load_tokenizer(cfg.model)
     judge = cfg.build_judge(runtime)
-    similarity = Similarity(models.load_embedder(cfg.similarity_model, device=runtime.device))
+    similarity = cfg.load_similarity(runtime)
     repeated = [t for t in targets for _ in range(cfg.group_size)]
     replies = generate_replies(
         sender,

@@ -4,8 +4,8 @@ whether a guess is closer to its own target than to any other; and how well a gu
 general (`Background`), which a contrast term charges (`ContrastConfig`: its weight and sample); and
 both for concurrent games (`GuessScorer`).
 
-The embedder is built once by the caller (`models.load_embedder`) and passed in; these functions do
-no I/O and read no config.
+A stage builds the similarity once, one way (`load_similarity`, or its config's `load_similarity`),
+and passes it in; the scoring functions do no I/O and read no config.
 """
 
 from __future__ import annotations
@@ -25,6 +25,8 @@ from emoji_rl.lm.models import MINILM
 if TYPE_CHECKING:
     from sentence_transformers import SentenceTransformer
 
+    from emoji_rl.lm.models import Runtime
+
 
 @dataclass
 class SimilarityConfig:
@@ -37,6 +39,10 @@ class SimilarityConfig:
             "aliases": ("embedder",),
         },
     )
+
+    def load_similarity(self, runtime: Runtime | None = None) -> Similarity:
+        """The similarity `similarity_model` names, on `runtime`'s device (the CPU without one)."""
+        return load_similarity(self.similarity_model, runtime)
 
 
 class Similarity:
@@ -76,6 +82,14 @@ class Similarity:
         assert len(targets) == len(guesses), (len(targets), len(guesses))
         vectors = self.embed([*targets, *guesses])
         return retrieval_at_1(vectors[: len(targets)], vectors[len(targets) :])
+
+
+def load_similarity(spec: str = MINILM, runtime: Runtime | None = None) -> Similarity:
+    """The one way a stage builds a similarity: the sentence embedder `spec` names (`models`'s specs),
+    loaded on `runtime`'s device (the CPU without one)."""
+    from emoji_rl.lm import models
+
+    return Similarity(models.load_embedder(spec, device=runtime.device if runtime else None))
 
 
 def retrieval_at_1(target_vecs: torch.Tensor, guess_vecs: torch.Tensor) -> float:

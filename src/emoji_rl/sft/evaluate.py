@@ -154,11 +154,11 @@ def main(cfg: Config) -> None:
     logger.info("eval-sft: %d chats from %s; %s; %s", len(records), cfg.data, model_spec, runtime.describe())
     judged: tuple[Judge, Similarity, list[str]] | None = None
     if cfg.judge is not None:
-        from emoji_rl.game.similarity import Similarity  # imports torch: only when a judge is asked for
+        from emoji_rl.game.similarity import load_similarity  # imports torch: only when a judge is asked for
 
         targets = targets_of(records, cfg.data)
         judge = cfg.build_judge(runtime, cfg.batch_size)
-        judged = (judge, Similarity(models.load_embedder(device=runtime.device)), targets)
+        judged = (judge, load_similarity(runtime=runtime), targets)
 
     # --- sample: the same prompts, seed and decoding for both systems; base = the adapter disabled
     prompts = [r.prompt for r in records]

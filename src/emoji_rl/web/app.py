@@ -78,7 +78,6 @@ def load_game(cfg: Config) -> Rounds:
     import torch
 
     from emoji_rl.decode.senders import parse_systems
-    from emoji_rl.game.similarity import Similarity
     from emoji_rl.lm.adapters import load_systems
 
     torch.set_num_threads(cfg.threads)
@@ -93,7 +92,7 @@ def load_game(cfg: Config) -> Rounds:
         tokenizer,
         senders,
         cfg.build_judge(runtime, batch_size=1),
-        Similarity(models.load_embedder(cfg.similarity_model, device=runtime.device)),
+        cfg.load_similarity(runtime),
         cfg.temperature,
         cfg.max_new_tokens,
     )

@@ -86,9 +86,8 @@ def played_records(records: Sequence[Record], path: str, min_emoji: int, max_emo
 
 def setup(cfg: Any, records: Sequence[Record], tokenizer: Any, runtime: Runtime) -> EvalSetup:
     from emoji_rl.decode.generate import Decoding
-    from emoji_rl.game.similarity import GuessScorer, Similarity
+    from emoji_rl.game.similarity import GuessScorer
     from emoji_rl.games.reader.game import ReaderBuilder, ReaderRules
-    from emoji_rl.lm import models
 
     played = played_records(records, cfg.data, cfg.min_emoji, cfg.max_emoji)
     partner = cfg.build_partner(
@@ -99,7 +98,7 @@ def setup(cfg: Any, records: Sequence[Record], tokenizer: Any, runtime: Runtime)
         min_emoji=cfg.min_emoji,
         max_emoji=cfg.max_emoji,
     )
-    similarity = Similarity(models.load_embedder(cfg.similarity_model, device=runtime.device))
+    similarity = cfg.load_similarity(runtime)
     background = cfg.background(similarity, [r["target"] for r in played], cfg.seed)
     rules = ReaderRules(cfg.max_turns, cfg.tau, cfg.reader_view, cfg.contrast)
     builder = ReaderBuilder(tokenizer, partner, GuessScorer(similarity, background), rules)

@@ -24,9 +24,8 @@ class Config(ReaderConfig, PartnerConfig, SimilarityConfig, ContrastConfig):
 
 
 def setup(cfg, context: GameContext) -> GameSetup:
-    from emoji_rl.game.similarity import GuessScorer, Similarity
+    from emoji_rl.game.similarity import GuessScorer
     from emoji_rl.games.reader.game import ReaderBuilder, ReaderRules
-    from emoji_rl.lm import models
 
     def read(path: str) -> list[Record]:
         return read_reader_records(path, cfg.min_emoji, cfg.max_emoji)
@@ -40,7 +39,7 @@ def setup(cfg, context: GameContext) -> GameSetup:
         min_emoji=cfg.min_emoji,
         max_emoji=cfg.max_emoji,
     )
-    similarity = Similarity(models.load_embedder(cfg.similarity_model, device=context.runtime.device))
+    similarity = cfg.load_similarity(context.runtime)
     background = cfg.background(similarity, [r["target"] for r in records], cfg.seed)
     rules = ReaderRules(cfg.max_turns, cfg.tau, cfg.reader_view, cfg.contrast)
     builder = ReaderBuilder(context.tokenizer, partner, GuessScorer(similarity, background), rules)

@@ -159,9 +159,8 @@ def setup(cfg: Any, records: Sequence[Record], tokenizer: Any, runtime: Runtime)
     from emoji_rl.decode.senders import fixed_answers, teacher_emoji
     from emoji_rl.emoji.sender_prompts import sender_messages
     from emoji_rl.game.guessing import NAMES_CAVEAT
-    from emoji_rl.game.similarity import Similarity
     from emoji_rl.games.retrieval.game import RetrievalBuilder, RetrievalRules
-    from emoji_rl.lm import models, template
+    from emoji_rl.lm import template
 
     targets = [r["target"] for r in records]
     systems = eval_systems(cfg.systems)
@@ -170,7 +169,7 @@ def setup(cfg: Any, records: Sequence[Record], tokenizer: Any, runtime: Runtime)
         systems, targets, cfg.data, cfg.min_emoji, cfg.max_emoji, cfg.random_length, cfg.seed
     )
     judge = cfg.build_judge(runtime)
-    similarity = Similarity(models.load_embedder(cfg.similarity_model, device=runtime.device))
+    similarity = cfg.load_similarity(runtime)
 
     def builder(mode: str) -> RetrievalBuilder:
         turns = 1 if mode == "single" else cfg.max_turns

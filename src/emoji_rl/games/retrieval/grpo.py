@@ -30,10 +30,8 @@ class Config(RetrievalConfig, JudgeConfig, SimilarityConfig, ContrastConfig):
 
 def setup(cfg, context: GameContext) -> GameSetup:
     from emoji_rl.emoji.constraint import compile_emoji_grammar
-    from emoji_rl.game.similarity import Similarity
     from emoji_rl.games.retrieval.game import RetrievalBuilder, RetrievalRules
     from emoji_rl.games.retrieval.reward import RewardWeights
-    from emoji_rl.lm import models
 
     def read(path: str) -> list[Record]:
         return read_records(path, "target", "make it with `emoji-rl rl-prompts`")
@@ -43,7 +41,7 @@ def setup(cfg, context: GameContext) -> GameSetup:
         context.tokenizer, cfg.min_emoji, cfg.max_emoji, vocab_size=context.vocab_size
     )
     judge = cfg.build_judge(context.runtime)
-    similarity = Similarity(models.load_embedder(cfg.similarity_model, device=context.runtime.device))
+    similarity = cfg.load_similarity(context.runtime)
     weights = RewardWeights(
         cfg.success_bonus, cfg.turn_cost, cfg.format_penalty, cfg.repetition_penalty, cfg.contrast
     )
