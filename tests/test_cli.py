@@ -62,8 +62,23 @@ def test_every_stage_config_file_parses():
         stage = "pipeline" if is_pipeline else path.name.split(".")[0].replace("_", "-")
         assert stage in cli.STAGES, f"{path} names no stage"
         module = importlib.import_module(cli.STAGES[stage][0])
-        argv = ["--config", str(path)]
+        argv = cli.stage_argv(stage, ["--config", str(path)])
         parse_config(cli.config_class(module, argv), argv, prog=f"emoji-rl {stage}")
+
+
+@pytest.mark.parametrize("game", ["retrieval", "wordle", "reader"])
+def test_an_eval_alias_is_eval_with_its_game_and_takes_no_other(game, capsys):
+    from emoji_rl.config import parse_config, to_dict
+    from emoji_rl.game import evaluate
+
+    flags = ["--seed", "3", "--max_examples", "2"]
+    alias = cli.stage_argv(f"eval-{game}", flags)
+    plain = ["--game", game, *flags]
+    assert cli.STAGES[f"eval-{game}"][0] == cli.STAGES["eval"][0] == evaluate.__name__
+    parsed = [parse_config(evaluate.config_for(argv), argv, prog="emoji-rl eval") for argv in (alias, plain)]
+    assert parsed[0].game == game and to_dict(parsed[0]) == to_dict(parsed[1])
+    assert cli.main([f"eval-{game}", "--game", "other", "--output_dir", "x"]) == 2
+    assert f"eval-{game} is `eval --game {game}`: leave out --game" in capsys.readouterr().err
 
 
 def test_info_lines_come_from_the_main_process_only():
@@ -81,7 +96,7 @@ def test_info_lines_come_from_the_main_process_only():
 
 
 @pytest.mark.parametrize(
-    ("stage", "key"), [("eval-retrieval", "output_dir"), ("teacher", "out_dir"), ("sft", "output_dir")]
+    ("stage", "key"), [("eval-retrieval", "output_dir"), ("teacher", "output_dir"), ("sft", "output_dir")]
 )
 def test_an_output_path_blocked_by_a_file_fails_before_any_work(tmp_path, capsys, stage, key):
     blocker = tmp_path / "results"
@@ -159,3 +174,17 @@ def test_the_console_shows_no_line_per_http_request(capfd):
         root.setLevel(level)
         for name in cli.HTTP_CLIENT_LOGGERS:
             logging.getLogger(name).setLevel(logging.NOTSET)
+
+
+def test_the_data_stages_take_output_dir_and_their_older_spellings(tmp_path):
+    from emoji_rl.config import parse_config
+    from emoji_rl.data import prompt_sources, rl_prompts, teacher
+
+    out = str(tmp_path / "d")
+    for cls in (teacher.Config, rl_prompts.Config):
+        assert parse_config(cls, ["--output_dir", out], "x").output_dir == out
+        assert parse_config(cls, ["--out_dir", out], "x").output_dir == out
+    prompts = parse_config(prompt_sources.Config, ["--output_dir", out], "x")
+    assert prompts.path == tmp_path / "d" / "prompts.jsonl"
+    older = parse_config(prompt_sources.Config, ["--out", f"{out}/mine.jsonl"], "x")
+    assert (older.path, older.output_dir) == (tmp_path / "d" / "mine.jsonl", out)

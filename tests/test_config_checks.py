@@ -11,8 +11,10 @@ import pytest
 from emoji_rl import chat, play_game
 from emoji_rl.config import parse_config
 from emoji_rl.errors import UserError
-from emoji_rl.games.retrieval import evaluate as retrieval
+from emoji_rl.game.evaluate import config_class
 from emoji_rl.rl import train_config
+
+RETRIEVAL = config_class("retrieval")  # `eval --game retrieval`'s Config
 
 
 def parse(cls, tmp_path, yaml_text: str, *argv: str):
@@ -50,7 +52,7 @@ def test_yaml_numbers_are_taken_as_their_fields_type(tmp_path):
 
 def test_a_list_field_given_one_value_says_to_make_it_a_list(tmp_path):
     with pytest.raises(UserError, match=r"systems must be a list, e\.g\. systems: \['base'\], got 'base'"):
-        parse(retrieval.Config, tmp_path, "systems: base\n")
+        parse(RETRIEVAL, tmp_path, "systems: base\n")
 
 
 def test_a_non_finite_number_on_the_command_line_is_refused(capsys):
@@ -63,11 +65,11 @@ def test_a_non_finite_number_on_the_command_line_is_refused(capsys):
     ("cls", "argv", "message"),
     [
         (train_config.config_class("retrieval"), ["--max_turns", "0"], "max_turns=0 must be >= 1"),
-        (retrieval.Config, ["--max_turns", "-1"], "max_turns=-1 must be >= 1"),
+        (RETRIEVAL, ["--max_turns", "-1"], "max_turns=-1 must be >= 1"),
         (play_game.Config, ["--max_turns", "0"], "max_turns=0 must be >= 1"),
         (play_game.Config, ["--temperature", "-1"], "temperature=-1.0 must be >= 0.0"),
         (chat.Config, ["--temperature", "-1"], "temperature=-1.0 must be >= 0.0"),
-        (retrieval.Config, ["--judge_temperature", "-0.5"], "judge_temperature=-0.5 must be >= 0.0"),
+        (RETRIEVAL, ["--judge_temperature", "-0.5"], "judge_temperature=-0.5 must be >= 0.0"),
     ],
 )
 def test_values_no_game_can_run_with_are_refused_at_parse_time(cls, argv, message):
@@ -79,7 +81,7 @@ def test_a_bound_broken_in_the_config_file_names_the_file(tmp_path):
     with pytest.raises(
         UserError, match=r"max_turns=0 must be >= 1 \(--max_turns, or max_turns: in .*c\.yaml\)"
     ):
-        parse(retrieval.Config, tmp_path, "max_turns: 0\n")
+        parse(RETRIEVAL, tmp_path, "max_turns: 0\n")
 
 
 def test_chat_refuses_an_empty_message():

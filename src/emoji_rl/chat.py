@@ -13,8 +13,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from emoji_rl.decode.generate import Constraint, generate_replies
-from emoji_rl.decode.sampler import SamplingConfig
+from emoji_rl.decode.generate import Constraint, SamplingConfig, generate_replies
 from emoji_rl.emoji.alphabet import parse_message
 from emoji_rl.emoji.sender_prompts import sender_messages
 from emoji_rl.errors import UserError

@@ -1,7 +1,9 @@
 """`emoji-rl STAGE [--config FILE.yaml] [--field value ...]`: one entry point for every stage.
 
-Each stage is a module with a `Config` dataclass and `main(cfg)`. Modules are imported only when
-their stage runs, so `emoji-rl --help` answers without loading torch.
+Each stage is a module with a `Config` dataclass (or `config_for(argv)`, where the game a command line
+names decides the fields) and `main(cfg)`. Modules are imported only when their stage runs, so
+`emoji-rl --help` answers without loading torch. An alias is a stage with some flags fixed
+(`eval-wordle` is `eval --game wordle`).
 """
 
 from __future__ import annotations
@@ -46,9 +48,13 @@ STAGES: dict[str, tuple[str, str]] = {
     ),
     "debug-rollout": ("emoji_rl.rl.debug_rollout", "pretty-print logged GRPO episodes"),
     "play-game": ("emoji_rl.play_game", "play the retrieval game against the model, as sender or judge"),
+    "eval": (
+        "emoji_rl.game.evaluate",
+        "any game on held-out records (--game NAME): systems side by side, paired intervals: table, JSON, PNG",
+    ),
     "eval-retrieval": (
-        "emoji_rl.games.retrieval.evaluate",
-        "base vs SFT vs RL (vs teacher, random) on held-out targets, paired intervals: table, JSON, PNG",
+        "emoji_rl.game.evaluate",
+        "eval --game retrieval: base vs SFT vs RL (vs teacher, random) on held-out targets",
     ),
     "experiment-report": (
         "emoji_rl.eval.experiment_report",
@@ -61,12 +67,12 @@ STAGES: dict[str, tuple[str, str]] = {
         "Wordle SFT traces from the entropy solver + RL answer splits",
     ),
     "eval-wordle": (
-        "emoji_rl.games.wordle.evaluate",
-        "Wordle base vs SFT vs RL (vs the solver) on held-out answers, paired intervals: table, JSON, PNG",
+        "emoji_rl.game.evaluate",
+        "eval --game wordle: base vs SFT vs RL (vs the entropy solver) on held-out answers",
     ),
     "eval-reader": (
-        "emoji_rl.games.reader.evaluate",
-        "the reader's seat: base vs RL readers on held-out messages, paired intervals: table, JSON, PNG",
+        "emoji_rl.game.evaluate",
+        "eval --game reader: the reader's seat, base vs RL readers on held-out messages",
     ),
     "chat": ("emoji_rl.chat", "talk to a model; emoji-constrained by default"),
     "pipeline": ("emoji_rl.pipeline", "run a list of stages in order, resumable (configs/*/experiment.yaml)"),
@@ -75,6 +81,25 @@ STAGES: dict[str, tuple[str, str]] = {
         "does this machine's stack run the device paths? random models at Qwen3.5-4B's shapes, PASS/FAIL table",
     ),
 }
+
+
+ALIASES: dict[str, tuple[str, ...]] = {
+    "eval-retrieval": ("--game", "retrieval"),
+    "eval-wordle": ("--game", "wordle"),
+    "eval-reader": ("--game", "reader"),
+}
+"""The flags an alias fixes: its stage's other flags and YAML work as the stage's."""
+
+
+def stage_argv(stage: str, argv: list[str]) -> list[str]:
+    """A stage's command line with the flags its alias fixes in front."""
+    fixed = ALIASES.get(stage, ())
+    named = [arg for arg in argv if arg.split("=", 1)[0] in fixed[::2]]
+    if named:
+        raise UserError(
+            f"{stage} is `eval {' '.join(fixed)}`: leave out {named[0]}, or run `emoji-rl eval` with it"
+        )
+    return [*fixed, *argv]
 
 
 def config_class(module: object, argv: list[str]) -> type:
@@ -124,7 +149,7 @@ def quiet_http_clients() -> None:
 
 # Writing output failed for a reason of the machine's, not a bug: one line, no traceback.
 _OUTPUT_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EACCES})
-OUTPUT_KEYS = ("output_dir", "out_dir", "run_dir")
+OUTPUT_KEYS = ("output_dir", "run_dir")
 """The config fields that name where a stage writes: checked before the stage starts."""
 
 
@@ -180,6 +205,7 @@ def main(argv: list[str] | None = None) -> int:
     quiet_http_clients()
     try:
         module = importlib.import_module(STAGES[stage][0])
+        rest = stage_argv(stage, rest)
         cfg = parse_config(config_class(module, rest), rest, prog=f"emoji-rl {stage}")
         check_writable(cfg)
         with one_run_per_directory(cfg, os.environ):
@@ -195,7 +221,7 @@ def main(argv: list[str] | None = None) -> int:
         where = f" ({err.filename})" if err.filename else ""
         print(
             f"emoji-rl {stage}: error: {err.strerror}{where}; what was written before stays, and the stages "
-            "that resume (teacher, sft, grpo, eval-retrieval, eval-wordle, pipeline) go on from it when rerun",
+            "that resume (teacher, sft, grpo, eval, pipeline) go on from it when rerun",
             file=sys.stderr,
         )
         return 1

@@ -30,18 +30,18 @@ def test_candidates_leave_out_the_sft_test_split_and_odd_lengths(tmp_path):
     ]
     sft_test = [{"id": "p-01", "target": "my cat knocked the birthday cake off the table"}]
     sft_test.append({"id": "other", "target": "let's grab pizza and watch a movie tonight"})
-    kept, dropped = candidates(prompts, sft_test, Config(out_dir=str(tmp_path)))
+    kept, dropped = candidates(prompts, sft_test, Config(output_dir=str(tmp_path)))
     assert [p.id for p in kept] == ["p-04"]
     assert dropped == {"in the SFT test split": 3, "out of length bounds": 1}
 
 
 def test_max_prompts_takes_a_seeded_sample(tmp_path):
     prompts = [prompt(i, f"message number {i} about a day at the beach") for i in range(30)]
-    cfg = Config(out_dir=str(tmp_path), max_prompts=10)
+    cfg = Config(output_dir=str(tmp_path), max_prompts=10)
     kept, dropped = candidates(prompts, [], cfg)
     assert len(kept) == 10 and dropped == {"beyond max_prompts": 20}
     assert candidates(prompts, [], cfg)[0] == kept
-    assert candidates(prompts, [], Config(out_dir=str(tmp_path), max_prompts=10, seed=1))[0] != kept
+    assert candidates(prompts, [], Config(output_dir=str(tmp_path), max_prompts=10, seed=1))[0] != kept
 
 
 def test_round_trips_score_valid_replies_and_mark_invalid_ones(embedder):
@@ -58,7 +58,7 @@ def test_round_trips_score_valid_replies_and_mark_invalid_ones(embedder):
 def test_outputs_keep_the_threshold_and_split_train_from_eval(tmp_path):
     chosen = [prompt(i, f"message {i} about the beach today") for i in range(20)]
     trips = [RoundTrip(("🏖️", "☀️"), "beach, sun", i / 20) for i in range(20)]
-    stats = write_outputs(Config(out_dir=str(tmp_path)), chosen, trips, {}, {"judge": "lexicon"})
+    stats = write_outputs(Config(output_dir=str(tmp_path)), chosen, trips, {}, {"judge": "lexicon"})
     train, held = read_jsonl(tmp_path / rl_prompts.TRAIN_FILE), read_jsonl(tmp_path / rl_prompts.EVAL_FILE)
     assert (len(train), len(held)) == (11, 1)  # similarity 0.40 .. 0.95 kept, 10% held out
     assert not {r["id"] for r in train} & {r["id"] for r in held}
@@ -70,7 +70,7 @@ def test_outputs_keep_the_threshold_and_split_train_from_eval(tmp_path):
 def test_nothing_kept_is_a_clear_error(tmp_path):
     trips = [RoundTrip(("🏖️", "☀️"), "beach", 0.1)]
     with pytest.raises(UserError, match=r"no prompt reached similarity 0\.4"):
-        write_outputs(Config(out_dir=str(tmp_path)), [prompt(0, "a day at the beach")], trips, {}, {})
+        write_outputs(Config(output_dir=str(tmp_path)), [prompt(0, "a day at the beach")], trips, {}, {})
 
 
 def test_a_missing_adapter_says_how_to_make_one(tmp_path):
@@ -82,7 +82,7 @@ def test_a_missing_adapter_says_how_to_make_one(tmp_path):
         prompts=str(tmp_path / "prompts.jsonl"),
         sft_test=str(tmp_path / "sft_test.jsonl"),
         adapter=str(tmp_path / "nope"),
-        out_dir=str(tmp_path),
+        output_dir=str(tmp_path),
     )
     with pytest.raises(UserError, match="train one with `emoji-rl sft`, or pass --adapter none"):
         rl_prompts.main(cfg)
@@ -98,7 +98,7 @@ def test_stage_end_to_end_on_the_embedded_sender(tmp_path):
     cfg = Config(
         prompts=str(tmp_path / "prompts.jsonl"),
         sft_test=str(tmp_path / "sft_test.jsonl"),
-        out_dir=str(tmp_path),
+        output_dir=str(tmp_path),
         adapter=None,
         judge="lexicon",
         min_similarity=-1.0,

@@ -28,7 +28,7 @@ def prompts(tmp_path) -> list[Prompt]:
 
 
 def config(tmp_path, **kw) -> Config:
-    return Config(prompts=str(tmp_path / "prompts.jsonl"), out_dir=str(tmp_path), poll_interval=0.0, **kw)
+    return Config(prompts=str(tmp_path / "prompts.jsonl"), output_dir=str(tmp_path), poll_interval=0.0, **kw)
 
 
 def target_of(messages: list[dict]) -> str:

@@ -11,10 +11,19 @@ import pytest
 
 from emoji_rl.decode.generate import Decoding
 from emoji_rl.errors import UserError
-from emoji_rl.game import evaluate
-from emoji_rl.game.evaluation import EvalConfig, EvalSetup, Evaluation, ModelSender, Report, Scripted
-from emoji_rl.game.registry import GameConfig, GameSpec
-from emoji_rl.game.types import Game, StepResult
+from emoji_rl.game import evaluate, registry
+from emoji_rl.game.evaluation import (
+    EvalConfig,
+    EvalOptions,
+    EvalSetup,
+    Evaluation,
+    ModelSender,
+    Report,
+    Scripted,
+)
+from emoji_rl.game.spec import GameConfig, GameContext, GameSpec, stage_config
+from emoji_rl.game.types import Game, GameSetup, StepResult
+from emoji_rl.io.jsonl import read_jsonl
 from emoji_rl.lm import models, template
 
 # Record -> its secret word; each system's replies to it, turn by turn.
@@ -48,16 +57,22 @@ class Guess(Game):
 
 
 @dataclass
-class Config(EvalConfig):
+class Options(EvalOptions):
     def system_names(self) -> list[str]:
         return list(self.systems)  # every system here is scripted
 
 
-def setup(cfg, records, tokenizer, runtime) -> EvalSetup:
+def setup(cfg: GameConfig, context: GameContext) -> GameSetup:
+    modes = {
+        mode: lambda r, t=turns: Guess(context.tokenizer, SECRETS[r["id"]], t)
+        for mode, turns in MODES.items()
+    }
+    records = read_jsonl(context.records)
+    return GameSetup(modes["long"], records, "none", "guess", target=lambda r: r["id"], modes=modes)
+
+
+def plan(cfg, game, records, tokenizer) -> EvalSetup:
     return EvalSetup(
-        games={
-            mode: lambda r, t=turns: Guess(tokenizer, SECRETS[r["id"]], t) for mode, turns in MODES.items()
-        },
         sender=ModelSender(Decoding("none", 0.0, 8)),
         scripted={
             "good": Scripted([GOOD[r["id"]] for r in records]),
@@ -76,16 +91,15 @@ def setup(cfg, records, tokenizer, runtime) -> EvalSetup:
 
 
 EVALUATION = Evaluation(
-    name="guess",
-    field="id",
-    hint="write it by hand",
     unit="game",
-    setup=setup,
-    summarize=lambda records, cfg: {"won": sum(r["won"] for r in records) / len(records)},
     compared={"won": lambda record: record["won"]},
     headline="won",
+    plan=plan,
+    summarize=lambda records, cfg: {"won": sum(r["won"] for r in records) / len(records)},
+    config=Options,
 )
-GAME = GameSpec("guess", "say the word", GameConfig, lambda cfg, context: None, EVALUATION)
+GAME = GameSpec("guess", "say the word", GameConfig, setup, EVALUATION)
+Config = stage_config(EvalConfig, GAME, Options)
 
 
 @pytest.fixture
@@ -141,9 +155,10 @@ def test_scripted_systems_without_an_adapter_keep_to_the_reference_records(run):
     assert {r["id"] for r in report["records"]} == {"a", "b"}
 
 
-def test_a_game_without_an_evaluation_is_named(run):
-    cfg, _ = run
+def test_a_game_without_an_evaluation_is_named(monkeypatch):
+    monkeypatch.setattr(registry, "_registered", {})  # registered for this test only
+    registry.register(GameSpec("plain", "no evaluation", GameConfig, setup))
     with pytest.raises(UserError, match="game 'plain' has no evaluation"):
-        evaluate.evaluate(GameSpec("plain", "no evaluation", GameConfig, lambda cfg, context: None), cfg)
+        evaluate.config_class("plain")
     with pytest.raises(ValueError, match="headline 'lost' is not a compared metric"):
-        Evaluation("guess", "id", "", "game", setup, EVALUATION.summarize, {"won": float}, "lost")
+        Evaluation("game", {"won": float}, "lost")

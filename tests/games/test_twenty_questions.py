@@ -1,7 +1,8 @@
-"""The proof of the game registry: Twenty Questions, written only here (the game is under 100 lines),
-found by `emoji-rl grpo --game twenty-questions` through an installed package's entry point (a
-dist-info folder on sys.path, as pip writes it), trains 2 GRPO steps in-process and one against the
-fake vLLM server one version behind. No file outside this one knows it."""
+"""The proof of the game registry: Twenty Questions, written only here (the game and its evaluation are
+under 100 lines), found through an installed package's entry point (a dist-info folder on sys.path,
+as pip writes it) by `emoji-rl grpo --game twenty-questions`, which trains it 2 GRPO steps in-process
+and one against the fake vLLM server one version behind, and by `emoji-rl eval --game
+twenty-questions`, which evaluates it. No file outside this one knows it."""
 
 from __future__ import annotations
 
@@ -17,7 +18,8 @@ from emoji_rl import cli
 from emoji_rl.config import override
 from emoji_rl.game import registry
 from emoji_rl.game.chat import ChatGame
-from emoji_rl.game.registry import GameConfig, GameContext, GameSpec
+from emoji_rl.game.evaluation import Evaluation
+from emoji_rl.game.spec import GameConfig, GameContext, GameSpec
 from emoji_rl.game.types import GameSetup, StepResult
 from emoji_rl.io.jsonl import read_records
 from emoji_rl.io.metrics import read_metrics
@@ -67,19 +69,27 @@ class TwentyQuestions(ChatGame):
         return StepResult(False, 0.0, observation, log=log)
 
 
-def setup(cfg, context: GameContext) -> GameSetup:
-    records = read_records(cfg.train_data, "word", "write it by hand")
+def setup(cfg: Config, context: GameContext) -> GameSetup:
+    records = read_records(context.records, "word", "write it by hand")
     return GameSetup(
         lambda record: TwentyQuestions(context.tokenizer, record["word"], cfg.max_turns),
         records,
-        None,
+        "none",
         "twenty questions, scripted answerer",
         target=lambda record: record["word"],
         headline=("won", "game/won"),
     )
 
 
-GAME = GameSpec("twenty-questions", "the policy asks yes/no questions to find a word", Config, setup)
+# Each system's row: its share of words found and the questions it asked, compared word by word.
+EVALUATION = Evaluation(
+    unit="word",
+    compared={"won": lambda r: r["metrics"]["won"], "questions": lambda r: r["metrics"]["questions"]},
+    headline="won",
+)
+GAME = GameSpec(
+    "twenty-questions", "the policy asks yes/no questions to find a word", Config, setup, EVALUATION
+)
 
 # --- the proof -----------------------------------------------------------------------------------
 
@@ -96,23 +106,24 @@ def installed(tmp_path, monkeypatch):
     monkeypatch.syspath_prepend(str(tmp_path / "site"))
     data = tmp_path / "words.jsonl"
     data.write_text("".join(json.dumps({"id": w, "word": w}) + "\n" for w in PROPERTIES))
-    return ["--game", "twenty-questions", "--train_data", str(data), "--batch_size", "2", "--group_size", "2"]
+    return data
 
 
-def grpo(args: list[str], out: Path) -> list[dict]:
+def grpo(data: Path, args: list[str], out: Path) -> list[dict]:
+    game = ["--game", "twenty-questions", "--train_data", str(data), "--batch_size", "2", "--group_size", "2"]
     common = ["--max_new_tokens", "12", "--lora_r", "4", "--per_device_train_batch_size", "4", "--beta", "0"]
-    assert cli.main(["grpo", *args, *common, "--output_dir", str(out)]) == 0
+    assert cli.main(["grpo", *game, *args, *common, "--output_dir", str(out)]) == 0
     return read_metrics(out)
 
 
-def test_a_game_written_only_here_trains_in_process_and_one_version_behind_a_server(
+def test_a_game_written_only_here_trains_in_process_and_one_version_behind_a_server_and_evaluates(
     installed, tmp_path, monkeypatch
 ):
     assert (
         "twenty-questions" in registry.names()
         and registry.load("twenty-questions").name == "twenty-questions"
     )
-    metrics = grpo([*installed, "--max_steps", "2", "--save_steps", "2"], tmp_path / "hf")
+    metrics = grpo(installed, ["--max_steps", "2", "--save_steps", "2"], tmp_path / "hf")
     assert [m["step"] for m in metrics] == [1, 2]
     assert all({"game/won", "game/questions", "reward/mean"} <= m.keys() for m in metrics)
     episodes = [json.loads(line) for line in (tmp_path / "hf" / "rollouts.jsonl").read_text().splitlines()]
@@ -122,6 +133,40 @@ def test_a_game_written_only_here_trains_in_process_and_one_version_behind_a_ser
     assert len(turns) > len(episodes)  # some episodes went on after a first question
     assert (tmp_path / "hf" / "adapter" / "adapter_model.safetensors").is_file()
 
+    # The evaluation: the base model and the adapter just trained ask about each word, side by side.
+    report = tmp_path / "report"
+    systems = ["--systems", "base", f"rl={tmp_path / 'hf' / 'adapter'}", "--max_new_tokens", "12"]
+    assert (
+        cli.main(
+            [
+                "eval",
+                "--game",
+                "twenty-questions",
+                "--data",
+                str(installed),
+                *systems,
+                "--output_dir",
+                str(report),
+            ]
+        )
+        == 0
+    )
+    evaluated = json.loads((report / "twenty-questions.json").read_text())
+    assert [(r["system"], r["mode"], r["n"]) for r in evaluated["rows"]] == [
+        ("base", "multi", 3),
+        ("rl", "multi", 3),
+    ]
+    base = [r for r in evaluated["records"] if r["system"] == "base"]
+    assert evaluated["rows"][0]["questions"] == pytest.approx(
+        sum(r["metrics"]["questions"] for r in base) / 3
+    )
+    assert all(t["answer"] == answer(r["target"], t["question"]) for r in base for t in r["turns"])
+    assert {(c["a"], c["b"], c["metric"]) for c in evaluated["comparisons"]} == {
+        ("rl", "base", "won"),
+        ("rl", "base", "questions"),
+    }
+    assert (report / "twenty-questions.png").stat().st_size > 0
+
     monkeypatch.setenv(KEY_ENV, "test-key")
     from emoji_rl.lm import models
 
@@ -130,7 +175,7 @@ def test_a_game_written_only_here_trains_in_process_and_one_version_behind_a_ser
     ) as fake:
         served = ["--engine", "vllm", "--vllm_url", fake.url, "--vllm_api_key_env", KEY_ENV]
         async_args = [*served, "--max_off_policy_steps", "1", "--max_steps", "1", "--save_steps", "1"]
-        metrics = grpo([*installed, *async_args], tmp_path / "vllm")
+        metrics = grpo(installed, async_args, tmp_path / "vllm")
         assert [m["step"] for m in metrics] == [1] and metrics[0]["async/version_lag"] == 0.0
         assert (
             fake.bodies("/v1/completions") and "structured_outputs" not in fake.bodies("/v1/completions")[0]

@@ -29,7 +29,7 @@ class OneTurnGame(Game):
 
 def run_collect(stream, sampler, **kwargs):
     """collect() of the one-turn game; a record's target is its `target` or its `answer`."""
-    game = GameSetup(lambda record: OneTurnGame(), list(stream.records), None, "one turn", target=_target)
+    game = GameSetup(lambda record: OneTurnGame(), list(stream.records), "none", "one turn", target=_target)
     return asyncio.run(collect(stream, game, sampler, **kwargs))
 
 

@@ -12,7 +12,6 @@ import torch
 from emoji_rl.decode.generate import Decoding
 from emoji_rl.decode.sampler import HFSampler
 from emoji_rl.emoji.alphabet import parse_message
-from emoji_rl.emoji.constraint import compile_emoji_grammar
 from emoji_rl.emoji.sender_prompts import sender_messages
 from emoji_rl.game.play import play
 from emoji_rl.game.types import Game, GameSetup, StepResult
@@ -52,8 +51,8 @@ class FavoriteEmojiGame(Game):
         return StepResult(done=True, reward=share, metrics={"share": share})
 
 
-def favorite_setup(tokenizer, constraint, records, score=favorite_share):
-    return GameSetup(lambda r: FavoriteEmojiGame(tokenizer, 4, score), records, constraint, "favorite emoji")
+def favorite_setup(tokenizer, records, score=favorite_share):
+    return GameSetup(lambda r: FavoriteEmojiGame(tokenizer, 4, score), records, "grammar", "favorite emoji")
 
 
 def _toy_setup(tmp_path, **overrides):
@@ -78,11 +77,9 @@ def _toy_setup(tmp_path, **overrides):
     tokenizer = models.load_tokenizer(models.SMOLLM2)
     reference = cfg.reference if cfg.beta > 0 else None
     policy = build_policy(cfg.model, models.pick_runtime("cpu"), None, reference, cfg.lora_r, cfg.lora_alpha)
-    width = policy.get_output_embeddings().weight.shape[0]
-    constraint = compile_emoji_grammar(tokenizer, 2, cfg.max_emoji, vocab_size=width)
     decoding = Decoding(max_new_tokens=cfg.max_new_tokens, batch_size=32, max_emoji=cfg.max_emoji)
     sampler = HFSampler(policy, tokenizer, decoding)
-    return cfg, tokenizer, policy, constraint, sampler
+    return cfg, tokenizer, policy, sampler
 
 
 def _mean_reward(tokenizer, sampler, n=24, seed=123):
@@ -92,10 +89,10 @@ def _mean_reward(tokenizer, sampler, n=24, seed=123):
 
 
 def test_grpo_raises_a_verifiable_reward(tmp_path):
-    cfg, tokenizer, policy, constraint, sampler = _toy_setup(tmp_path)
+    cfg, tokenizer, policy, sampler = _toy_setup(tmp_path)
     before = _mean_reward(tokenizer, sampler)
     records = [{"id": "p0", "target": PROMPT}]
-    grpo_train.train(cfg, policy, tokenizer, favorite_setup(tokenizer, constraint, records), sampler)
+    grpo_train.train(cfg, policy, tokenizer, favorite_setup(tokenizer, records), sampler)
     after = _mean_reward(tokenizer, sampler)
     print(f"share of {FAVORITE}: before {before:.3f}, after {after:.3f}")
     assert after > before + 0.15
@@ -157,7 +154,7 @@ def test_resume_after_a_crash_repeats_the_uninterrupted_run(tmp_path, monkeypatc
     records = [{"id": f"p{i}", "target": PROMPT} for i in range(3)]
 
     def run(name, **overrides):
-        cfg, tokenizer, policy, constraint, sampler = _toy_setup(tmp_path / name, **{**common, **overrides})
+        cfg, tokenizer, policy, sampler = _toy_setup(tmp_path / name, **{**common, **overrides})
         built = GamesBuilt()
 
         def game(record):
@@ -166,7 +163,7 @@ def test_resume_after_a_crash_repeats_the_uninterrupted_run(tmp_path, monkeypatc
 
         if cfg.resume:
             torch.manual_seed(999)  # resuming restores the RNG: this seed must not matter
-        setup = GameSetup(game, records, constraint, "favorite emoji", state=built)
+        setup = GameSetup(game, records, "grammar", "favorite emoji", state=built)
         return grpo_train.train(cfg, policy, tokenizer, setup, sampler), built.count
 
     _, full_built = run("full")
@@ -203,8 +200,8 @@ def test_wandb_and_trackio_get_each_step_once_in_one_run_across_a_resume(tmp_pat
     records = [{"id": f"p{i}", "target": PROMPT} for i in range(3)]
 
     def run(**overrides):
-        cfg, tokenizer, policy, constraint, sampler = _toy_setup(tmp_path, **{**common, **overrides})
-        setup = GameSetup(lambda r: FavoriteEmojiGame(tokenizer, 4), records, constraint, "favorite emoji")
+        cfg, tokenizer, policy, sampler = _toy_setup(tmp_path, **{**common, **overrides})
+        setup = GameSetup(lambda r: FavoriteEmojiGame(tokenizer, 4), records, "grammar", "favorite emoji")
         return grpo_train.train(cfg, policy, tokenizer, setup, sampler)
 
     # The first attempt logs steps 1-3 and dies saving step 3's checkpoint: the last one is step 2's.
@@ -251,7 +248,7 @@ def test_vllm_engine_trains_through_versioned_adapters(tmp_path, monkeypatch):
     from emoji_rl.io.endpoint import Endpoint
     from emoji_rl.rl.rollout.vllm import AdapterSync
 
-    cfg, tokenizer, policy, constraint, _ = _toy_setup(tmp_path, max_steps=2, group_size=4, engine="vllm")
+    cfg, tokenizer, policy, _ = _toy_setup(tmp_path, max_steps=2, group_size=4, engine="vllm")
     monkeypatch.setenv("EMOJI_RL_TEST_POLICY_KEY", "test-key")
     with FakeVLLMServer(FakeLM(tokenizer), logprobs_mode="processed_logprobs") as server:
         endpoint = Endpoint(server.url + "/v1", api_key_env="EMOJI_RL_TEST_POLICY_KEY", backoff_s=0.01)
@@ -266,7 +263,7 @@ def test_vllm_engine_trains_through_versioned_adapters(tmp_path, monkeypatch):
         def message_hash(emoji):
             return zlib.crc32("".join(emoji).encode()) / 2**32
 
-        setup = favorite_setup(tokenizer, constraint, records, message_hash)
+        setup = favorite_setup(tokenizer, records, message_hash)
         state = grpo_train.train(cfg, policy, tokenizer, setup, sampler, weight_sync=sync)
         loads = [body["lora_name"] for body in server.bodies("/v1/load_lora_adapter")]
         completions = server.bodies("/v1/completions")
@@ -369,9 +366,9 @@ def test_the_held_out_evaluation_is_greedy_play_at_its_steps_and_a_resume_keeps_
     eval_data = tmp_path / "held_out.jsonl"
     eval_data.write_text("".join(json.dumps({"id": f"e{i}", "target": PROMPT}) + "\n" for i in range(2)))
     held = dict(eval_data=str(eval_data), eval_steps=2, eval_before_train=True, save_steps=2, max_steps=2)
-    cfg, tokenizer, policy, constraint, sampler = _toy_setup(tmp_path, **held)
+    cfg, tokenizer, policy, sampler = _toy_setup(tmp_path, **held)
     records = [{"id": "p0", "target": PROMPT}]
-    grpo_train.train(cfg, policy, tokenizer, favorite_setup(tokenizer, constraint, records), sampler)
+    grpo_train.train(cfg, policy, tokenizer, favorite_setup(tokenizer, records), sampler)
     lines = read_metrics(tmp_path / "run")
     evaluated = {m["step"]: m["eval/reward"] for m in lines if "eval/reward" in m}
     assert sorted(evaluated) == [0, 2]
@@ -382,10 +379,8 @@ def test_the_held_out_evaluation_is_greedy_play_at_its_steps_and_a_resume_keeps_
     episodes = asyncio.run(play([FavoriteEmojiGame(tokenizer, 4) for _ in range(2)], greedy))
     assert evaluated[2] == pytest.approx(sum(e.reward for e in episodes) / 2)
 
-    cfg, tokenizer, policy, constraint, sampler = _toy_setup(
-        tmp_path, **{**held, "max_steps": 3}, resume=True
-    )
-    grpo_train.train(cfg, policy, tokenizer, favorite_setup(tokenizer, constraint, records), sampler)
+    cfg, tokenizer, policy, sampler = _toy_setup(tmp_path, **{**held, "max_steps": 3}, resume=True)
+    grpo_train.train(cfg, policy, tokenizer, favorite_setup(tokenizer, records), sampler)
     assert [m["step"] for m in read_metrics(tmp_path / "run")] == [0, 1, 2, 3]
 
 

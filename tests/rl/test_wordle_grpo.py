@@ -6,7 +6,7 @@ import torch
 from emoji_rl.decode.generate import Decoding
 from emoji_rl.decode.sampler import HFSampler
 from emoji_rl.game import registry
-from emoji_rl.game.registry import GameContext
+from emoji_rl.game.spec import game_config
 from emoji_rl.games.wordle.reward import TERMS
 from emoji_rl.io.metrics import read_metrics
 from emoji_rl.lm import models
@@ -43,8 +43,8 @@ def test_grpo_on_wordle_logs_every_reward_term(tmp_path):
         "".join(f'{{"id": "wordle-{a}", "answer": "{a}"}}\n' for a in ("above", "crane", "speed"))
     )
     cfg.train_data = str(records)
-    width = policy.get_output_embeddings().weight.shape[0]
-    setup = registry.load("wordle").setup(cfg, GameContext(tokenizer, models.pick_runtime("cpu"), width))
+    spec = registry.load("wordle")
+    setup = spec.setup(game_config(spec, cfg), cfg.game_context(tokenizer, models.pick_runtime("cpu")))
     state = grpo_train.train(cfg, policy, tokenizer, setup, sampler)
     assert state.step == 1
     # The trainer fed the curriculum the step's episodes, and it travels with the checkpoint, so a

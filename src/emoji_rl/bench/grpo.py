@@ -110,7 +110,7 @@ def bench_rollout_throughput(
         rollouts = asyncio.run(
             collect(
                 PromptStream(records, seed=0, state=TrainState()),
-                GameSetup(builder, records, None, "retrieval, lexicon judge"),
+                GameSetup(builder, records, "none", "retrieval, lexicon judge"),
                 batched,
                 prompts,
                 group_size,

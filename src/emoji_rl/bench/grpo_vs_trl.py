@@ -107,7 +107,10 @@ class _OurStep:
             collect(
                 self.stream,
                 GameSetup(
-                    lambda r: OneTurnGame(self.tokenizer, r["target"]), self.stream.records, None, "one turn"
+                    lambda r: OneTurnGame(self.tokenizer, r["target"]),
+                    self.stream.records,
+                    "none",
+                    "one turn",
                 ),
                 self.sampler,
                 self.cfg.batch_size,

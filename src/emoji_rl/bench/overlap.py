@@ -54,7 +54,6 @@ from emoji_rl.bench.step_times import (
     step_times,
 )
 from emoji_rl.emoji.alphabet import parse_message
-from emoji_rl.emoji.constraint import compile_emoji_grammar
 from emoji_rl.emoji.sender_prompts import sender_messages
 from emoji_rl.game.types import Game, GameSetup, StepResult
 from emoji_rl.io.metrics import read_metrics
@@ -241,13 +240,11 @@ def _toy_run(server: Server, out: Path, shape: Shape, max_off_policy_steps: int,
     policy = build_policy(cfg.model, models.pick_runtime("cpu"), None, reference, cfg.lora_r, cfg.lora_alpha)
     if cfg.gradient_checkpointing:
         checkpoint_layers(policy)
-    width = policy.get_output_embeddings().weight.shape[0]
-    constraint = compile_emoji_grammar(tokenizer, cfg.min_emoji, cfg.max_emoji, vocab_size=width)
     records = [{"id": f"t{i}", "target": t} for i, t in enumerate(shape.targets())]
     game = GameSetup(
         lambda r: HashEmojiGame(tokenizer, r["target"], cfg.min_emoji, cfg.max_emoji),
         records,
-        constraint,
+        "grammar",
         "hash of the emoji",
     )
     sampler, sync = build_sampler(cfg, policy, tokenizer, "grammar")

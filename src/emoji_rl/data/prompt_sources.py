@@ -46,6 +46,9 @@ class Sample:
     """Messages looked at to make this sample."""
 
 
+PROMPTS_FILE = "prompts.jsonl"
+
+
 @dataclass
 class Config:
     """Write N deduplicated natural-language messages to a JSONL file."""
@@ -59,7 +62,16 @@ class Config:
         },
     )
     n: int = field(default=300, metadata={"help": "messages to write (seed 001 used 30,000 for SFT)"})
-    out: str = field(default="data/prompts.jsonl", metadata={"help": "output JSONL file"})
+    output_dir: str = field(
+        default="data", metadata={"help": "where prompts.jsonl (and its summary and raw log) are written"}
+    )
+    out: str | None = field(
+        default=None,
+        metadata={
+            "help": "the output JSONL file itself, in place of output_dir/prompts.jsonl (the older "
+            "spelling); its directory is then output_dir"
+        },
+    )
     seed: int = field(
         default=0, metadata={"help": "seed of the corpus sample and of the claude request themes"}
     )
@@ -92,12 +104,19 @@ class Config:
     )
 
     def __post_init__(self) -> None:
+        if self.out is not None:
+            self.output_dir = str(Path(self.out).parent)
         if self.n < 1:
             raise ValueError(f"n={self.n} must be >= 1")
         if not 1 <= self.min_words <= self.max_words:
             raise ValueError(f"min_words={self.min_words}, max_words={self.max_words}: need 1 <= min <= max")
         if not 0 < self.dedup_threshold <= 1:
             raise ValueError(f"dedup_threshold={self.dedup_threshold} must be in (0, 1]")
+
+    @property
+    def path(self) -> Path:
+        """The JSONL file written: `out`, or prompts.jsonl in `output_dir`."""
+        return Path(self.out) if self.out is not None else Path(self.output_dir) / PROMPTS_FILE
         if not 1 <= self.per_request <= 100:
             raise ValueError(f"per_request={self.per_request} must be in 1..100")
         if self.concurrency < 1 or self.max_rounds < 1 or self.max_retries < 0:
@@ -309,7 +328,7 @@ def claude_sample(cfg: Config, client: anthropic.Anthropic, deduper: Deduper) ->
     """Messages per category in proportion to `CATEGORIES`' weights. What is already in the raw log
     counts, so a rerun asks only for what is missing."""
     want = quotas(cfg.n)
-    with AppendLog(raw_path(cfg.out)) as raw:
+    with AppendLog(raw_path(cfg.path)) as raw:
         if raw.records:
             log.info("resuming: %s already holds %d messages", raw.path, len(raw.records))
         sample = _select(raw.records, want, cfg, deduper)

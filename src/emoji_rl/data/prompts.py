@@ -124,13 +124,13 @@ def main(cfg: Config) -> None:
     else:
         sample = prompt_sources.claude_sample(cfg, claude.make_client(cfg.max_retries), deduper)
     prompts = make_prompts(cfg.source, sample)
-    write_jsonl(cfg.out, (p.to_record() for p in prompts))
+    write_jsonl(cfg.path, (p.to_record() for p in prompts))
     report = summarize(cfg, prompts, sample)
-    write_json(summary_path(cfg.out), report)
+    write_json(summary_path(cfg.path), report)
     for key in ("by_category", "filtered", "duplicates_removed"):
         log.info(
             "%s: %s", key.replace("_", " "), ", ".join(f"{k} {v}" for k, v in report[key].items()) or "none"
         )
     print(
-        f"wrote {len(prompts)} prompts to {cfg.out} ({sample.examined} examined; summary in {summary_path(cfg.out)})"
+        f"wrote {len(prompts)} prompts to {cfg.path} ({sample.examined} examined; summary in {summary_path(cfg.path)})"
     )

@@ -33,7 +33,7 @@ from typing import TYPE_CHECKING
 from emoji_rl.config import override
 from emoji_rl.data.dedup import normalize
 from emoji_rl.data.prompts import Prompt, held_out, read_prompts
-from emoji_rl.decode.sampler import SamplingConfig
+from emoji_rl.decode.generate import SamplingConfig
 from emoji_rl.emoji.alphabet import SEPARATOR, parse_message
 from emoji_rl.errors import UserError
 from emoji_rl.game.guessing import JudgeInput
@@ -64,8 +64,9 @@ class Config(JudgeConfig, SimilarityConfig, SamplingConfig, models.ModelConfig):
         default="data/sft_test.jsonl",
         metadata={"help": "the SFT test split, excluded (from `emoji-rl teacher`)"},
     )
-    out_dir: str = field(
-        default="data", metadata={"help": "directory of rl_train.jsonl, rl_eval.jsonl, stats"}
+    output_dir: str = field(
+        default="data",
+        metadata={"help": "directory of rl_train.jsonl, rl_eval.jsonl, stats", "aliases": ("out_dir",)},
     )
     adapter: str | None = field(
         default="runs/sft/adapter",
@@ -189,7 +190,7 @@ def write_outputs(
             "is --adapter an SFT sender? Lower --min_similarity to keep more"
         )
     eval_ids = held_out([r["id"] for r in records], cfg.eval_fraction, cfg.seed)
-    out = Path(cfg.out_dir)
+    out = Path(cfg.output_dir)
     n_train = write_jsonl(out / TRAIN_FILE, (r for r in records if r["id"] not in eval_ids))
     n_eval = write_jsonl(out / EVAL_FILE, (r for r in records if r["id"] in eval_ids))
     scored = [t.similarity for t in trips if t.emoji]
@@ -246,5 +247,5 @@ def main(cfg: Config) -> None:
     print(
         f"kept {stats['kept']}/{stats['scored']} prompts at similarity >= {cfg.min_similarity} "
         f"(mean {stats['similarity_mean']}, {stats['invalid_replies']} invalid replies): "
-        f"{stats['train']} in {Path(cfg.out_dir) / TRAIN_FILE}, {stats['eval']} in {Path(cfg.out_dir) / EVAL_FILE}"
+        f"{stats['train']} in {Path(cfg.output_dir) / TRAIN_FILE}, {stats['eval']} in {Path(cfg.output_dir) / EVAL_FILE}"
     )

@@ -6,7 +6,7 @@ network, the cpu default), `claude-batch` (the Message Batches API; needs `ANTHR
 Every answer must pass `alphabet.parse_message` after its surrounding whitespace is stripped; a
 rejected or errored answer is asked for again, up to `max_attempts` per prompt.
 
-Files in `--out_dir` (default `data/`):
+Files in `--output_dir` (default `data/`):
 - `sft_train.jsonl`, `sft_test.jsonl`: a seeded 90/10 split; one chat record per line,
       {"id": "corpus-…", "target": "…", "messages": [<system>, <user>, {"role": "assistant",
        "content": "🍕 🎬 🌃"}]}
@@ -68,7 +68,10 @@ class Config:
                   "(needs ANTHROPIC_API_KEY); openai: an OpenAI-compatible server such as vLLM"},
     )  # fmt: skip
     prompts: str = field(default="data/prompts.jsonl", metadata={"help": "input, from `emoji-rl prompts`"})
-    out_dir: str = field(default="data", metadata={"help": "directory of the outputs and the resume files"})
+    output_dir: str = field(
+        default="data",
+        metadata={"help": "directory of the outputs and the resume files", "aliases": ("out_dir",)},
+    )
     test_fraction: float = field(
         default=0.1, metadata={"help": "share of answered prompts in sft_test, in (0, 1)"}
     )
@@ -166,7 +169,7 @@ def _check_log(records: list[Record], targets: dict[str, str], path: Path) -> No
         if r["id"] in targets and r["target"] != targets[r["id"]]:
             raise UserError(
                 f"{path} answers prompt {r['id']} for another text ({r['target']!r}): the prompts changed "
-                f"since; delete {path} (and {BATCH_STATE} beside it) or choose another --out_dir"
+                f"since; delete {path} (and {BATCH_STATE} beside it) or choose another --output_dir"
             )
 
 
@@ -194,7 +197,7 @@ def _todo(records: list[Record], prompts: list[Prompt], cfg: Config) -> list[Req
 def collect_answers(cfg: Config, teacher: Teacher, prompts: list[Prompt]) -> list[Record]:
     """Ask the teacher until every prompt has a valid answer or no attempts left; return every attempt."""
     targets = {p.id: p.text for p in prompts}
-    with AppendLog(Path(cfg.out_dir) / ANSWERS_LOG) as answers:
+    with AppendLog(Path(cfg.output_dir) / ANSWERS_LOG) as answers:
         _check_log(answers.records, targets, answers.path)
         if answers.records:
             log.info("resuming: %s already holds %d answers", answers.path, len(answers.records))
@@ -242,7 +245,7 @@ def write_outputs(cfg: Config, prompts: list[Prompt], records: list[Record], tea
         kind = r["error"] or reason_kind(reason or "")
         reject = {k: r[k] for k in ("id", "attempt", "target", "answer")}
         rejects.append({**reject, "reason": r["error"] or reason, "kind": kind})
-    out = Path(cfg.out_dir)
+    out = Path(cfg.output_dir)
     write_jsonl(out / REJECTS_FILE, rejects)
     answered = [p for p in prompts if p.id in accepted]
     if not answered:
@@ -297,7 +300,7 @@ def build_teacher(cfg: Config, prompts: list[Prompt]) -> Teacher:
     return ClaudeBatchTeacher(
         claude.make_client(cfg.max_retries),
         cfg.model or claude.DEFAULT_MODEL,
-        Path(cfg.out_dir) / BATCH_STATE,
+        Path(cfg.output_dir) / BATCH_STATE,
         cfg.max_tokens,
         cfg.poll_interval,
         submit_retries=cfg.max_retries,
@@ -320,5 +323,5 @@ def main(cfg: Config) -> None:
     print(
         f"{stats['answered']}/{stats['prompts']} prompts answered by {stats['teacher']}: "
         f"{stats['train']} train, {stats['test']} test, {stats['rejected']} rejected attempts, "
-        f"{stats['distinct_emoji']} distinct emoji -> {Path(cfg.out_dir) / STATS_FILE}"
+        f"{stats['distinct_emoji']} distinct emoji -> {Path(cfg.output_dir) / STATS_FILE}"
     )

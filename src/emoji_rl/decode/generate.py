@@ -70,6 +70,26 @@ class Decoding:
         return self.num_beams > 1 or self.guidance_scale != 1.0
 
 
+@dataclass
+class SamplingConfig:
+    """How a stage samples the sender: temperature, a turn's token budget and the emoji count a valid
+    message holds (docs/DESIGN.md §2)."""
+
+    temperature: float = field(
+        default=1.0, metadata={"help": "sender sampling temperature; 0 = greedy", "min": 0.0}
+    )
+    max_new_tokens: int = field(
+        default=MAX_NEW_TOKENS, metadata={"help": "token budget of one sender turn", "min": 1}
+    )
+    min_emoji: int = field(default=MIN_EMOJI, metadata={"help": "fewest emoji in a valid message", "min": 1})
+    max_emoji: int = field(default=MAX_EMOJI, metadata={"help": "most emoji in a valid message", "min": 1})
+
+    def decoding(self, **more: Any) -> Decoding:
+        """These fields as a sampler reads them, with `more` of `Decoding`'s (constraint, batch_size...)."""
+        mine = {"temperature": self.temperature, "max_new_tokens": self.max_new_tokens}
+        return Decoding(**{**mine, "min_emoji": self.min_emoji, "max_emoji": self.max_emoji, **more})
+
+
 @dataclass(frozen=True)
 class Reply:
     """One sampled reply: the ids as sampled (stop token included when the model stopped)."""

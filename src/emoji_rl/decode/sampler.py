@@ -10,31 +10,10 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
 
 from emoji_rl.decode.beam import beam_search
-from emoji_rl.decode.generate import MAX_NEW_TOKENS, Decoding, generate_from_ids
-from emoji_rl.emoji.alphabet import MAX_EMOJI, MIN_EMOJI
+from emoji_rl.decode.generate import Decoding, generate_from_ids
 
 if TYPE_CHECKING:
     from transformers import PreTrainedModel, PreTrainedTokenizerBase
-
-
-@dataclass
-class SamplingConfig:
-    """How a stage samples the sender: temperature, a turn's token budget and the emoji count a valid
-    message holds (docs/DESIGN.md §2)."""
-
-    temperature: float = field(
-        default=1.0, metadata={"help": "sender sampling temperature; 0 = greedy", "min": 0.0}
-    )
-    max_new_tokens: int = field(
-        default=MAX_NEW_TOKENS, metadata={"help": "token budget of one sender turn", "min": 1}
-    )
-    min_emoji: int = field(default=MIN_EMOJI, metadata={"help": "fewest emoji in a valid message", "min": 1})
-    max_emoji: int = field(default=MAX_EMOJI, metadata={"help": "most emoji in a valid message", "min": 1})
-
-    def decoding(self, **more: Any) -> Decoding:
-        """These fields as a sampler reads them, with `more` of `Decoding`'s (constraint, batch_size...)."""
-        mine = {"temperature": self.temperature, "max_new_tokens": self.max_new_tokens}
-        return Decoding(**{**mine, "min_emoji": self.min_emoji, "max_emoji": self.max_emoji, **more})
 
 
 @dataclass(frozen=True)

@@ -32,8 +32,7 @@ from dataclasses import asdict, dataclass, field
 import torch
 
 from emoji_rl.data.rl_prompts import round_trips
-from emoji_rl.decode.generate import generate_replies
-from emoji_rl.decode.sampler import SamplingConfig
+from emoji_rl.decode.generate import SamplingConfig, generate_replies
 from emoji_rl.emoji.sender_prompts import sender_messages
 from emoji_rl.errors import UserError
 from emoji_rl.game.similarity import SimilarityConfig

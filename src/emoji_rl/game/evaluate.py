@@ -1,31 +1,39 @@
-"""The one evaluation path: systems x held-out records, played through a game in each of its modes
-(`game/play.py`), each system's row of the game's own final metrics, and the differences between
-systems as paired bootstrap intervals; a table, NAME.json and NAME.png (io/report.py). A game comes
-in through its hooks (`GameSpec.evaluation`, game/evaluation.py); its stage is its Config and a call
-of `evaluate`.
+"""`emoji-rl eval --game NAME`: any game the registry finds on held-out records, systems side by side
+(the built-in games keep their `eval-NAME` spellings: `cli.ALIASES`). Systems x
+held-out records, played through the game in each of its modes (`game/play.py`), each system's row of
+the game's own final metrics, and the differences between systems as paired bootstrap intervals; a
+table, NAME.json and NAME.png (io/report.py). The game is built by its own setup, the one grpo trains
+on (the same judge, similarity and reward weights), from its records in `--data`; its evaluation
+(`GameSpec.evaluation`, game/evaluation.py) says how a model system samples and how the report reads.
 
 Differences can be believed because every system plays the same records, in the same batches, each
 batch's draws seeded by its first record. Each game is appended to NAME_records.jsonl as its batch
 ends, under a first line holding what the games depend on (game/eval_records.py): a rerun with the
 same config plays only the games missing there, and one with another config is refused.
+
+    emoji-rl eval --game NAME --help     # the game's fields and its evaluation's
+    emoji-rl eval --game NAME --data held_out.jsonl --systems base sft=runs/sft/adapter rl=runs/grpo/adapter
 """
 
 from __future__ import annotations
 
 import asyncio
+import functools
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from functools import partial
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 from tqdm.auto import tqdm
 
+from emoji_rl.config import peek
 from emoji_rl.decode.sampler import HFSampler, Sample, Sampler
 from emoji_rl.decode.senders import System, parse_systems
-from emoji_rl.errors import DataError, UserError
+from emoji_rl.errors import UserError
+from emoji_rl.game import registry
 from emoji_rl.game.compare import LEVEL, compare_pairs, comparisons, format_comparisons
 from emoji_rl.game.eval_records import (
     batch_seed,
@@ -38,13 +46,49 @@ from emoji_rl.game.eval_records import (
 )
 from emoji_rl.game.evaluation import EvalConfig, EvalSetup, Evaluation, ModelSender, Report, Scripted
 from emoji_rl.game.play import play
-from emoji_rl.io.jsonl import AppendLog, Record, read_jsonl, write_json
+from emoji_rl.game.spec import GameContext, GameSpec, game_config, stage_config
+from emoji_rl.game.types import Game
+from emoji_rl.io.jsonl import AppendLog, Record, write_json
 from emoji_rl.io.report import bar_figure, format_table
 from emoji_rl.lm import models, template
 from emoji_rl.lm.adapters import active_system, load_systems
+from emoji_rl.lm.models import Runtime
 
-if TYPE_CHECKING:
-    from emoji_rl.game.registry import GameSpec
+
+@functools.cache
+def config_class(game: str) -> type[EvalConfig]:
+    """`eval`'s Config for `game`: every evaluation's fields, the game's and its evaluation's own."""
+    spec = registry.load(game)
+    hooks = spec.evaluation
+    if hooks is None:
+        raise UserError(
+            f"game {game!r} has no evaluation: its GameSpec holds no `evaluation` (docs/ARCHITECTURE.md, "
+            '"Write a game")'
+        )
+    return stage_config(EvalConfig, spec, hooks.config, doc=hooks.config.__doc__ or spec.description)
+
+
+def config_for(argv: list[str]) -> type[EvalConfig]:
+    """The Config a command line asks for: its `--game`, or its YAML's `game`, or the default."""
+    return config_class(peek(argv, "game") or registry.DEFAULT_GAME)
+
+
+def main(cfg: EvalConfig) -> None:
+    evaluate(registry.load(cfg.game), cfg)
+
+
+def game_context(cfg: EvalConfig, tokenizer: Any, runtime: Runtime) -> GameContext:
+    """What the game may know of an evaluation: it plays the held-out `data`; no policy server."""
+    return GameContext(
+        tokenizer,
+        runtime,
+        seed=cfg.seed,
+        records=cfg.data,
+        model=cfg.model,
+        min_emoji=cfg.min_emoji,
+        max_emoji=cfg.max_emoji,
+        server_wait_s=cfg.server_wait_s,
+    )
 
 
 class ScriptedSender:
@@ -86,17 +130,6 @@ def model_sampler(model: torch.nn.Module, tokenizer: Any, sender: ModelSender, b
     return HFSampler(model, tokenizer, replace(sender.decoding, batch_size=batch_size), sender.unconditional)
 
 
-def held_out(cfg: EvalConfig, hooks: Evaluation) -> list[Record]:
-    """The held-out records (the first `max_examples`), each with the string field the game reads."""
-    records = read_jsonl(cfg.data, hint=hooks.hint)
-    if cfg.max_examples:
-        records = records[: cfg.max_examples]
-    for number, record in enumerate(records, 1):
-        if not isinstance(record.get(hooks.field), str):
-            raise DataError(cfg.data, number, f"record has no string `{hooks.field}`")
-    return records
-
-
 def named_systems(cfg: EvalConfig, scripted: Mapping[str, Scripted]) -> dict[str, System | Scripted]:
     """Every system by name, in the report's order: the game's scripted ones, and models for the rest."""
     senders = parse_systems([s for s in cfg.systems if s.partition("=")[0] not in scripted])
@@ -122,29 +155,32 @@ def replies(system: System | Scripted) -> Sequence[object] | None:
 def evaluate(spec: GameSpec, cfg: EvalConfig) -> None:
     """Play every system on the held-out records in every mode of `spec`'s game; write the report."""
     hooks = spec.evaluation
-    if hooks is None:
-        raise UserError(f"game {spec.name!r} has no evaluation: its GameSpec holds no `evaluation` hooks")
-    stage = f"eval-{hooks.name}"
-    records = held_out(cfg, hooks)
-    ids = record_ids(records, cfg.data)
+    assert hooks is not None, spec.name  # config_class refuses a game without one
+    stage = f"eval-{spec.name}"
+    rules = game_config(spec, cfg)
+    rules.wait_for_servers(cfg.server_wait_s)
     runtime = models.pick_runtime()
     tokenizer = models.load_tokenizer(cfg.model)
-    setup = hooks.setup(cfg, records, tokenizer, runtime)
+    game = spec.setup(rules, game_context(cfg, tokenizer, runtime))
+    records = game.records[: cfg.max_examples or None]
+    ids = record_ids(records, cfg.data)
+    setup = hooks.prepare(cfg, game, records, tokenizer)
+    modes = {mode: game.games()[mode] for mode in setup.modes or game.games()}
     systems = named_systems(cfg, setup.scripted)
     pairs = compare_pairs(cfg.compare, systems)
     plan = {
         (name, mode): played_indices(system, replies(system), len(records), cfg.reference_examples)
         for name, system in systems.items()
-        for mode in setup.games
+        for mode in modes
         if not isinstance(system, Scripted) or system.modes is None or mode in system.modes
     }
     depends = fingerprint(
-        [ids, [r[hooks.field] for r in records]],
+        [ids, [game.target(r) for r in records]],
         {name: system_fingerprint(system, replies(system)) for name, system in systems.items()},
         {key: getattr(cfg, key) for key in cfg.result_fields},
     )
-    with AppendLog(Path(cfg.output_dir) / f"{hooks.name}_records.jsonl") as log:
-        run = Run(cfg, hooks, setup, records, ids, log, logged_records(log, depends))
+    with AppendLog(Path(cfg.output_dir) / f"{spec.name}_records.jsonl") as log:
+        run = Run(cfg, hooks, setup, modes, records, ids, log, logged_records(log, depends))
         reused = sum(
             run.logged_key(name, mode, i) in run.logged
             for (name, mode), played in plan.items()
@@ -158,7 +194,7 @@ def evaluate(spec: GameSpec, cfg: EvalConfig) -> None:
         rows: list[Record] = []
         kept: list[Record] = []
         for name, system in systems.items():
-            for mode in setup.games:
+            for mode in modes:
                 if (name, mode) not in plan:
                     assert isinstance(system, Scripted)
                     rows.append({"system": name, "mode": mode, "n": 0, "note": system.note})
@@ -173,14 +209,14 @@ def evaluate(spec: GameSpec, cfg: EvalConfig) -> None:
                         played = run.play(name, mode, indices, lambda b: sampler)
                 mine = [run.logged[run.logged_key(name, mode, i)] for i in indices]
                 kept.extend(mine)
-                rows.append({"system": name, "mode": mode, "n": len(mine), **hooks.summarize(mine, cfg)})
+                rows.append({"system": name, "mode": mode, "n": len(mine), **hooks.row(mine, cfg)})
                 print(
                     f"{stage}: {name} {mode}-turn: {hooks.headline} {rows[-1][hooks.headline]:.3f} "
                     f"({len(mine)} {hooks.unit}s, {played} played in {time.perf_counter() - start:.0f} s)",
                     flush=True,
                 )
     compared = comparisons(kept, pairs, hooks.compared, cfg.resamples, cfg.seed)
-    write_report(Path(cfg.output_dir), hooks, setup.report, rows, compared, kept)
+    write_report(Path(cfg.output_dir), spec.name, hooks, setup.report, rows, compared, kept)
 
 
 @dataclass
@@ -190,6 +226,7 @@ class Run:
     cfg: EvalConfig
     hooks: Evaluation
     setup: EvalSetup
+    games: Mapping[str, Callable[[Record], Game]]
     records: Sequence[Record]
     ids: Sequence[str]
     log: AppendLog
@@ -211,7 +248,7 @@ class Run:
         with tqdm(total=sum(map(len, batches)), desc=f"{name} {mode}-turn", unit=self.hooks.unit) as bar:
             for batch in batches:
                 torch.manual_seed(batch_seed(self.cfg.seed, batch[0]))
-                games = [self.setup.games[mode](self.records[i]) for i in batch]
+                games = [self.games[mode](self.records[i]) for i in batch]
                 episodes = asyncio.run(play(games, sender(batch)))
                 for i, fields in zip(batch, self.setup.score(batch, episodes), strict=True):
                     key = self.logged_key(name, mode, i)
@@ -227,13 +264,14 @@ class Run:
 
 def write_report(
     out: Path,
+    name: str,
     hooks: Evaluation,
     report: Report,
     rows: list[Record],
     compared: list[Record],
     played: list[Record],
 ) -> None:
-    path = out / f"{hooks.name}.json"
+    path = out / f"{name}.json"
     write_json(path, {**report.header, "rows": rows, "comparisons": compared, "records": played})
     figure = bar_figure(
         rows,
@@ -241,7 +279,7 @@ def write_report(
         group=report.group,
         series="system",
         title=report.title,
-        path=out / f"{hooks.name}.png",
+        path=out / f"{name}.png",
     )
     print(f"\n{report.heading}\n" if report.heading else "")
     print(format_table([report.cells(r) for r in rows], report.columns) + "\n")

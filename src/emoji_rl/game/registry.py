@@ -1,10 +1,7 @@
-"""The games a stage can play, found by name: `emoji-rl grpo --game NAME`.
+"""The games a stage can play, found by name: `emoji-rl grpo --game NAME`, `emoji-rl eval --game NAME`.
 
-A game is a `GameSpec`: its name, its own config fields (a `GameConfig` dataclass, which `grpo --game
-NAME` adds to the trainer's fields), and `setup`, which builds what the trainer plays from the whole
-config (`GameSetup`: a builder of games, the records, the constraint the policy samples under), and
-optionally `evaluation`, its hooks into the evaluation path (game/evaluation.py). The trainer, the
-decoders and the evaluation name no game: they hold a `GameSpec`.
+A game is a `GameSpec` (game/spec.py). The trainer, the decoders and the evaluation name no game:
+they hold a `GameSpec`.
 
 The registry reads the entry-point group `emoji_rl.games` (each entry point names a `GameSpec`), so an
 installed package adds a game without editing this one; the built-in games (emoji_rl/games/) are
@@ -14,61 +11,14 @@ test, a notebook).
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from dataclasses import dataclass, field
-from importlib.metadata import entry_points
-from typing import TYPE_CHECKING, Any
+from importlib.metadata import EntryPoint, entry_points
 
-from emoji_rl.config import Checked
 from emoji_rl.errors import UserError
-
-if TYPE_CHECKING:
-    from emoji_rl.game.evaluation import Evaluation
-    from emoji_rl.game.types import GameSetup
-    from emoji_rl.lm.models import Runtime
+from emoji_rl.game.spec import GameSpec
 
 ENTRY_POINTS = "emoji_rl.games"
 DEFAULT_GAME = "retrieval"
 """What a stage plays when no game is named: the game this project is about."""
-
-
-@dataclass
-class GameConfig(Checked):
-    """The fields every game has. A game's own config subclasses it; `grpo --game NAME` mixes that
-    dataclass into the trainer's, so a game's fields are set as any other (`--max_turns 3`, YAML)."""
-
-    max_turns: int = field(default=1, metadata={"help": "policy turns before the game ends", "min": 1})
-
-    def off_policy_blocker(self) -> str | None:
-        """Why this game cannot be sampled by an adapter some versions behind the trainer's weights
-        (`max_off_policy_steps` > 0), or None. A game that learns from each step's episodes (a
-        curriculum) would build the next step's games before it saw the last step's."""
-        return None
-
-
-@dataclass(frozen=True)
-class GameContext:
-    """What a game's setup is given beside the config: the policy's tokenizer, where models run, and
-    the width of the policy's LM head (a grammar's masks are that wide)."""
-
-    tokenizer: Any
-    runtime: Runtime
-    vocab_size: int
-
-
-@dataclass(frozen=True)
-class GameSpec:
-    """One game, as the trainer and the evaluation find it."""
-
-    name: str
-    description: str
-    """One line, for `--help` and logs."""
-    config: type[GameConfig]
-    setup: Callable[[Any, GameContext], GameSetup]
-    """setup(cfg, context): the game's `GameSetup` from the whole config (the trainer's fields and
-    the game's)."""
-    evaluation: Evaluation | None = None
-    """How `evaluate` plays and reports the game on held-out records (None: it has no evaluation)."""
 
 
 _registered: dict[str, GameSpec] = {}
@@ -79,8 +29,8 @@ def register(spec: GameSpec) -> None:
     _registered[spec.name] = spec
 
 
-def _installed() -> dict[str, list[Any]]:
-    found: dict[str, list[Any]] = {}
+def _installed() -> dict[str, list[EntryPoint]]:
+    found: dict[str, list[EntryPoint]] = {}
     for point in entry_points(group=ENTRY_POINTS):
         found.setdefault(point.name, []).append(point)
     return found

@@ -1,5 +1,5 @@
-"""The game protocol every environment implements, the records a rollout produces, and what the
-trainer receives of a game (`GameSetup`).
+"""The game protocol every environment implements, the records a rollout produces, and what a game's
+setup builds for the stages that play it (`GameSetup`).
 
 A game is played once: `start()` gives the first observation, each `step(action_ids)` takes the
 policy's sampled token ids and returns the next observation. Observations are token ids that extend
@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Protocol
 
 if TYPE_CHECKING:
-    from emoji_rl.emoji.constraint import EmojiConstraint
+    from emoji_rl.decode.generate import Constraint
     from emoji_rl.io.endpoint import Endpoint
 
 
@@ -128,8 +128,9 @@ episodes[i], the figures of the game's eval stage that its final metrics lack.""
 
 @dataclass
 class GameSetup:
-    """What the trainer needs of a game: a builder of games from records, the records, the constraint
-    the policy samples under (None: free text), a one-line description, what a record is about (its
+    """What a game's setup builds, once, for training and evaluation alike: a builder of games from
+    records, the records (`GameContext.records`), how the policy samples (`grammar`: emoji messages
+    under the grammar, of the run's min_emoji..max_emoji; `none`: free text), a one-line description, what a record is about (its
     target, shown beside its group in logs), its headline metric (label, key: the progress bar shows
     it beside the reward), the seconds spent in the game's services since the start, any state of the
     run beyond the model that a checkpoint must hold (a curriculum), what learns from each step's
@@ -140,11 +141,14 @@ class GameSetup:
 
     `held_out_metrics` is given every held-out record, though a process plays only its share: a figure
     that reads other records (retrieval@1 ranks a guess among other targets) is then the same on every
-    process. It answers per episode, not a mean, so the processes' shares gather record by record."""
+    process. It answers per episode, not a mean, so the processes' shares gather record by record.
+    `modes`: the variants of the game an evaluation reports side by side, by name, each a builder of
+    games on the same services (the retrieval game's `single` turn beside its `multi`-turn game);
+    none: the game itself, as `multi`."""
 
     make_game: Callable[[Record], Game]
     records: list[Record]
-    constraint: EmojiConstraint | None
+    constraint: Constraint
     description: str
     target: Callable[[Record], str] = lambda record: ""
     headline: tuple[str, str] | None = None
@@ -155,3 +159,8 @@ class GameSetup:
     read_records: Callable[[str], list[Record]] | None = None
     """How the game reads a file of its records (train_data's way), for `eval_data`: None, as JSONL."""
     servers: dict[str, Endpoint] = field(default_factory=dict)
+    modes: dict[str, Callable[[Record], Game]] = field(default_factory=dict)
+
+    def games(self) -> dict[str, Callable[[Record], Game]]:
+        """The game's modes by name, in the order a report shows them (`modes`, or the game itself)."""
+        return self.modes or {"multi": self.make_game}

@@ -32,7 +32,7 @@ from emoji_rl.config import save_config
 from emoji_rl.decode.sampler import HFSampler, Sampler
 from emoji_rl.errors import UserError
 from emoji_rl.game import registry
-from emoji_rl.game.registry import GameContext
+from emoji_rl.game.spec import game_config
 from emoji_rl.io.jsonl import AppendLog, drop_steps_after, read_jsonl
 from emoji_rl.io.metrics import MetricsWriter, read_metrics
 from emoji_rl.io.run_lock import holds_a_run
@@ -62,6 +62,7 @@ from emoji_rl.rl.trainer import Trainer
 if TYPE_CHECKING:
     from peft import PeftModel
 
+    from emoji_rl.emoji.constraint import EmojiConstraint
     from emoji_rl.game.types import GameSetup
     from emoji_rl.rl.rollout.vllm import AdapterSync
 
@@ -88,17 +89,30 @@ def train(
     trainer, state, checkpoint = Trainer.start(cfg, policy, game.state, weight_sync is not None)
     rollouts = schedule(cfg, trainer, game, sampler, weight_sync, state, checkpoint)
     held_out = _held_out(cfg, policy, tokenizer, game, trainer.accelerator)
+    grammar = _grammar(cfg, policy, tokenizer, game)
     try:
         rollouts.start()
-        return _loop(cfg, trainer, game, tokenizer, rollouts, state, held_out)
+        return _loop(cfg, trainer, game, grammar, tokenizer, rollouts, state, held_out)
     finally:
         rollouts.close()
+
+
+def _grammar(cfg: TrainConfig, policy: PeftModel, tokenizer, game: GameSetup) -> EmojiConstraint | None:
+    """The grammar the game's policy samples under (None: free text), as wide as the policy's LM head,
+    for the update to replay its masks."""
+    if game.constraint != "grammar":
+        return None
+    from emoji_rl.emoji.constraint import compile_emoji_grammar
+
+    width = policy.get_output_embeddings().weight.shape[0]
+    return compile_emoji_grammar(tokenizer, cfg.min_emoji, cfg.max_emoji, vocab_size=width)
 
 
 def _loop(
     cfg: TrainConfig,
     trainer: Trainer,
     game: GameSetup,
+    grammar: EmojiConstraint | None,
     tokenizer,
     rollouts: Schedule,
     state: TrainState,
@@ -139,11 +153,7 @@ def _loop(
             # This process's groups; with none kept, its played ones stand in at weight 0.
             mine = played.rollouts
             groups = mine.kept or mine.played
-            batch = (
-                collate_groups(groups, pad_id, game.constraint, step, len(tokenizer))
-                if everyone.kept
-                else None
-            )
+            batch = collate_groups(groups, pad_id, grammar, step, len(tokenizer)) if everyone.kept else None
             metrics.update(trainer.step(batch, bool(mine.kept), state))
             metrics["time/update_s"] = time.perf_counter() - update_start
             # Every step publishes a version, updated or not, so that version v is always step v's.
@@ -183,9 +193,8 @@ def _held_out(cfg: TrainConfig, policy: PeftModel, tokenizer, game: GameSetup, a
     else:
         records = game.read_records(cfg.eval_data)
     records = records[: cfg.eval_max_examples or None]
-    constraint = "grammar" if game.constraint else "none"
     decoding = cfg.decoding(
-        constraint=constraint, temperature=0.0, batch_size=cfg.batch_size * cfg.group_size
+        constraint=game.constraint, temperature=0.0, batch_size=cfg.batch_size * cfg.group_size
     )
     sampler = HFSampler(policy, tokenizer, decoding)
     rank, world = accelerator.process_index, accelerator.num_processes
@@ -226,6 +235,9 @@ def main(cfg: TrainConfig) -> None:
     torch.manual_seed(cfg.seed)
     random.seed(cfg.seed)
     run_dir = Path(cfg.output_dir)
+    spec = registry.load(cfg.game)
+    rules = game_config(spec, cfg)
+    rules.wait_for_servers(cfg.server_wait_s)
     # The process group under a launcher (one process otherwise), shared with train()'s Accelerator.
     processes = join_processes(cfg.collective_timeout_s)
     prompts_per_process(cfg.batch_size, processes.num_processes)  # before any model loads
@@ -248,9 +260,8 @@ def main(cfg: TrainConfig) -> None:
     )
     if cfg.gradient_checkpointing:
         checkpoint_layers(policy)
-    width = policy.get_output_embeddings().weight.shape[0]
-    game = registry.load(cfg.game).setup(cfg, GameContext(tokenizer, runtime, width))
-    sampler, weight_sync = build_sampler(cfg, policy, tokenizer, "grammar" if game.constraint else "none")
+    game = spec.setup(rules, cfg.game_context(tokenizer, runtime))
+    sampler, weight_sync = build_sampler(cfg, policy, tokenizer, game.constraint)
     log.info("%s; %d prompts; B=%d G=%d", game.description, len(game.records), cfg.batch_size, cfg.group_size)
     # Every process looks before the main one writes: a fresh run must not find its own config. Written
     # once the inputs are checked, so a stage that fails them leaves its directory as it found it.

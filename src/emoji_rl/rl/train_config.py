@@ -2,19 +2,20 @@
 trainer (`rl/trainer.py`, which hands the update its `UpdateSettings`), the schedule
 (`rl/rollout/schedule.py`) and the wiring (`rl/setup.py`), and the game's, which `--game NAME` adds
 (`config_class`: the game's `GameConfig` fields beside the trainer's, one flat dataclass, so that YAML
-and the command line set either alike). Its own module, below them all, so that none of them imports
-another only to know the settings' type."""
+and the command line set either alike; the game's setup receives its own part, typed, and what it may
+know of the run, `game_context`). Its own module, below them all, so that none of them imports another
+only to know the settings' type."""
 
 from __future__ import annotations
 
-import dataclasses
 import functools
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal
 
 from emoji_rl.config import override, peek
-from emoji_rl.decode.sampler import SamplingConfig
+from emoji_rl.decode.generate import SamplingConfig
 from emoji_rl.game import registry
+from emoji_rl.game.spec import GAME_HELP, GameContext, PolicyServer, stage_config
 from emoji_rl.io.endpoint import ServerWaitConfig
 from emoji_rl.io.trackers import TrackerConfig, check_trackers
 from emoji_rl.lm.models import ModelConfig
@@ -22,6 +23,9 @@ from emoji_rl.lm.processes import ProcessConfig
 from emoji_rl.rl import grpo
 
 if TYPE_CHECKING:
+    from transformers import PreTrainedTokenizerBase
+
+    from emoji_rl.lm.models import Runtime
     from emoji_rl.rl.update import UpdateSettings
 
 
@@ -33,12 +37,7 @@ class TrainConfig(SamplingConfig, ProcessConfig, ModelConfig, TrackerConfig, Ser
     gives the `max_turns` and `off_policy_blocker` read here."""
 
     # --- core ---
-    game: str = field(
-        default=registry.DEFAULT_GAME,
-        metadata={
-            "help": "the game played: a name the game registry knows (emoji_rl/games/, or an installed package's)"
-        },
-    )
+    game: str = field(default=registry.DEFAULT_GAME, metadata=GAME_HELP)
     init_adapter: str | None = field(
         default=None, metadata={"help": "LoRA adapter to start from (the SFT output); none = a fresh adapter"}
     )
@@ -267,6 +266,21 @@ class TrainConfig(SamplingConfig, ProcessConfig, ModelConfig, TrackerConfig, Ser
         if self.reference == "init" and self.init_adapter is None and self.beta > 0:
             self.reference = "base"  # a fresh adapter starts equal to the base model
 
+    def game_context(self, tokenizer: PreTrainedTokenizerBase, runtime: Runtime) -> GameContext:
+        """What the game may know of this run: it plays `train_data`; the policy server, with engine vllm."""
+        server = PolicyServer(self.vllm_url, self.vllm_served_name) if self.engine == "vllm" else None
+        return GameContext(
+            tokenizer,
+            runtime,
+            seed=self.seed,
+            records=self.train_data,
+            model=self.model,
+            min_emoji=self.min_emoji,
+            max_emoji=self.max_emoji,
+            server_wait_s=self.server_wait_s,
+            policy_server=server,
+        )
+
     @property
     def clip_range(self) -> tuple[float, float]:
         """(epsilon below 1, epsilon above 1) of the PPO clip; epsilon_high unset is epsilon, as in TRL."""
@@ -298,13 +312,7 @@ class TrainConfig(SamplingConfig, ProcessConfig, ModelConfig, TrackerConfig, Ser
 def config_class(game: str) -> type[TrainConfig]:
     """`grpo`'s Config for `game`: the game's fields (its `GameConfig`) beside the trainer's."""
     spec = registry.load(game)
-    (chosen,) = (f for f in dataclasses.fields(TrainConfig) if f.name == "game")
-    return dataclasses.make_dataclass(
-        "Config",
-        [("game", str, field(default=game, metadata=chosen.metadata))],
-        bases=(TrainConfig, spec.config),
-        namespace={"__doc__": f"Multi-turn GRPO on the {game} game: {spec.description}."},
-    )
+    return stage_config(TrainConfig, spec, doc=f"Multi-turn GRPO on the {game} game: {spec.description}.")
 
 
 def config_for(argv: list[str]) -> type[TrainConfig]:

@@ -4,7 +4,7 @@ The CUDA-only parts of the project (flash-linear-attention's Gated DeltaNet kern
 bitmask, sampling at the real vocabulary in bf16) are what no CPU test reaches. Each check here builds
 what it needs from random weights at Qwen3.5-4B's real shapes and vocabulary (no download, no
 network), runs timed and bounded, and ends PASS, FAIL (with the error's last line) or SKIP (with
-why: "no CUDA" on a CPU). A table is printed and written as JSON and Markdown to `out_dir`; the exit
+why: "no CUDA" on a CPU). A table is printed and written as JSON and Markdown to `output_dir`; the exit
 status is 1 when any check failed. docs/gpu/SELFTEST.md says what each check compares, and with
 which tolerance.
 
@@ -131,7 +131,7 @@ def main(cfg: Config) -> int:
         rows.append(run_check(name, cfg, runtime))
     print(table(rows))
     print("not yet checked: " + "; ".join(NOT_YET_CHECKED))
-    out = Path(cfg.out_dir)
+    out = Path(cfg.output_dir)
     out.mkdir(parents=True, exist_ok=True)
     report = {**header, "checks": [asdict(r) for r in rows], "not_yet_checked": list(NOT_YET_CHECKED)}
     (out / "selftest.json").write_text(json.dumps(report, indent=2, ensure_ascii=False) + "\n")

@@ -34,8 +34,9 @@ class Skipped(Exception):
 class Config:
     """Check this machine's stack on small random models at Qwen3.5-4B's real shapes: PASS/FAIL/SKIP table."""
 
-    out_dir: str = field(
-        default="reports/selftest", metadata={"help": "where selftest.json and selftest.md are written"}
+    output_dir: str = field(
+        default="reports/selftest",
+        metadata={"help": "where selftest.json and selftest.md are written", "aliases": ("out_dir",)},
     )
     device: Literal["auto", "cpu", "cuda"] = field(
         default="auto", metadata={"help": "auto: CUDA when torch sees it, else the CPU"}

@@ -10,14 +10,16 @@ import pytest
 from emoji_rl import cli
 from emoji_rl.emoji.sender_prompts import sender_messages
 from emoji_rl.errors import DataError
+from emoji_rl.game.evaluate import config_class
 from emoji_rl.game.registry import load
-from emoji_rl.games.reader.evaluate import Config
 
 MESSAGES = {
     "Let's get pizza and watch a movie tonight": "🍕 🎬 🌃",
     "I am so tired after a long day at work": "😫 💼",
     "The train is late again": "🚆 ⏰",
 }
+
+Config = config_class("reader")  # `eval --game reader`'s
 
 
 def split(path, messages=MESSAGES):
@@ -31,7 +33,7 @@ def split(path, messages=MESSAGES):
 
 
 def test_the_reader_game_has_its_evaluation_and_compares_each_adapter_with_the_base():
-    assert load("reader").evaluation.name == "reader"
+    assert load("reader").evaluation is not None
     cfg = Config(systems=["base", "a=x", "b=y"])
     assert cfg.compare == ["a:base", "b:base"]
     assert Config(systems=["a=x", "b=y"]).compare == []  # no base: the path's adjacent pairs
@@ -75,8 +77,7 @@ def test_a_held_out_record_without_the_teachers_emoji_is_named_by_line(tmp_path)
     lines = path.read_text().splitlines()
     lines[1] = json.dumps({"id": "m1", "target": "hello there", "messages": []})
     path.write_text("\n".join(lines) + "\n")
-    from emoji_rl.games.reader.evaluation import played_records
-    from emoji_rl.io.jsonl import read_jsonl
+    from emoji_rl.games.reader.records import read_reader_records
 
     with pytest.raises(DataError, match=r":2: .*no assistant turn"):
-        played_records(read_jsonl(str(path)), str(path), 2, 8)
+        read_reader_records(str(path), 2, 8)

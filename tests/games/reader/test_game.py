@@ -134,5 +134,11 @@ def test_the_partner_reads_its_answer_as_an_emoji_message_and_needs_the_grammar(
 def test_a_missing_adapter_is_named_before_the_sender_loads(tmp_path):
     with pytest.raises(UserError, match=r"adapter_config\.json"):
         PartnerConfig(partner_adapter=str(tmp_path)).build_partner(
-            models.pick_runtime("cpu"), model=models.SMOLLM2, url="", served_name="", min_emoji=2, max_emoji=8
+            models.pick_runtime("cpu"),
+            model=models.SMOLLM2,
+            url="",
+            served_name="",
+            min_emoji=2,
+            max_emoji=8,
+            wait_s=1,
         )

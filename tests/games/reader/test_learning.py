@@ -56,7 +56,7 @@ def test_grpo_raises_the_readers_similarity(tmp_path, embedder):
         tokenizer, Partner(ScriptedSender([])), GuessScorer(Similarity(embedder)), ReaderRules(max_turns=1)
     )
     before = _mean_similarity(builder, sampler)
-    grpo_train.train(cfg, policy, tokenizer, GameSetup(builder, [RECORD], None, "reader"), sampler)
+    grpo_train.train(cfg, policy, tokenizer, GameSetup(builder, [RECORD], "none", "reader"), sampler)
     after = _mean_similarity(builder, sampler)
     print(f"similarity of sampled guesses: before {before:.3f}, after {after:.3f}")
     # Measured: 0.281 -> 0.407, the group mean 0.22 at step 1 and 0.54 at step 6 (lr 2e-3 instead

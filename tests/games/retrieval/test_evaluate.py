@@ -11,12 +11,14 @@ from emoji_rl.emoji.alphabet import parse_message
 from emoji_rl.emoji.sender_prompts import sender_messages
 from emoji_rl.errors import UserError
 from emoji_rl.game import compare, eval_records, evaluate
+from emoji_rl.game.evaluate import config_class
 from emoji_rl.game.similarity import Similarity
-from emoji_rl.games.retrieval import evaluate as retrieval
 from emoji_rl.games.retrieval import evaluation as retrieval_records
 from emoji_rl.lm import models
 
 RECORDS_LOG = "retrieval_records.jsonl"  # where eval-retrieval appends its records
+
+RETRIEVAL = config_class("retrieval")  # `eval --game retrieval`'s Config
 
 
 def test_compare_defaults_to_adjacent_systems_and_checks_names():
@@ -27,14 +29,14 @@ def test_compare_defaults_to_adjacent_systems_and_checks_names():
         with pytest.raises(ValueError, match="A:B"):
             compare.compare_pairs([bad], systems)
     with pytest.raises(UserError, match="modes"):
-        parse_config(retrieval.Config, ["--modes", "single", "both"], "eval-retrieval")
+        parse_config(RETRIEVAL, ["--modes", "single", "both"], "eval-retrieval")
     # Beam search and guidance look for the sender's best emoji message: greedy and constrained only.
     for bad in (["--num_beams", "0"], ["--num_beams", "4", "--temperature", "0.7"]):
         with pytest.raises(UserError, match="num_beams"):
-            parse_config(retrieval.Config, bad, "eval-retrieval")
+            parse_config(RETRIEVAL, bad, "eval-retrieval")
     for bad in (["--num_beams", "4", "--protocol", "seed"], ["--guidance_scale", "2", "--temperature", "1"]):
         with pytest.raises(UserError, match="need the greedy, emoji-constrained sender"):
-            parse_config(retrieval.Config, bad, "eval-retrieval")
+            parse_config(RETRIEVAL, bad, "eval-retrieval")
 
 
 def fixed_answers(cfg, targets):
@@ -46,10 +48,10 @@ def fixed_answers(cfg, targets):
 def test_a_teacher_file_of_other_messages_is_refused_and_random_alone_sends_random_length(tmp_path):
     path = tmp_path / "sft_test.jsonl"
     path.write_text(json.dumps({"target": "other", "messages": [ANSWER("🍕 🌙")]}) + "\n")
-    cfg = retrieval.Config(systems=[f"teacher={path}", "random"])
+    cfg = RETRIEVAL(systems=[f"teacher={path}", "random"])
     with pytest.raises(UserError, match="answers none of the 2 targets"):
         fixed_answers(cfg, ["a", "b"])
-    cfg = retrieval.Config(systems=["random"], random_length=4)
+    cfg = RETRIEVAL(systems=["random"], random_length=4)
     answers = fixed_answers(cfg, ["a", "b"])["random"]
     assert [len(parse_message(a).emoji) for a in answers] == [4, 4]
 
@@ -64,7 +66,7 @@ def test_reference_examples_keep_only_the_systems_without_an_adapter_to_the_firs
     assert eval_records.played_indices(teacher, answers, 5, 0) == [0, 2, 3, 4]  # 0: every target
     assert eval_records.played_indices(base, None, 5, 9) == [0, 1, 2, 3, 4]
     with pytest.raises(ValueError, match="reference_examples=-1"):
-        retrieval.Config(reference_examples=-1)
+        RETRIEVAL(reference_examples=-1)
 
 
 def test_distractors_are_the_same_for_every_system_and_retrieval_ranks_among_them(embedder):

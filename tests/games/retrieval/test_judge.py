@@ -29,7 +29,7 @@ from emoji_rl.game.guessing import (
 )
 from emoji_rl.game.similarity import Similarity
 from emoji_rl.games.retrieval.judge import HFJudge, LexiconJudge
-from emoji_rl.games.retrieval.judge_config import JudgeConfig, make_judge
+from emoji_rl.games.retrieval.judge_config import JudgeConfig, JudgeFields, make_judge
 
 
 @pytest.mark.parametrize(
@@ -155,13 +155,13 @@ JUDGE_FLAGS = [
 def _stage_config(stage):
     from emoji_rl import cli
 
-    return cli.config_class(importlib.import_module(cli.STAGES[stage][0]), [])
+    return cli.config_class(importlib.import_module(cli.STAGES[stage][0]), cli.stage_argv(stage, []))
 
 
 @pytest.mark.parametrize(("stage", "default"), JUDGE_STAGES.items())
 def test_every_judge_stage_takes_the_same_judge_flags(stage, default):
     cls = _stage_config(stage)
-    assert issubclass(cls, JudgeConfig)
+    assert issubclass(cls, JudgeFields)
     parser = build_parser(cls, f"emoji-rl {stage}", None)
     helps = {a.option_strings[0]: (a.default, a.help) for a in parser._actions if a.option_strings}
     base = {a.option_strings[0]: a.help for a in build_parser(JudgeConfig, "judge", None)._actions}

@@ -1,5 +1,7 @@
-"""The reader's hooks into the evaluation path (`emoji-rl eval-reader`, whose fields are in
-games/reader/evaluate.py): one mode, the whole game (`multi`), played as GRPO plays it: the reader
+"""How `emoji-rl eval --game reader` (`eval-reader`) reports the reader's seat: readers side by side on
+held-out messages of an SFT split, with the differences between them as paired 95% bootstrap
+intervals. One mode, the whole game (`multi`), played as GRPO plays it, on the sender and embedder the
+game's setup builds (spec.py): the reader
 shown the teacher's emoji for a held-out message, then, after each guess below `tau`, the frozen
 sender's emoji, up to `max_turns` guesses; the reader's turns free text, greedy by default. Every
 system is a reader (the base, or an adapter switched under it); the sender is the same frozen model
@@ -17,21 +19,25 @@ final similarity, the first similarity and the reward.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
-from emoji_rl.errors import DataError
+from emoji_rl.config import override
+from emoji_rl.decode.generate import SamplingConfig
+from emoji_rl.decode.senders import parse_systems
+from emoji_rl.errors import UserError
 from emoji_rl.game.compare import LEVEL, Metric
-from emoji_rl.game.evaluation import EvalSetup, Evaluation, ModelSender, Report
+from emoji_rl.game.evaluation import EvalConfig, EvalOptions, EvalSetup, Evaluation, ModelSender, Report
 from emoji_rl.game.intervals import bootstrap_mean
+from emoji_rl.game.similarity import ContrastConfig
 from emoji_rl.games.reader.game import SUCCESS_THRESHOLDS
-from emoji_rl.games.reader.records import reader_record
 from emoji_rl.io.jsonl import Record
 
 if TYPE_CHECKING:
-    from emoji_rl.game.types import Episode
-    from emoji_rl.lm.models import Runtime
+    from transformers import PreTrainedTokenizerBase
 
-MODE = "multi"
+    from emoji_rl.game.types import Episode, GameSetup
+
 SHARES = ("unknown", "cut_off", "partner_failed")
 """A game's final metrics the row gives as shares of games."""
 
@@ -57,7 +63,7 @@ def game_record(episode: Episode, target: str) -> Record:
     }
 
 
-def summarize(records: Sequence[Record], cfg: Any) -> Record:
+def summarize(records: Sequence[Record], cfg: EvalConfig) -> Record:
     """A system's row, from its records."""
     n = len(records)
     similarity = bootstrap_mean([r["similarity"] for r in records], cfg.resamples, cfg.seed, LEVEL)
@@ -73,36 +79,15 @@ def summarize(records: Sequence[Record], cfg: Any) -> Record:
     }
 
 
-def played_records(records: Sequence[Record], path: str, min_emoji: int, max_emoji: int) -> list[Record]:
-    """The held-out SFT records as the reader plays them, a bad one named by file and line."""
-    played = []
-    for number, record in enumerate(records, 1):
-        try:
-            played.append(reader_record(record, min_emoji, max_emoji))
-        except ValueError as error:
-            raise DataError(path, number, str(error)) from None
-    return played
-
-
-def setup(cfg: Any, records: Sequence[Record], tokenizer: Any, runtime: Runtime) -> EvalSetup:
+def plan(
+    cfg: EvalConfig, game: GameSetup, records: Sequence[Record], tokenizer: PreTrainedTokenizerBase
+) -> EvalSetup:
     from emoji_rl.decode.generate import Decoding
-    from emoji_rl.game.similarity import GuessScorer
-    from emoji_rl.games.reader.game import ReaderBuilder, ReaderRules
+    from emoji_rl.games.reader.game import ReaderBuilder
 
-    played = played_records(records, cfg.data, cfg.min_emoji, cfg.max_emoji)
-    partner = cfg.build_partner(
-        runtime,
-        model=cfg.model,
-        url=cfg.partner_url or "",
-        served_name=cfg.partner_model or "",
-        min_emoji=cfg.min_emoji,
-        max_emoji=cfg.max_emoji,
-    )
-    similarity = cfg.load_similarity(runtime)
-    background = cfg.background(similarity, [r["target"] for r in played], cfg.seed)
-    rules = ReaderRules(cfg.max_turns, cfg.tau, cfg.reader_view, cfg.contrast)
-    builder = ReaderBuilder(tokenizer, partner, GuessScorer(similarity, background), rules)
-    sender = partner.describe()
+    builder = game.make_game
+    assert isinstance(builder, ReaderBuilder), builder
+    sender = builder.partner.describe()
     report = Report(
         header={
             "model": cfg.model,
@@ -133,23 +118,89 @@ def setup(cfg: Any, records: Sequence[Record], tokenizer: Any, runtime: Runtime)
         heading=f"reader ({cfg.reader_view} view), sender {sender}; {len(records)} held-out messages",
     )
     return EvalSetup(
-        {MODE: lambda record: builder(reader_record(record, cfg.min_emoji, cfg.max_emoji))},
         ModelSender(Decoding("none", cfg.temperature, cfg.max_new_tokens)),
-        {},
         lambda indices, episodes: [
-            game_record(e, played[i]["target"]) for e, i in zip(episodes, indices, strict=True)
+            game_record(e, records[i]["target"]) for e, i in zip(episodes, indices, strict=True)
         ],
         report,
     )
 
 
+BASE = "base"
+# The reader writes one sentence of under 15 words (the judge's prompt); the cpu profile trains at 32.
+MAX_NEW_TOKENS = 32
+
+
+@dataclass
+class Options(EvalOptions):
+    """Evaluate readers on the reader's seat: base vs adapters, paired intervals of the differences."""
+
+    compare: list[str] = field(
+        default_factory=list,
+        metadata={
+            "help": "pairs A:B to report mean(A - B) with a paired interval; none: each adapter vs base"
+        },
+    )
+    data: str = override(
+        EvalConfig,
+        "data",
+        "data/sft_test.jsonl",
+        help="held-out SFT split: `target` and the teacher's emoji as the last assistant turn of `messages`",
+    )
+    output_dir: str = override(EvalConfig, "output_dir", "reports/reader")
+    # As the reader profiles train (configs/*/grpo.reader.yaml): the reward read as it was trained.
+    contrast: float = override(
+        ContrastConfig,
+        "contrast",
+        1.0,
+        help="times the final guess's mean similarity to contrast_messages held-out messages, subtracted "
+        "in the reward (0: the reward is the similarity)",
+    )
+    temperature: float = override(
+        SamplingConfig, "temperature", 0.0, help="the reader's sampling temperature; 0 = greedy"
+    )
+    max_new_tokens: int = override(
+        SamplingConfig, "max_new_tokens", MAX_NEW_TOKENS, help="token budget of one guess"
+    )
+
+    result_fields = (
+        "model",
+        "max_turns",
+        "tau",
+        "reader_view",
+        "temperature",
+        "max_new_tokens",
+        "min_emoji",
+        "max_emoji",
+        "partner",
+        "partner_model",
+        "partner_adapter",
+        "partner_url",
+        "partner_temperature",
+        "partner_max_new_tokens",
+        "similarity_model",
+        "contrast",
+        "contrast_messages",
+        "seed",
+    )
+
+    def __post_init__(self) -> None:
+        names = list(parse_systems(self.systems))
+        if not self.compare and BASE in names:
+            self.compare = [f"{name}:{BASE}" for name in names if name != BASE]
+        super().__post_init__()
+        if self.partner == "openai" and (self.partner_url is None or self.partner_model is None):
+            raise UserError(
+                "partner=openai in an evaluation needs partner_url and partner_model: there is no policy "
+                "server to fall back on"
+            )
+
+
 EVALUATION = Evaluation(
-    name="reader",
-    field="target",
-    hint="an SFT split of the teacher's answers: make it with `emoji-rl teacher` (data/sft_test.jsonl)",
     unit="message",
-    setup=setup,
-    summarize=summarize,
     compared=COMPARED,
     headline="similarity",
+    plan=plan,
+    summarize=summarize,
+    config=Options,
 )

@@ -21,8 +21,8 @@ from emoji_rl.emoji.alphabet import SEPARATOR
 from emoji_rl.game.batching import MicroBatcher
 from emoji_rl.game.chat import ChatGame
 from emoji_rl.game.guessing import UNKNOWN, Guess, JudgeInput, JudgeView, clean_guess, judge_messages
-from emoji_rl.game.registry import GameConfig
 from emoji_rl.game.similarity import GuessScorer
+from emoji_rl.game.spec import GameConfig
 from emoji_rl.game.types import StepResult
 from emoji_rl.games.reader.partner import Partner, PartnerInput
 from emoji_rl.games.reader.reward import reader_reward

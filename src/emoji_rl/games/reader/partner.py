@@ -13,12 +13,12 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Literal
 
+from emoji_rl.config import Checked
 from emoji_rl.decode.generate import MAX_NEW_TOKENS
 from emoji_rl.emoji.alphabet import SEPARATOR, parse_message
 from emoji_rl.emoji.sender_prompts import correction_message, sender_messages
 from emoji_rl.errors import UserError
 from emoji_rl.game.completer import Completer, Completion
-from emoji_rl.io.endpoint import ServerWaitConfig
 
 if TYPE_CHECKING:
     from emoji_rl.lm.models import Runtime
@@ -72,7 +72,7 @@ class Partner:
 
 
 @dataclass
-class PartnerConfig(ServerWaitConfig):
+class PartnerConfig(Checked):
     """The `partner_*` fields: which frozen sender adds emoji from the reader's second turn on."""
 
     partner: PartnerKind = field(
@@ -129,9 +129,11 @@ class PartnerConfig(ServerWaitConfig):
         served_name: str,
         min_emoji: int,
         max_emoji: int,
+        wait_s: float,
     ) -> Partner:
         """The sender these fields describe; `model`, `url` and `served_name` are the policy's, which an
-        unset partner_model or partner_url falls back on; the grammar allows min..max emoji."""
+        unset partner_model or partner_url falls back on; the grammar allows min..max emoji; a server
+        is waited for up to `wait_s` seconds."""
         settings = Completion(
             self.partner_temperature, self.partner_max_new_tokens, True, min_emoji, max_emoji
         )
@@ -153,7 +155,7 @@ class PartnerConfig(ServerWaitConfig):
         wait_for_server(
             where,
             "the partner server",
-            self.server_wait_s,
+            wait_s,
             "start it with make serve-policy (launch/serve_policy.sh), or point --partner_url at the one "
             "serving the sender",
         )

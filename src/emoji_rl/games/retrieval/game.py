@@ -17,8 +17,8 @@ from emoji_rl.emoji.sender_prompts import correction_message, sender_messages
 from emoji_rl.game.batching import MicroBatcher
 from emoji_rl.game.chat import ChatGame
 from emoji_rl.game.guessing import Guess, JudgeInput
-from emoji_rl.game.registry import GameConfig
 from emoji_rl.game.similarity import Background, GuessScorer, Similarity
+from emoji_rl.game.spec import GameConfig
 from emoji_rl.game.types import StepResult
 from emoji_rl.games.retrieval.judge import Judge
 from emoji_rl.games.retrieval.reward import RewardWeights, terminal_reward
@@ -137,6 +137,7 @@ class RetrievalBuilder:
     ) -> None:
         self.tokenizer = tokenizer
         self.judge = judge
+        self.similarity = similarity
         self.rules = rules
         self.judge_seconds = 0.0
         self._ask_judge: MicroBatcher[JudgeInput, Guess] = MicroBatcher(self._judge_batch)

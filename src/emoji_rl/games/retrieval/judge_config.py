@@ -1,10 +1,12 @@
-"""The judge a stage asks for: the `judge_*` fields every judging stage's config inherits
+"""The judge a stage asks for: the `judge_*` fields (`JudgeFields`, which the retrieval game's config
+holds), the same with the wait for a judge server for the stages that ask a judge outside the game
 (`JudgeConfig`), and `make_judge`, which builds any kind from them (`judge.py`)."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from emoji_rl.config import Checked
 from emoji_rl.errors import UserError
 from emoji_rl.game.guessing import JudgeView
 from emoji_rl.games.retrieval.judge import (
@@ -67,10 +69,11 @@ def make_judge(
 
 
 @dataclass
-class JudgeConfig(ServerWaitConfig):
-    """The judge fields of every stage that asks a judge (grpo, rl-prompts, judge-check, eval-sft,
-    eval-retrieval, play-game): stage configs inherit them, so the flags, defaults and help texts are
-    the same everywhere. A stage whose default differs overrides that field (eval-sft: no judge)."""
+class JudgeFields(Checked):
+    """The judge fields of every stage that asks a judge (the retrieval game in grpo and eval,
+    rl-prompts, judge-check, eval-sft, play-game): configs inherit them, so the flags, defaults and
+    help texts are the same everywhere. A stage whose default differs overrides that field (eval-sft:
+    no judge)."""
 
     judge: JudgeKind = field(
         default="hf",
@@ -113,14 +116,17 @@ class JudgeConfig(ServerWaitConfig):
         super().__post_init__()
         check_view(self.judge, self.judge_view)
 
-    def wait_for_judge(self) -> None:
-        """For `openai`, wait for the judge server (up to `server_wait_s`) before the stage loads any
-        model: a wrong --judge_url must be named in seconds, not after minutes of loading."""
+    def wait_for_judge_server(self, wait_s: float) -> None:
+        """For `openai`, wait for the judge server (up to `wait_s`) before the stage loads any model: a
+        wrong --judge_url must be named in seconds, not after minutes of loading."""
         if self.judge == "openai":
-            wait_for_server(self.judge_url, "the judge server", self.server_wait_s, JUDGE_START_HINT)
+            wait_for_server(self.judge_url, "the judge server", wait_s, JUDGE_START_HINT)
 
-    def build_judge(self, runtime: models.Runtime | None, batch_size: int = BATCH_SIZE) -> Judge:
-        """The judge these fields describe; `runtime` places an hf judge, `batch_size` is its chunk."""
+    def make_judge(
+        self, runtime: models.Runtime | None, wait_s: float, batch_size: int = BATCH_SIZE
+    ) -> Judge:
+        """The judge these fields describe; `runtime` places an hf judge, `wait_s` bounds the wait for
+        an openai judge's server, `batch_size` is an hf judge's chunk."""
         return make_judge(
             self.judge,
             self.judge_view,
@@ -129,7 +135,7 @@ class JudgeConfig(ServerWaitConfig):
             batch_size=batch_size,
             url=self.judge_url,
             api_key_env=self.judge_api_key_env,
-            wait_s=self.server_wait_s,
+            wait_s=wait_s,
             temperature=self.judge_temperature,
         )
 
@@ -137,3 +143,17 @@ class JudgeConfig(ServerWaitConfig):
     def judge_reads_names(self) -> bool:
         """Whether the judge sees emoji names (lexicon, or the gloss view): reports add NAMES_CAVEAT."""
         return self.judge == "lexicon" or self.judge_view == "gloss"
+
+
+@dataclass
+class JudgeConfig(JudgeFields, ServerWaitConfig):
+    """The judge fields of a stage that asks a judge outside a game (rl-prompts, judge-check, eval-sft,
+    play-game, play-web), with how long it waits for the judge's server."""
+
+    def wait_for_judge(self) -> None:
+        """Before the stage loads any model (`cli.main` calls it)."""
+        self.wait_for_judge_server(self.server_wait_s)
+
+    def build_judge(self, runtime: models.Runtime | None, batch_size: int = BATCH_SIZE) -> Judge:
+        """The judge these fields describe; `runtime` places an hf judge, `batch_size` is its chunk."""
+        return self.make_judge(runtime, self.server_wait_s, batch_size)

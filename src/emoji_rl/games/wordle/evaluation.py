@@ -1,7 +1,8 @@
-"""Wordle's hooks into the evaluation path (`emoji-rl eval-wordle`, whose fields are in
-games/wordle/evaluate.py): one mode, the whole game (`multi`), played unconstrained with the same game
-and prompts as GRPO; beside the model systems the entropy solver (the SFT teacher, `solver`) plays the
-same answers through the same game, its replies fixed by each answer.
+"""How `emoji-rl eval --game wordle` (`eval-wordle`) reports Wordle: base vs SFT vs RL on held-out
+answers, side by side, beside the entropy solver (the SFT teacher, `solver`), which plays the same
+answers through the same game, its replies fixed by each answer. One mode, the whole game (`multi`),
+played unconstrained with the game and prompts GRPO plays (the setup's, spec.py), under the default
+reward weights (the curriculum off).
 
 A record keeps each turn's guess and feedback, the final reward and the final metrics. A row: win
 rate, mean guesses of won games, turns used, format compliance (share of turns in the strict
@@ -15,18 +16,31 @@ systems, game by game: won, turns and reward.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import numpy as np
 
-from emoji_rl.game.evaluation import EvalSetup, Evaluation, ModelSender, Report, Scripted
+from emoji_rl.config import override
+from emoji_rl.decode.generate import SamplingConfig
+from emoji_rl.decode.senders import parse_systems
+from emoji_rl.game.evaluation import (
+    EvalConfig,
+    EvalOptions,
+    EvalSetup,
+    Evaluation,
+    ModelSender,
+    Report,
+    Scripted,
+)
 from emoji_rl.game.types import StepResult
 from emoji_rl.io.jsonl import Record
 
 if TYPE_CHECKING:
-    from emoji_rl.game.types import Episode
+    from transformers import PreTrainedTokenizerBase
+
+    from emoji_rl.game.types import Episode, GameSetup
     from emoji_rl.games.wordle.game import WordleBuilder
-    from emoji_rl.lm.models import Runtime
 
 COLUMNS = (
     "system",
@@ -101,7 +115,7 @@ def final(record: Record) -> StepResult:
     return StepResult(True, record["reward"], metrics=record["metrics"])
 
 
-def row(records: Sequence[Record], cfg: Any) -> Record:
+def row(records: Sequence[Record], cfg: EvalConfig) -> Record:
     finals = [final(r) for r in records]
     return {**summarize(finals), "ci95": intervals(finals, cfg.resamples, cfg.seed)}
 
@@ -110,11 +124,14 @@ def _span(interval: list[float] | None) -> str:
     return "" if interval is None else f"[{interval[0]:.2f}, {interval[1]:.2f}]"
 
 
-def setup(cfg: Any, records: Sequence[Record], tokenizer: Any, runtime: Runtime) -> EvalSetup:
+def plan(
+    cfg: EvalConfig, game: GameSetup, records: Sequence[Record], tokenizer: PreTrainedTokenizerBase
+) -> EvalSetup:
     from emoji_rl.decode.generate import Decoding
-    from emoji_rl.games.wordle.game import WordleBuilder, WordleRules
+    from emoji_rl.games.wordle.game import WordleBuilder
 
-    builder = WordleBuilder(tokenizer, WordleRules(max_turns=cfg.max_turns))
+    builder = game.make_game
+    assert isinstance(builder, WordleBuilder), builder
     report = Report(
         header={"model": cfg.model, "data": cfg.data, "games": len(records)},
         columns=[name for c in COLUMNS for name in ((c, f"{c} 95%") if c in INTERVALS else (c,))],
@@ -124,25 +141,71 @@ def setup(cfg: Any, records: Sequence[Record], tokenizer: Any, runtime: Runtime)
         cells=lambda row: {**row, **{f"{k} 95%": _span(row["ci95"][k]) for k in INTERVALS}},
     )
     return EvalSetup(
-        {"multi": builder},
         ModelSender(Decoding("none", cfg.temperature, cfg.max_new_tokens)),
-        {SOLVER: Scripted(solver_replies(builder, records))} if cfg.solver else {},
         lambda indices, episodes: [game_record(e) for e in episodes],
         report,
+        {SOLVER: Scripted(solver_replies(builder, records))} if cfg.solver else {},
     )
 
 
+@dataclass
+class Options(EvalOptions):
+    """Evaluate Wordle players on held-out answers: base vs SFT vs RL."""
+
+    systems: list[str] = field(
+        default_factory=lambda: ["base"],
+        metadata={
+            "help": "systems to compare: `base`, or NAME=ADAPTER_DIR (e.g. sft=runs/wordle_sft/adapter)"
+        },
+    )
+    data: str = override(
+        EvalConfig,
+        "data",
+        "data/wordle/wordle_rl_eval.jsonl",
+        help="held-out answers, JSONL with `answer` (`emoji-rl wordle-data` writes it)",
+    )
+    output_dir: str = override(EvalConfig, "output_dir", "reports/wordle")
+    resamples: int = override(
+        EvalConfig,
+        "resamples",
+        1000,
+        help="bootstrap resamples of the games for the 95% intervals",
+        aliases=("bootstrap",),
+    )
+    max_new_tokens: int = override(
+        SamplingConfig,
+        "max_new_tokens",
+        128,
+        help="token budget of one reply (<think> + <guess>); a cut-off reply is invalid",
+    )
+    # The rows read every system's reward under the same weights: the default ones, not a phase of
+    # a curriculum that learns from no step here.
+    curriculum: bool = field(
+        default=False, metadata={"help": "the curriculum's weights; an evaluation reads the default ones"}
+    )
+    solver: bool = field(
+        default=True,
+        metadata={"help": f"add the entropy solver's row `{SOLVER}` (the SFT teacher, same game)"},
+    )
+
+    result_fields = ("model", "max_turns", "temperature", "max_new_tokens", "seed")
+
+    def system_names(self) -> list[str]:
+        names = list(parse_systems(self.systems))
+        if SOLVER in names:
+            raise ValueError(f"`{SOLVER}` names the entropy solver's row: give the system another name")
+        return [*names, *([SOLVER] if self.solver else [])]
+
+
 EVALUATION = Evaluation(
-    name="wordle",
-    field="answer",
-    hint="make it with `emoji-rl wordle-data` (it writes the held-out split)",
     unit="game",
-    setup=setup,
-    summarize=row,
     compared={
         "win_rate": lambda record: record["metrics"]["won"],
         "turns": lambda record: record["metrics"]["turns"],
         "reward": lambda record: record["reward"],
     },
     headline="win_rate",
+    plan=plan,
+    summarize=row,
+    config=Options,
 )

@@ -1,6 +1,6 @@
-"""What `emoji-rl grpo --game wordle` plays (docs/DESIGN.md §9): one game per `{"answer"}` record,
-free text (no grammar), the Wordle reward terms, and a curriculum that moves weight from format to
-strategy once format compliance reaches its threshold. The trainer feeds the curriculum each step's
+"""Wordle (docs/DESIGN.md §9), as `emoji-rl grpo` trains it and `emoji-rl eval` reports it: one game
+per `{"answer"}` record, free text (no grammar), the Wordle reward terms, and a curriculum that moves
+weight from format to strategy once format compliance reaches its threshold. The trainer feeds the curriculum each step's
 episodes of every process (`GameSetup.observe`), so every process takes the same decisions; its phase
 and window are checkpointed (`GameSetup.state`), so a resumed run goes on in the same phase."""
 
@@ -10,7 +10,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from emoji_rl.config import override
-from emoji_rl.game.registry import GameConfig, GameContext, GameSpec
+from emoji_rl.game.spec import GameConfig, GameContext, GameSpec
 from emoji_rl.game.types import EpisodeGroup, GameSetup, Record
 from emoji_rl.games.wordle.evaluation import EVALUATION, game_record
 from emoji_rl.games.wordle.game import MAX_TURNS
@@ -19,7 +19,7 @@ from emoji_rl.io.jsonl import read_records
 
 @dataclass
 class Config(GameConfig):
-    """Wordle's GRPO fields: train_data holds `answer` (emoji-rl wordle-data)."""
+    """Wordle's fields: its records hold `answer` (emoji-rl wordle-data)."""
 
     max_turns: int = override(GameConfig, "max_turns", MAX_TURNS, help="guesses before the game is lost")
     curriculum: bool = field(
@@ -39,21 +39,21 @@ class Config(GameConfig):
         return None
 
 
-def setup(cfg, context: GameContext) -> GameSetup:
+def setup(cfg: Config, context: GameContext) -> GameSetup:
     from emoji_rl.games.wordle.game import WordleBuilder, WordleRules
     from emoji_rl.games.wordle.reward import Curriculum, CurriculumTracker
 
     def read(path: str) -> list[Record]:
         return read_records(path, "answer", "make it with `emoji-rl wordle-data`")
 
-    records = read(cfg.train_data)
+    records = read(context.records)
     curriculum = Curriculum(threshold=cfg.curriculum_threshold, window=cfg.curriculum_window)
     tracker = CurriculumTracker(curriculum) if cfg.curriculum else None
     builder = WordleBuilder(context.tokenizer, WordleRules(max_turns=cfg.max_turns), tracker)
     game = GameSetup(
         builder,
         records,
-        None,
+        "none",
         "wordle",
         target=lambda record: record["answer"],
         headline=("won", "game/won"),

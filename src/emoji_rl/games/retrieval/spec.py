@@ -1,24 +1,25 @@
-"""What `emoji-rl grpo --game retrieval` plays (docs/DESIGN.md §3): the sender answers each training
-target in emoji under the grammar, a frozen judge guesses the target from them, and MiniLM scores the
-guess. Its fields beside the trainer's: the game's length and threshold, the judge, the embedder and
-the reward's weights."""
+"""The retrieval game (docs/DESIGN.md §3), as `emoji-rl grpo` trains it and `emoji-rl eval` reports
+it: the sender answers each target in emoji under the grammar, a frozen judge guesses the target from
+them, and MiniLM scores the guess. Its fields: the game's length and threshold, the judge, the
+embedder and the reward's weights; its setup builds the judge, the similarity and the rules once, for
+the training game and for the evaluation's two modes (`single`: one message, one guess) alike."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
-from emoji_rl.game.registry import GameContext, GameSpec
 from emoji_rl.game.similarity import ContrastConfig, SimilarityConfig
+from emoji_rl.game.spec import GameContext, GameSpec
 from emoji_rl.game.types import GameSetup, Record
 from emoji_rl.games.retrieval.evaluation import EVALUATION, held_out_metrics
 from emoji_rl.games.retrieval.game import RetrievalConfig
-from emoji_rl.games.retrieval.judge_config import JudgeConfig
+from emoji_rl.games.retrieval.judge_config import JudgeFields
 from emoji_rl.io.jsonl import read_records
 
 
 @dataclass
-class Config(RetrievalConfig, JudgeConfig, SimilarityConfig, ContrastConfig):
-    """The retrieval game's GRPO fields: train_data holds `target` (emoji-rl rl-prompts)."""
+class Config(RetrievalConfig, JudgeFields, SimilarityConfig, ContrastConfig):
+    """The retrieval game's fields: its records hold `target` (emoji-rl rl-prompts)."""
 
     success_bonus: float = field(default=0.5, metadata={"help": "reward added when similarity >= tau"})
     turn_cost: float = field(default=0.1, metadata={"help": "reward subtracted per turn used"})
@@ -27,38 +28,42 @@ class Config(RetrievalConfig, JudgeConfig, SimilarityConfig, ContrastConfig):
         default=0.3, metadata={"help": "times (1 - unique/total emoji); the original: none"}
     )
 
+    def wait_for_servers(self, wait_s: float) -> None:
+        self.wait_for_judge_server(wait_s)
 
-def setup(cfg, context: GameContext) -> GameSetup:
-    from emoji_rl.emoji.constraint import compile_emoji_grammar
+
+def read(path: str) -> list[Record]:
+    return read_records(
+        path, "target", "make it with `emoji-rl rl-prompts` (it writes the held-out split too)"
+    )
+
+
+def setup(cfg: Config, context: GameContext) -> GameSetup:
     from emoji_rl.games.retrieval.game import RetrievalBuilder, RetrievalRules
     from emoji_rl.games.retrieval.reward import RewardWeights
 
-    def read(path: str) -> list[Record]:
-        return read_records(path, "target", "make it with `emoji-rl rl-prompts`")
-
-    records = read(cfg.train_data)
-    constraint = compile_emoji_grammar(
-        context.tokenizer, cfg.min_emoji, cfg.max_emoji, vocab_size=context.vocab_size
-    )
-    judge = cfg.build_judge(context.runtime)
+    records = read(context.records)
+    judge = cfg.make_judge(context.runtime, context.server_wait_s)
     similarity = cfg.load_similarity(context.runtime)
     weights = RewardWeights(
         cfg.success_bonus, cfg.turn_cost, cfg.format_penalty, cfg.repetition_penalty, cfg.contrast
     )
-    rules = RetrievalRules(cfg.max_turns, cfg.tau, cfg.min_emoji, cfg.max_emoji, weights)
-    background = cfg.background(similarity, [r["target"] for r in records], cfg.seed)
+    rules = RetrievalRules(cfg.max_turns, cfg.tau, context.min_emoji, context.max_emoji, weights)
+    background = cfg.background(similarity, [r["target"] for r in records], context.seed)
     builder = RetrievalBuilder(context.tokenizer, judge, similarity, rules, background)
+    single = RetrievalBuilder(context.tokenizer, judge, similarity, replace(rules, max_turns=1), background)
     return GameSetup(
         builder,
         records,
-        constraint,
+        "grammar",
         f"retrieval, judge {judge.describe()}",
         target=lambda record: record["target"],
         headline=("sim", "game/similarity"),
         seconds=lambda: dict(builder.seconds),
-        held_out_metrics=held_out_metrics(similarity, cfg.seed),
+        held_out_metrics=held_out_metrics(similarity, context.seed),
         read_records=read,
         servers={"judge": judge.endpoint} if judge.endpoint else {},
+        modes={"single": single, "multi": builder},
     )
 
 
