@@ -43,7 +43,7 @@ from emoji_rl.rl.batch import collate_groups
 from emoji_rl.rl.checkpoint import TrainState
 from emoji_rl.rl.held_out import HeldOut
 from emoji_rl.rl.policy import build_policy, checkpoint_layers
-from emoji_rl.rl.rollout.collect import Rollouts, prompts_per_process
+from emoji_rl.rl.rollout.collect import StepGroups, prompts_per_process
 from emoji_rl.rl.rollout.metrics import (
     EPISODE_COLUMNS,
     ROLLOUTS_FILE,
@@ -51,7 +51,7 @@ from emoji_rl.rl.rollout.metrics import (
     log_rollouts,
     step_metrics,
 )
-from emoji_rl.rl.rollout.schedule import Schedule, schedule
+from emoji_rl.rl.rollout.schedule import RolloutSchedule, rollout_schedule
 from emoji_rl.rl.setup import build_sampler
 from emoji_rl.rl.train_config import TrainConfig
 from emoji_rl.rl.train_config import (
@@ -87,14 +87,14 @@ def train(
     gradients are all-reduced; the main process logs metrics and rollouts of all processes and writes the
     checkpoints and the adapter."""
     trainer, state, checkpoint = Trainer.start(cfg, policy, game.state, weight_sync is not None)
-    rollouts = schedule(cfg, trainer, game, sampler, weight_sync, state, checkpoint)
+    schedule = rollout_schedule(cfg, trainer, game, sampler, weight_sync, state, checkpoint)
     held_out = _held_out(cfg, policy, tokenizer, game, trainer.accelerator)
     grammar = _grammar(cfg, policy, tokenizer, game)
     try:
-        rollouts.start()
-        return _loop(cfg, trainer, game, grammar, tokenizer, rollouts, state, held_out)
+        schedule.start()
+        return _loop(cfg, trainer, game, grammar, tokenizer, schedule, state, held_out)
     finally:
-        rollouts.close()
+        schedule.close()
 
 
 def _grammar(cfg: TrainConfig, policy: PeftModel, tokenizer, game: GameSetup) -> EmojiConstraint | None:
@@ -114,7 +114,7 @@ def _loop(
     game: GameSetup,
     grammar: EmojiConstraint | None,
     tokenizer,
-    rollouts: Schedule,
+    schedule: RolloutSchedule,
     state: TrainState,
     held_out: HeldOut | None,
 ) -> TrainState:
@@ -138,26 +138,26 @@ def _loop(
         bar = tqdm(steps, initial=state.step, total=cfg.max_steps, desc="grpo", disable=not is_main)
         for step in bar:
             start = time.perf_counter()
-            played, dropped = rollouts.take(step)
+            taken, dropped = schedule.take(step)
             waited = time.perf_counter() - start
-            state.epoch, state.cursor = played.position
-            everyone, slowest, players = _gather_rollouts(played.rollouts, played.services)
+            state.epoch, state.cursor = taken.position
+            everyone, slowest, players = _gather_rollouts(taken.groups, taken.services)
             game.observe(everyone.played)
             metrics = step_metrics(everyone, slowest)
-            metrics["async/version_lag"] = float(step - played.version)
+            metrics["async/version_lag"] = float(step - taken.version)
             metrics["async/dropped_episodes"] = float(sum(gather(dropped)))
             metrics["time/wait_rollouts_s"] = waited
-            metrics.update(played.servers)
+            metrics.update(taken.servers)
             episodes = log_rollouts(rollout_log, step + 1, everyone.played, players) if is_main else []
             update_start = time.perf_counter()
             # This process's groups; with none kept, its played ones stand in at weight 0.
-            mine = played.rollouts
+            mine = taken.groups
             groups = mine.kept or mine.played
             batch = collate_groups(groups, pad_id, grammar, step, len(tokenizer)) if everyone.kept else None
             metrics.update(trainer.step(batch, bool(mine.kept), state))
             metrics["time/update_s"] = time.perf_counter() - update_start
             # Every step publishes a version, updated or not, so that version v is always step v's.
-            rollouts.publish(step + 1)
+            schedule.publish(step + 1)
             metrics["optim/lr"] = trainer.scheduler.get_last_lr()[0]
             metrics["time/step_s"] = time.perf_counter() - start
             state.step = step + 1
@@ -176,7 +176,7 @@ def _loop(
                     f"{run_dir / 'checkpoints'} is intact."
                 )
             if state.step % cfg.save_steps == 0 or state.step == cfg.max_steps:
-                trainer.save(run_dir, state, game.state, rollouts.behaviour(state.step))
+                trainer.save(run_dir, state, game.state, schedule.behaviour(state.step))
     trainer.finish(run_dir)
     return state
 
@@ -209,18 +209,18 @@ def _logged_at_start(run_dir: Path) -> bool:
 
 
 def _gather_rollouts(
-    rollouts: Rollouts, services: dict[str, float]
-) -> tuple[Rollouts, dict[str, float], list[int]]:
+    groups: StepGroups, services: dict[str, float]
+) -> tuple[StepGroups, dict[str, float], list[int]]:
     """Every process's rollouts of this step as one (a collective): groups in rank order, the
     slowest process's seconds, and the rank that played each played group."""
-    parts = gather((rollouts, services))
+    parts = gather((groups, services))
     played = [group for part, _ in parts for group in part.played]
     ranks = [rank for rank, (part, _) in enumerate(parts) for _ in part.played]
     kept = [group for part, _ in parts for group in part.kept]
     seconds = max(part.seconds for part, _ in parts)
     keys = {key for _, times in parts for key in times}
     slowest = {key: max(times.get(key, 0.0) for _, times in parts) for key in sorted(keys)}
-    return Rollouts(kept, played, seconds), slowest, ranks
+    return StepGroups(kept, played, seconds), slowest, ranks
 
 
 def _headline(game: GameSetup, metrics: dict[str, float]) -> dict[str, str]:

@@ -12,8 +12,8 @@ import time
 import pytest
 
 from emoji_rl.game.types import Episode, EpisodeGroup, StepResult, Turn
-from emoji_rl.rl.rollout.collect import Rollouts
-from emoji_rl.rl.rollout.schedule import Played, RolloutsAhead, drop_stale, version_for, without_stale
+from emoji_rl.rl.rollout.collect import StepGroups
+from emoji_rl.rl.rollout.schedule import RolloutsAhead, StepRollouts, drop_stale, version_for, without_stale
 
 
 def test_each_step_is_sampled_k_versions_behind_never_before_the_first():
@@ -43,9 +43,9 @@ def test_a_group_with_a_turn_past_the_bound_is_dropped_whole_and_counted():
     assert dropped == 2  # both episodes of "stale", though only one of them was too old
     assert drop_stale(groups, step=4, max_off_policy_steps=2) == (groups, 0)
 
-    played = Played(4, 3, Rollouts(groups, groups, 1.0), {}, (0, 8))
+    played = StepRollouts(4, 3, StepGroups(groups, groups, 1.0), {}, (0, 8))
     trimmed, count = without_stale(played, 1)
-    assert count == 2 and trimmed.rollouts.kept == kept and trimmed.rollouts.played == groups
+    assert count == 2 and trimmed.groups.kept == kept and trimmed.groups.played == groups
 
 
 class Schedule:
@@ -69,7 +69,7 @@ class Schedule:
         self.log("start", step, version)
         await asyncio.sleep(self.rng.uniform(0, 0.02))
         self.log("done", step, version)
-        return Played(step, version, Rollouts([], [], 0.0), {}, (0, step))
+        return StepRollouts(step, version, StepGroups([], [], 0.0), {}, (0, step))
 
     def publish(self, ahead, version):
         with self.lock:
@@ -109,7 +109,7 @@ def test_a_failed_step_is_raised_by_its_own_take_after_the_steps_before_it():
     async def play(step, version, name):
         if step == 2:
             raise ServerDied("http://127.0.0.1:9/v1/completions did not answer")
-        return Played(step, version, Rollouts([], [], 0.0), {}, (0, step))
+        return StepRollouts(step, version, StepGroups([], [], 0.0), {}, (0, step))
 
     ahead = RolloutsAhead(play, 0, 5, 2)
     ahead.publish(0, "v0")
@@ -153,7 +153,7 @@ def test_in_process_steps_are_played_on_the_callers_thread_when_asked():
 
     async def play(step, version, name):
         threads.append(threading.current_thread())
-        return Played(step, version, Rollouts([], [], 0.0), {}, (0, step))
+        return StepRollouts(step, version, StepGroups([], [], 0.0), {}, (0, step))
 
     ahead = RolloutsAhead(play, 3, 6, 0, background=False)
     assert [ahead.take(t).version for t in (3, 4)] == [3, 4]

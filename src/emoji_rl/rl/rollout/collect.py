@@ -77,7 +77,7 @@ class PromptStream:
 
 
 @dataclass
-class Rollouts:
+class StepGroups:
     """What one step played: the groups kept for the update, and everything played, for metrics."""
 
     kept: list[EpisodeGroup]
@@ -93,7 +93,7 @@ async def collect(
     group_size: int,
     scale_rewards: grpo.ScaleRewards,
     resample_rounds: int = 0,
-) -> Rollouts:
+) -> StepGroups:
     """Play `group_size` games per prompt for `batch_size` prompts; groups whose rewards are all equal
     carry no signal and are not kept. `resample_rounds` > 0 draws new prompts to replace them.
     Every round runs on every process, even one already full (it draws 0), as `take` is a collective.
@@ -119,4 +119,4 @@ async def collect(
             played.append(group)
     advantages = grpo.step_advantages([group.rewards for group in played], scale_rewards)
     played = [replace(group, advantages=a) for group, a in zip(played, advantages, strict=True)]
-    return Rollouts([played[i] for i in kept_at], played, time.perf_counter() - start)
+    return StepGroups([played[i] for i in kept_at], played, time.perf_counter() - start)

@@ -12,7 +12,7 @@ import torch
 from emoji_rl.emoji.stats import reply_stats
 from emoji_rl.game.types import EpisodeGroup, Turn
 from emoji_rl.io.jsonl import AppendLog
-from emoji_rl.rl.rollout.collect import Rollouts
+from emoji_rl.rl.rollout.collect import StepGroups
 
 ROLLOUTS_FILE = "rollouts.jsonl"
 
@@ -50,8 +50,8 @@ def rollout_metrics(played: Sequence[EpisodeGroup], kept: int) -> dict[str, floa
     return metrics
 
 
-def step_metrics(rollouts: Rollouts, services: dict[str, float]) -> dict[str, float]:
-    """What the step's rollouts report, over every process's (gathered) `Rollouts`, and times
+def step_metrics(rollouts: StepGroups, services: dict[str, float]) -> dict[str, float]:
+    """What the step's rollouts report, over every process's (gathered) `StepGroups`, and times
     (`services`: seconds per service) of the slowest process, which the step waits for."""
     metrics = rollout_metrics(rollouts.played, len(rollouts.kept))
     for key, seconds in services.items():

@@ -31,7 +31,7 @@ from typing import TYPE_CHECKING
 from emoji_rl.game.types import EpisodeGroup
 from emoji_rl.lm.training import adapter_state_dict, gather, save_adapter, whole_weights
 from emoji_rl.rl.checkpoint import TrainState, behaviour_adapters
-from emoji_rl.rl.rollout.collect import PromptStream, Rollouts, collect, prompts_per_process
+from emoji_rl.rl.rollout.collect import PromptStream, StepGroups, collect, prompts_per_process
 from emoji_rl.rl.rollout.servers import ServerWatch, watched
 
 if TYPE_CHECKING:
@@ -46,13 +46,13 @@ if TYPE_CHECKING:
 
 
 @dataclass(frozen=True)
-class Played:
+class StepRollouts:
     """One step's rollouts as the loop receives them."""
 
     step: int
     version: int
     """The adapter version that sampled them (the step itself in-process)."""
-    rollouts: Rollouts
+    groups: StepGroups
     services: dict[str, float]
     """Seconds this step's games spent in each service (the judge, the embedder)."""
     position: tuple[int, int]
@@ -61,7 +61,7 @@ class Played:
     """What the servers said of this step (`rl/rollout/servers.py`); on the main process, which logs."""
 
 
-PlayStep = Callable[[int, int, "str | None"], Awaitable[Played]]
+PlayStep = Callable[[int, int, "str | None"], Awaitable[StepRollouts]]
 """play(step, version, served name of that version or None in-process)."""
 
 
@@ -96,12 +96,12 @@ def drop_stale(
     return kept, dropped
 
 
-def without_stale(played: Played, max_off_policy_steps: int) -> tuple[Played, int]:
+def without_stale(played: StepRollouts, max_off_policy_steps: int) -> tuple[StepRollouts, int]:
     """`played` with its kept groups past the staleness bound dropped (`drop_stale`), and their count."""
-    kept, dropped = drop_stale(played.rollouts.kept, played.step, max_off_policy_steps)
+    kept, dropped = drop_stale(played.groups.kept, played.step, max_off_policy_steps)
     if not dropped:
         return played, 0
-    return replace(played, rollouts=replace(played.rollouts, kept=kept)), dropped
+    return replace(played, groups=replace(played.groups, kept=kept)), dropped
 
 
 class RolloutsAhead:
@@ -135,7 +135,7 @@ class RolloutsAhead:
         self.max_off_policy_steps = max_off_policy_steps
         self.first_version = first_step if first_version is None else first_version
         self._names: dict[int, str] = {}
-        self._done: dict[int, Played] = {}
+        self._done: dict[int, StepRollouts] = {}
         self._error: BaseException | None = None
         self._closed = False
         self._changed = threading.Condition()
@@ -160,7 +160,7 @@ class RolloutsAhead:
         with self._changed:
             return self._names.get(version)
 
-    def take(self, step: int) -> Played:
+    def take(self, step: int) -> StepRollouts:
         """Step `step`'s rollouts, played now (in-process) or waited for (background)."""
         if self._thread is None:
             return asyncio.run(self.play(step, step, None))
@@ -245,7 +245,7 @@ def publish_weights(
     return publish(sync, accelerator, version, lambda path: save_adapter(model, path, state))
 
 
-class Schedule:
+class RolloutSchedule:
     """One run's rollouts, step by step, by the versions the schedule gives them: `start` publishes
     the first ones, `take` hands over each step's rollouts, `publish` each version after its update,
     `behaviour` the versions a checkpoint keeps, `close` stops the rollouts. Without a server
@@ -268,7 +268,7 @@ class Schedule:
             self.ahead.publish(version, publish(self.sync, self.trainer.accelerator, version, copy))
         self.publish(self.ahead.first_step)
 
-    def take(self, step: int) -> tuple[Played, int]:
+    def take(self, step: int) -> tuple[StepRollouts, int]:
         """Step `step`'s rollouts without those past the staleness bound (`without_stale`), and how
         many episodes that dropped."""
         # The in-process sampler decodes with the model being trained: under FSDP, on its whole weights.
@@ -294,7 +294,7 @@ class Schedule:
         self.ahead.close()
 
 
-def schedule(
+def rollout_schedule(
     cfg: TrainConfig,
     trainer: Trainer,
     game: GameSetup,
@@ -302,7 +302,7 @@ def schedule(
     sync: AdapterSync | None,
     state: TrainState,
     checkpoint: Path | None,
-) -> Schedule:
+) -> RolloutSchedule:
     """Steps `state.step` on, played in-process or, with a vLLM server (`sync`), on a thread by the
     version K behind, from a prompt stream of their own that starts where the checkpoint's stopped."""
     background = sync is not None
@@ -321,7 +321,7 @@ def schedule(
     if background:
         from emoji_rl.decode.vllm import request_seed
 
-    async def play(step: int, version: int, name: str | None) -> Played:
+    async def play(step: int, version: int, name: str | None) -> StepRollouts:
         # On a server, each step's requests are seeded from (seed, rank, step): what a step samples
         # does not depend on what ran before it, so a resume redraws a lost step exactly.
         bound = sampler if name is None else sampler.at(version, name, request_seed(cfg.seed, rank, step))
@@ -330,7 +330,9 @@ def schedule(
         games = collect(stream, game, bound, share, cfg.group_size, cfg.scale_rewards, rounds)
         played, servers = await watch.during(games)
         services = {k: v - before.get(k, 0.0) for k, v in game.seconds().items()}
-        return Played(step, version, played, services, (stream.state.epoch, stream.state.cursor), servers)
+        return StepRollouts(
+            step, version, played, services, (stream.state.epoch, stream.state.cursor), servers
+        )
 
     kept = behaviour_adapters(checkpoint) if checkpoint is not None and background else {}
     ahead = RolloutsAhead(
@@ -341,7 +343,7 @@ def schedule(
         first_version=min(kept, default=state.step),
         background=background,
     )
-    return Schedule(ahead, trainer, sync, kept)
+    return RolloutSchedule(ahead, trainer, sync, kept)
 
 
 def rollout_group(timeout_s: int):
