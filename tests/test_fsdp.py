@@ -219,7 +219,7 @@ def _record_and_maybe_die(run: Path, rank: int, step: int, model, optimizer, dis
     import torch.distributed as dist
     from safetensors.torch import save_file
 
-    from emoji_rl.lm.training import adapter_state_dict
+    from emoji_rl.lm.distributed import adapter_state_dict
     from emoji_rl.rl.checkpoint import whole_optimizer_state
 
     (run / f"layout{rank}.json").write_text(json.dumps(_layout(model, distributed)))

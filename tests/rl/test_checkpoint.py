@@ -8,7 +8,7 @@ from peft import LoraConfig, get_peft_model
 from transformers import LlamaConfig, LlamaForCausalLM
 
 from emoji_rl.games.wordle.reward import Curriculum, CurriculumTracker
-from emoji_rl.lm.training import follow_schedule
+from emoji_rl.lm.distributed import follow_schedule
 from emoji_rl.rl.checkpoint import TrainState, latest_checkpoint, load_checkpoint, save_checkpoint, snapshot
 
 

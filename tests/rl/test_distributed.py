@@ -244,7 +244,7 @@ def _run_stage_recording_each_rank() -> int:
     from safetensors.torch import save_file
 
     from emoji_rl import cli
-    from emoji_rl.lm.training import adapter_state_dict
+    from emoji_rl.lm.distributed import adapter_state_dict
     from emoji_rl.rl.rollout import schedule
     from emoji_rl.rl.trainer import Trainer
 
@@ -280,7 +280,7 @@ if __name__ == "__main__":
 def test_fsdp_asked_for_but_not_run_is_said(monkeypatch, caplog):
     import logging
 
-    from emoji_rl.lm.training import warn_if_fsdp_ignored
+    from emoji_rl.lm.distributed import warn_if_fsdp_ignored
 
     logger = logging.getLogger("emoji_rl.stage")
     monkeypatch.delenv("ACCELERATE_USE_FSDP", raising=False)

@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from emoji_rl.errors import UserError
-from emoji_rl.lm.training import gather, without_cuda
+from emoji_rl.lm.distributed import gather, without_cuda
 
 if TYPE_CHECKING:
     from accelerate import PartialState

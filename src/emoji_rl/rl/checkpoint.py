@@ -24,7 +24,7 @@ import torch
 from emoji_rl.errors import UserError
 from emoji_rl.io.disk import disk_full_error, short_write
 from emoji_rl.lm.adapters import ADAPTER
-from emoji_rl.lm.training import adapter_state_dict, follow_schedule, gather
+from emoji_rl.lm.distributed import adapter_state_dict, follow_schedule, gather
 
 if TYPE_CHECKING:
     from peft import PeftModel

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from emoji_rl.decode.sampler import Sampler
 from emoji_rl.game.play import play
 from emoji_rl.game.types import GameSetup, Record
-from emoji_rl.lm.training import gather
+from emoji_rl.lm.distributed import gather
 
 
 @dataclass

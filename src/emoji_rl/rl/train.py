@@ -37,8 +37,8 @@ from emoji_rl.io.jsonl import AppendLog, drop_steps_after, read_jsonl
 from emoji_rl.io.metrics import MetricsWriter, read_metrics
 from emoji_rl.io.run_lock import holds_a_run
 from emoji_rl.lm import models
+from emoji_rl.lm.distributed import gather
 from emoji_rl.lm.processes import check_shared_dir, join_processes, peers_named
-from emoji_rl.lm.training import gather
 from emoji_rl.rl.batch import collate_groups
 from emoji_rl.rl.checkpoint import TrainState
 from emoji_rl.rl.held_out import HeldOut

@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from emoji_rl.lm.training import (
+from emoji_rl.lm.distributed import (
     adapter_state_dict,
     mixed_precision,
     save_adapter,

@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Literal
 
 import torch
 
-from emoji_rl.lm.training import gather
+from emoji_rl.lm.distributed import gather
 from emoji_rl.rl import grpo
 from emoji_rl.rl.batch import Batch, token_logprobs
 from emoji_rl.rl.policy import reference_mode

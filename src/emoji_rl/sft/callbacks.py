@@ -35,7 +35,7 @@ def scheduled_lr_callback() -> TrainerCallback:
     (`follow_schedule`): the Trainer restores the optimizer's rate as the checkpoint's run left it."""
     from transformers import TrainerCallback
 
-    from emoji_rl.lm.training import follow_schedule
+    from emoji_rl.lm.distributed import follow_schedule
 
     class ScheduledLR(TrainerCallback):
         def on_train_begin(self, args, state, control, optimizer=None, lr_scheduler=None, **kwargs):

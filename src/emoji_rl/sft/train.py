@@ -30,8 +30,8 @@ from emoji_rl.config import save_config
 from emoji_rl.io.jsonl import keep_first_lines
 from emoji_rl.io.metrics import MetricsWriter
 from emoji_rl.lm import models
+from emoji_rl.lm.distributed import warn_if_fsdp_ignored
 from emoji_rl.lm.processes import check_shared_dir, join_processes, peers_named
-from emoji_rl.lm.training import warn_if_fsdp_ignored
 from emoji_rl.sft.callbacks import metrics_callback, scheduled_lr_callback
 from emoji_rl.sft.data import encode_file, to_dataset
 from emoji_rl.sft.loss import answer_loss_trainer, own_loss_blocker

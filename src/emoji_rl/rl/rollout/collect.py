@@ -17,7 +17,7 @@ from emoji_rl.decode.sampler import Sampler
 from emoji_rl.errors import UserError
 from emoji_rl.game.play import play
 from emoji_rl.game.types import EpisodeGroup, GameSetup
-from emoji_rl.lm.training import gather
+from emoji_rl.lm.distributed import gather
 from emoji_rl.rl import grpo
 from emoji_rl.rl.checkpoint import TrainState
 

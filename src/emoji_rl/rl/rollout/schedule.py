@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from emoji_rl.game.types import EpisodeGroup
-from emoji_rl.lm.training import adapter_state_dict, gather, save_adapter, whole_weights
+from emoji_rl.lm.distributed import adapter_state_dict, gather, save_adapter, whole_weights
 from emoji_rl.rl.checkpoint import TrainState, behaviour_adapters
 from emoji_rl.rl.rollout.collect import PromptStream, StepGroups, collect, prompts_per_process
 from emoji_rl.rl.rollout.servers import ServerWatch, watched
