@@ -59,8 +59,8 @@ from emoji_rl.game.types import Game, GameSetup, StepResult
 from emoji_rl.io.metrics import read_metrics
 from emoji_rl.lm import models, template
 from emoji_rl.rl import train as grpo_train
+from emoji_rl.rl.engine import build_engine
 from emoji_rl.rl.policy import build_policy, checkpoint_layers
-from emoji_rl.rl.setup import build_sampler
 from emoji_rl.rl.train_config import grpo_config
 
 KEY_ENV = "EMOJI_RL_BENCH_ENGINE_KEY"
@@ -247,8 +247,8 @@ def _toy_run(server: Server, out: Path, shape: Shape, max_off_policy_steps: int,
         "grammar",
         "hash of the emoji",
     )
-    sampler, sync = build_sampler(cfg, policy, tokenizer, "grammar")
-    grpo_train.train(cfg, policy, tokenizer, game, sampler, sync)
+    engine = build_engine(cfg, policy, tokenizer, "grammar")
+    grpo_train.train(cfg, policy, tokenizer, game, engine.sampler, engine.sync)
     return read_metrics(out)
 
 

@@ -8,7 +8,7 @@ step on the LoRA adapter, with a KL to the reference (in the loss, or in the adv
 original had it: docs/SEED_RECIPE.md): the starting (SFT) adapter kept frozen as a second PEFT adapter,
 or the base model via `disable_adapter()`, never a second copy of the weights.
 Here: the loop (its settings are `rl/train_config.py`). The game comes from the registry
-(`game/registry.py`), the sampler is wired in `rl/setup.py`; which adapter version plays which step is
+(`game/registry.py`), the sampler is wired in `rl/engine.py`; which adapter version plays which step is
 the schedule's (`rl/rollout/schedule.py`), the update and the checkpoints the trainer's (`rl/trainer.py`),
 and what a step's rollouts report is in `rl/rollout/metrics.py`.
 
@@ -41,6 +41,7 @@ from emoji_rl.lm.distributed import gather
 from emoji_rl.lm.processes import check_shared_dir, join_processes, peers_named
 from emoji_rl.rl.batch import collate_groups
 from emoji_rl.rl.checkpoint import TrainState
+from emoji_rl.rl.engine import Engine, build_engine
 from emoji_rl.rl.held_out import HeldOut
 from emoji_rl.rl.policy import build_policy, checkpoint_layers
 from emoji_rl.rl.rollout.collect import StepGroups, prompts_per_process
@@ -52,7 +53,6 @@ from emoji_rl.rl.rollout.metrics import (
     step_metrics,
 )
 from emoji_rl.rl.rollout.schedule import RolloutSchedule, rollout_schedule
-from emoji_rl.rl.setup import build_sampler
 from emoji_rl.rl.train_config import TrainConfig
 from emoji_rl.rl.train_config import (
     config_for as config_for,  # the stage's Config for its game (cli.config_class)
@@ -86,8 +86,9 @@ def train(
     Under `accelerate launch` every process plays its share of the step's `batch_size` prompts and the
     gradients are all-reduced; the main process logs metrics and rollouts of all processes and writes the
     checkpoints and the adapter."""
-    trainer, state, checkpoint = Trainer.start(cfg, policy, game.state, weight_sync is not None)
-    schedule = rollout_schedule(cfg, trainer, game, sampler, weight_sync, state, checkpoint)
+    engine = Engine(sampler, weight_sync)
+    trainer, state, checkpoint = Trainer.start(cfg, policy, game.state, engine.on_server)
+    schedule = rollout_schedule(cfg, trainer, game, engine, state, checkpoint)
     held_out = _held_out(cfg, policy, tokenizer, game, trainer.accelerator)
     grammar = _grammar(cfg, policy, tokenizer, game)
     try:
@@ -261,7 +262,7 @@ def main(cfg: TrainConfig) -> None:
     if cfg.gradient_checkpointing:
         checkpoint_layers(policy)
     game = spec.setup(rules, cfg.game_context(tokenizer, runtime))
-    sampler, weight_sync = build_sampler(cfg, policy, tokenizer, game.constraint)
+    engine = build_engine(cfg, policy, tokenizer, game.constraint)
     log.info("%s; %d prompts; B=%d G=%d", game.description, len(game.records), cfg.batch_size, cfg.group_size)
     # Every process looks before the main one writes: a fresh run must not find its own config. Written
     # once the inputs are checked, so a stage that fails them leaves its directory as it found it.
@@ -269,7 +270,7 @@ def main(cfg: TrainConfig) -> None:
     if processes.is_main_process:
         save_config(cfg, run_dir)
     with peers_named(run_dir, cfg.collective_timeout_s):
-        state = train(cfg, policy, tokenizer, game, sampler, weight_sync)
+        state = train(cfg, policy, tokenizer, game, engine.sampler, engine.sync)
     print(
         f"grpo: {state.step} steps; adapter in {run_dir / 'adapter'}, metrics in {run_dir / 'metrics.jsonl'}"
     )

@@ -1,6 +1,6 @@
 """The `grpo` stage's settings: the trainer's own (`TrainConfig`), read by the loop (`rl/train.py`), the
 trainer (`rl/trainer.py`, which hands the update its `UpdateSettings`), the schedule
-(`rl/rollout/schedule.py`) and the wiring (`rl/setup.py`), and the game's, which `--game NAME` adds
+(`rl/rollout/schedule.py`) and the wiring (`rl/engine.py`), and the game's, which `--game NAME` adds
 (`config_class`: the game's `GameConfig` fields beside the trainer's, one flat dataclass, so that YAML
 and the command line set either alike; the game's setup receives its own part, typed, and what it may
 know of the run, `game_context`). Its own module, below them all, so that none of them imports another

@@ -38,8 +38,8 @@ if TYPE_CHECKING:
     import torch
     from accelerate import Accelerator
 
-    from emoji_rl.decode.sampler import Sampler
     from emoji_rl.game.types import GameSetup
+    from emoji_rl.rl.engine import Engine
     from emoji_rl.rl.rollout.vllm import AdapterSync
     from emoji_rl.rl.train_config import TrainConfig
     from emoji_rl.rl.trainer import Trainer
@@ -222,25 +222,17 @@ class RolloutsAhead:
 # --- the run's schedule ----------------------------------------------------------------------------
 
 
-def publish(
-    sync: AdapterSync | None, accelerator: Accelerator, version: int, save: Callable[[Path], None]
-) -> str | None:
+def publish(sync: AdapterSync, accelerator: Accelerator, version: int, save: Callable[[Path], None]) -> str:
     """The main process saves version `version` with `save(directory)` and loads it on the vLLM
     server; every process returns the name it is served under (a collective, which also waits for the
-    load). None without a server."""
-    if sync is None:
-        return None
+    load)."""
     name = sync.publish(version, save) if accelerator.is_main_process else None
     return sync.follow(gather(name)[0])
 
 
-def publish_weights(
-    sync: AdapterSync | None, accelerator: Accelerator, model: torch.nn.Module, version: int
-) -> str | None:
+def publish_weights(sync: AdapterSync, accelerator: Accelerator, model: torch.nn.Module, version: int) -> str:
     """Publish the adapter being trained as version `version`. Every process gathers its weights
     first: under FSDP each holds only a shard."""
-    if sync is None:
-        return None
     state = adapter_state_dict(model)
     return publish(sync, accelerator, version, lambda path: save_adapter(model, path, state))
 
@@ -248,47 +240,47 @@ def publish_weights(
 class RolloutSchedule:
     """One run's rollouts, step by step, by the versions the schedule gives them: `start` publishes
     the first ones, `take` hands over each step's rollouts, `publish` each version after its update,
-    `behaviour` the versions a checkpoint keeps, `close` stops the rollouts. Without a server
-    (`sync` None) only `take` does anything: in-process, with the trainer's whole weights."""
+    `behaviour` the versions a checkpoint keeps, `close` stops the rollouts. In process (the engine
+    not `on_server`) only `take` does anything, with the trainer's whole weights."""
 
-    def __init__(
-        self, ahead: RolloutsAhead, trainer: Trainer, sync: AdapterSync | None, kept: dict[int, Path]
-    ) -> None:
-        self.ahead, self.trainer, self.sync, self.kept = ahead, trainer, sync, kept
+    def __init__(self, ahead: RolloutsAhead, trainer: Trainer, engine: Engine, kept: dict[int, Path]) -> None:
+        self.ahead, self.trainer, self.engine, self.kept = ahead, trainer, engine, kept
 
     def start(self) -> None:
         """Publish the versions the first steps are sampled by: those the checkpoint kept (`kept`),
         then the weights now, after clearing what an earlier session left on the server."""
-        if self.sync is None:
+        sync = self.engine.sync
+        if sync is None:  # in process
             return
         if self.trainer.accelerator.is_main_process:
-            self.sync.clear_stale()
+            sync.clear_stale()
         for version, path in sorted(self.kept.items()):
             copy = functools.partial(shutil.copytree, path)
-            self.ahead.publish(version, publish(self.sync, self.trainer.accelerator, version, copy))
+            self.ahead.publish(version, publish(sync, self.trainer.accelerator, version, copy))
         self.publish(self.ahead.first_step)
 
     def take(self, step: int) -> tuple[StepRollouts, int]:
         """Step `step`'s rollouts without those past the staleness bound (`without_stale`), and how
         many episodes that dropped."""
         # The in-process sampler decodes with the model being trained: under FSDP, on its whole weights.
-        weights = whole_weights(self.trainer.model) if self.sync is None else contextlib.nullcontext()
+        weights = contextlib.nullcontext() if self.engine.on_server else whole_weights(self.trainer.model)
         with weights:
             played = self.ahead.take(step)
         return without_stale(played, self.ahead.max_off_policy_steps)
 
     def publish(self, version: int) -> None:
         """The trainer's weights are version `version`: on the server, and free to sample its steps."""
-        name = publish_weights(self.sync, self.trainer.accelerator, self.trainer.model, version)
-        if name is not None:
+        if self.engine.sync is not None:
+            name = publish_weights(self.engine.sync, self.trainer.accelerator, self.trainer.model, version)
             self.ahead.publish(version, name)
 
     def behaviour(self, step: int) -> dict[int, Path]:
         """The adapters the steps after `step` are sampled by, for its checkpoint to keep, so that a
         resume samples them alike; on the main process, which writes checkpoints (none elsewhere)."""
-        if self.sync is None or not self.trainer.accelerator.is_main_process:
+        sync = self.engine.sync
+        if sync is None or not self.trainer.accelerator.is_main_process:
             return {}
-        return {v: self.sync.adapter_path(v) for v in range(self.ahead.version_for(step), step)}
+        return {v: sync.adapter_path(v) for v in range(self.ahead.version_for(step), step)}
 
     def close(self) -> None:
         self.ahead.close()
@@ -298,14 +290,13 @@ def rollout_schedule(
     cfg: TrainConfig,
     trainer: Trainer,
     game: GameSetup,
-    sampler: Sampler,
-    sync: AdapterSync | None,
+    engine: Engine,
     state: TrainState,
     checkpoint: Path | None,
 ) -> RolloutSchedule:
-    """Steps `state.step` on, played in-process or, with a vLLM server (`sync`), on a thread by the
-    version K behind, from a prompt stream of their own that starts where the checkpoint's stopped."""
-    background = sync is not None
+    """Steps `state.step` on, played in-process or, on a vLLM server, on a thread by the version K
+    behind, from a prompt stream of their own that starts where the checkpoint's stopped."""
+    background, sampler = engine.on_server, engine.sampler
     rank = trainer.accelerator.process_index
     share = prompts_per_process(cfg.batch_size, trainer.accelerator.num_processes)
     # The thread's prompt draws are a collective among the processes: on a group of their own, so
@@ -316,7 +307,7 @@ def rollout_schedule(
     )
     rounds = cfg.max_resample_rounds if cfg.dynamic_sampling else 0
     main = trainer.accelerator.is_main_process
-    policy = sync.endpoint if sync is not None else None
+    policy = engine.sync.endpoint if engine.sync is not None else None
     watch = ServerWatch(watched(policy, game.servers) if main else {})
     if background:
         from emoji_rl.decode.vllm import request_seed
@@ -343,7 +334,7 @@ def rollout_schedule(
         first_version=min(kept, default=state.step),
         background=background,
     )
-    return RolloutSchedule(ahead, trainer, sync, kept)
+    return RolloutSchedule(ahead, trainer, engine, kept)
 
 
 def rollout_group(timeout_s: int):

@@ -1,11 +1,12 @@
-"""The wiring of a GRPO run: which sampler plays the game, in-process or a vLLM server kept current by
-an adapter sync. The loop in `rl/train.py` receives what is built here and knows no engine; the game
-comes from the registry (`game/registry.py`), and when each step is played is the schedule's
-(`rl/rollout/schedule.py`)."""
+"""How a GRPO run's rollouts are sampled (`engine`: hf | vllm): in process, by the weights being
+trained, or on a vLLM server that an adapter sync keeps current. The loop in `rl/train.py` receives
+the `Engine` built here and asks it only `on_server`; the game comes from the registry
+(`game/registry.py`), and when each step is played is the schedule's (`rl/rollout/schedule.py`)."""
 
 from __future__ import annotations
 
 import asyncio
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from emoji_rl.decode.generate import Constraint
@@ -19,15 +20,27 @@ if TYPE_CHECKING:
     from emoji_rl.rl.train_config import TrainConfig
 
 
-def build_sampler(
-    cfg: TrainConfig, policy: PeftModel, tokenizer, constraint: Constraint
-) -> tuple[Sampler, AdapterSync | None]:
+@dataclass(frozen=True)
+class Engine:
+    """The run's sampler, and on a vLLM server the adapter sync that publishes each version to it."""
+
+    sampler: Sampler
+    sync: AdapterSync | None = None
+
+    @property
+    def on_server(self) -> bool:
+        """Sampled on a vLLM server, by published adapter versions (else in process, by the weights
+        being trained, which cannot run ahead of them)."""
+        return self.sync is not None
+
+
+def build_engine(cfg: TrainConfig, policy: PeftModel, tokenizer, constraint: Constraint) -> Engine:
     """The in-process sampler, or a vLLM server's with the adapter sync that keeps it current."""
     if cfg.engine == "hf":
         from emoji_rl.decode.sampler import HFSampler
 
         decoding = cfg.decoding(constraint=constraint, batch_size=cfg.batch_size * cfg.group_size)
-        return HFSampler(policy, tokenizer, decoding), None
+        return Engine(HFSampler(policy, tokenizer, decoding))
     from emoji_rl.decode.vllm import VLLMSampler
     from emoji_rl.io.endpoint import Endpoint, wait_for_server
     from emoji_rl.rl.rollout.vllm import AdapterSync
@@ -48,4 +61,4 @@ def build_sampler(
         padding=template.padding_ids(tokenizer, policy.get_output_embeddings().weight.shape[0]),
     )
     asyncio.run(sampler.verify())
-    return sampler, AdapterSync(sampler, cfg.output_dir, cfg.vllm_served_name, cfg.vllm_adapter_keep)
+    return Engine(sampler, AdapterSync(sampler, cfg.output_dir, cfg.vllm_served_name, cfg.vllm_adapter_keep))
