@@ -15,7 +15,7 @@ from emoji_rl.game import evaluate, registry
 from emoji_rl.game.evaluation import (
     EvalConfig,
     EvalOptions,
-    EvalSetup,
+    EvalPlan,
     Evaluation,
     ModelSender,
     Report,
@@ -71,8 +71,8 @@ def setup(cfg: GameConfig, context: GameContext) -> GameSetup:
     return GameSetup(modes["long"], records, "none", "guess", target=lambda r: r["id"], modes=modes)
 
 
-def plan(cfg, game, records, tokenizer) -> EvalSetup:
-    return EvalSetup(
+def plan(cfg, game, records, tokenizer) -> EvalPlan:
+    return EvalPlan(
         sender=ModelSender(Decoding("none", 0.0, 8)),
         scripted={
             "good": Scripted([GOOD[r["id"]] for r in records]),

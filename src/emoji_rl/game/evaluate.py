@@ -44,7 +44,7 @@ from emoji_rl.game.eval_records import (
     system_fingerprint,
     unplayed_batches,
 )
-from emoji_rl.game.evaluation import EvalConfig, EvalSetup, Evaluation, ModelSender, Report, Scripted
+from emoji_rl.game.evaluation import EvalConfig, EvalPlan, Evaluation, ModelSender, Report, Scripted
 from emoji_rl.game.play import play
 from emoji_rl.game.spec import GameContext, GameSpec, game_config, stage_config
 from emoji_rl.game.types import Game
@@ -161,46 +161,46 @@ def evaluate(spec: GameSpec, cfg: EvalConfig) -> None:
     rules.wait_for_servers(cfg.server_wait_s)
     runtime = models.pick_runtime()
     tokenizer = models.load_tokenizer(cfg.model)
-    game = spec.setup(rules, game_context(cfg, tokenizer, runtime))
-    records = game.records[: cfg.max_examples or None]
+    built = spec.setup(rules, game_context(cfg, tokenizer, runtime))
+    records = built.records[: cfg.max_examples or None]
     ids = record_ids(records, cfg.data)
-    setup = hooks.prepare(cfg, game, records, tokenizer)
-    modes = {mode: game.games()[mode] for mode in setup.modes or game.games()}
-    systems = named_systems(cfg, setup.scripted)
+    plan = hooks.prepare(cfg, built, records, tokenizer)
+    modes = {mode: built.games()[mode] for mode in plan.modes or built.games()}
+    systems = named_systems(cfg, plan.scripted)
     pairs = compare_pairs(cfg.compare, systems)
-    plan = {
+    to_play = {
         (name, mode): played_indices(system, replies(system), len(records), cfg.reference_examples)
         for name, system in systems.items()
         for mode in modes
         if not isinstance(system, Scripted) or system.modes is None or mode in system.modes
     }
     depends = fingerprint(
-        [ids, [game.target(r) for r in records]],
+        [ids, [built.target(r) for r in records]],
         {name: system_fingerprint(system, replies(system)) for name, system in systems.items()},
         {key: getattr(cfg, key) for key in cfg.result_fields},
     )
     with AppendLog(Path(cfg.output_dir) / f"{spec.name}_records.jsonl") as log:
-        run = Run(cfg, hooks, setup, modes, records, ids, log, logged_records(log, depends))
+        run = Run(cfg, hooks, plan, modes, records, ids, log, logged_records(log, depends))
         reused = sum(
             run.logged_key(name, mode, i) in run.logged
-            for (name, mode), played in plan.items()
+            for (name, mode), played in to_play.items()
             for i in played
         )
         if reused:
             print(f"{stage}: reusing {reused} records from {log.path}, playing the rest", flush=True)
         senders = {name: s.path for name, s in systems.items() if isinstance(s, System)}
         model = load_systems(models.load_causal_lm(cfg.model, runtime), senders) if senders else None
-        sampler = model_sampler(model, tokenizer, setup.sender, cfg.batch_size) if model is not None else None
+        sampler = model_sampler(model, tokenizer, plan.sender, cfg.batch_size) if model is not None else None
         rows: list[Record] = []
         kept: list[Record] = []
         for name, system in systems.items():
             for mode in modes:
-                if (name, mode) not in plan:
+                if (name, mode) not in to_play:
                     assert isinstance(system, Scripted)
                     rows.append({"system": name, "mode": mode, "n": 0, "note": system.note})
                     continue
                 start = time.perf_counter()
-                indices = plan[name, mode]
+                indices = to_play[name, mode]
                 if isinstance(system, Scripted):
                     played = run.play(name, mode, indices, partial(ScriptedSender, tokenizer, system.replies))
                 else:
@@ -216,7 +216,7 @@ def evaluate(spec: GameSpec, cfg: EvalConfig) -> None:
                     flush=True,
                 )
     compared = comparisons(kept, pairs, hooks.compared, cfg.resamples, cfg.seed)
-    write_report(Path(cfg.output_dir), spec.name, hooks, setup.report, rows, compared, kept)
+    write_report(Path(cfg.output_dir), spec.name, hooks, plan.report, rows, compared, kept)
 
 
 @dataclass
@@ -225,7 +225,7 @@ class Run:
 
     cfg: EvalConfig
     hooks: Evaluation
-    setup: EvalSetup
+    plan: EvalPlan
     games: Mapping[str, Callable[[Record], Game]]
     records: Sequence[Record]
     ids: Sequence[str]
@@ -250,7 +250,7 @@ class Run:
                 torch.manual_seed(batch_seed(self.cfg.seed, batch[0]))
                 games = [self.games[mode](self.records[i]) for i in batch]
                 episodes = asyncio.run(play(games, sender(batch)))
-                for i, fields in zip(batch, self.setup.score(batch, episodes), strict=True):
+                for i, fields in zip(batch, self.plan.score(batch, episodes), strict=True):
                     key = self.logged_key(name, mode, i)
                     # A batch cut short by a crash is replayed whole; what it logged stands.
                     if key not in self.logged:

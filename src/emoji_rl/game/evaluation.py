@@ -134,7 +134,7 @@ class Report:
 
 
 @dataclass
-class EvalSetup:
+class EvalPlan:
     """How an evaluation plays and reports, given the game its setup built (`Evaluation.plan`)."""
 
     sender: ModelSender
@@ -182,9 +182,7 @@ class Evaluation:
     that name."""
     headline: str
     """The `compared` metric the progress bar shows as it plays, and the log line after each row."""
-    plan: Callable[[EvalConfig, GameSetup, Sequence[Record], PreTrainedTokenizerBase], EvalSetup] | None = (
-        None
-    )
+    plan: Callable[[EvalConfig, GameSetup, Sequence[Record], PreTrainedTokenizerBase], EvalPlan] | None = None
     """plan(cfg, game, records, tokenizer): how a model system samples, the scripted systems, what a
     played game keeps, the report, and the modes played; from the stage's whole config (`EvalConfig`'s
     fields, the game's and `config`'s), the game as its setup built it, and the held-out records.
@@ -197,17 +195,17 @@ class Evaluation:
 
     def prepare(
         self, cfg: EvalConfig, game: GameSetup, records: Sequence[Record], tokenizer: PreTrainedTokenizerBase
-    ) -> EvalSetup:
+    ) -> EvalPlan:
         """How the evaluation plays and reports `game` on `records` (`plan`, or `plain_plan`)."""
         if self.plan is not None:
             return self.plan(cfg, game, records, tokenizer)
         return self.plain_plan(cfg, game, records)
 
-    def plain_plan(self, cfg: EvalConfig, game: GameSetup, records: Sequence[Record]) -> EvalSetup:
+    def plain_plan(self, cfg: EvalConfig, game: GameSetup, records: Sequence[Record]) -> EvalPlan:
         """How a game with no plan of its own is evaluated: a model system samples as grpo's policy
         does (the game's constraint) at the evaluation's temperature; each game keeps its target and
         `game_record`; the table's columns and the figure's panels are the compared metrics."""
-        return EvalSetup(
+        return EvalPlan(
             ModelSender(cfg.decoding(constraint=game.constraint)),
             lambda indices, episodes: [
                 {"target": game.target(records[i]), **game_record(e)}

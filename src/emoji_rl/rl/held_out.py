@@ -25,7 +25,7 @@ from emoji_rl.lm.distributed import gather
 @dataclass
 class HeldOut:
     records: list[Record]
-    game: GameSetup
+    setup: GameSetup
     sampler: Sampler
     """Greedy, on the policy being trained (an HFSampler over the same weights)."""
     rank: int
@@ -47,8 +47,8 @@ class HeldOut:
         indices = list(range(len(self.records)))
         indices += indices[-1:] * (-len(indices) % self.world)
         mine = indices[self.rank :: self.world]
-        episodes = asyncio.run(play([self.game.make_game(self.records[i]) for i in mine], self.sampler))
-        compared = self.game.held_out_metrics(self.records, mine, episodes)
+        episodes = asyncio.run(play([self.setup.make_game(self.records[i]) for i in mine], self.sampler))
+        compared = self.setup.held_out_metrics(self.records, mine, episodes)
         scored = [
             (i, {"reward": e.reward, "turns": float(len(e.turns)), **e.turns[-1].result.metrics, **more})
             for i, e, more in zip(mine, episodes, compared, strict=True)

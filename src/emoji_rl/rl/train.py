@@ -73,7 +73,7 @@ def train(
     cfg: TrainConfig,
     policy: PeftModel,
     tokenizer,
-    game: GameSetup,
+    setup: GameSetup,
     sampler: Sampler,
     weight_sync: AdapterSync | None = None,
 ) -> TrainState:
@@ -87,21 +87,21 @@ def train(
     gradients are all-reduced; the main process logs metrics and rollouts of all processes and writes the
     checkpoints and the adapter."""
     engine = Engine(sampler, weight_sync)
-    trainer, state, checkpoint = Trainer.start(cfg, policy, game.state, engine.on_server)
-    schedule = rollout_schedule(cfg, trainer, game, engine, state, checkpoint)
-    held_out = _held_out(cfg, policy, tokenizer, game, trainer.accelerator)
-    grammar = _grammar(cfg, policy, tokenizer, game)
+    trainer, state, checkpoint = Trainer.start(cfg, policy, setup.state, engine.on_server)
+    schedule = rollout_schedule(cfg, trainer, setup, engine, state, checkpoint)
+    held_out = _held_out(cfg, policy, tokenizer, setup, trainer.accelerator)
+    grammar = _grammar(cfg, policy, tokenizer, setup)
     try:
         schedule.start()
-        return _loop(cfg, trainer, game, grammar, tokenizer, schedule, state, held_out)
+        return _loop(cfg, trainer, setup, grammar, tokenizer, schedule, state, held_out)
     finally:
         schedule.close()
 
 
-def _grammar(cfg: TrainConfig, policy: PeftModel, tokenizer, game: GameSetup) -> EmojiConstraint | None:
+def _grammar(cfg: TrainConfig, policy: PeftModel, tokenizer, setup: GameSetup) -> EmojiConstraint | None:
     """The grammar the game's policy samples under (None: free text), as wide as the policy's LM head,
     for the update to replay its masks."""
-    if game.constraint != "grammar":
+    if setup.constraint != "grammar":
         return None
     from emoji_rl.emoji.constraint import compile_emoji_grammar
 
@@ -112,7 +112,7 @@ def _grammar(cfg: TrainConfig, policy: PeftModel, tokenizer, game: GameSetup) ->
 def _loop(
     cfg: TrainConfig,
     trainer: Trainer,
-    game: GameSetup,
+    setup: GameSetup,
     grammar: EmojiConstraint | None,
     tokenizer,
     schedule: RolloutSchedule,
@@ -143,7 +143,7 @@ def _loop(
             waited = time.perf_counter() - start
             state.epoch, state.cursor = taken.position
             everyone, slowest, players = _gather_rollouts(taken.groups, taken.services)
-            game.observe(everyone.played)
+            setup.observe(everyone.played)
             metrics = step_metrics(everyone, slowest)
             metrics["async/version_lag"] = float(step - taken.version)
             metrics["async/dropped_episodes"] = float(sum(gather(dropped)))
@@ -169,7 +169,7 @@ def _loop(
                 if cfg.log_completions:
                     rows = episode_table(episodes, cfg.num_completions_to_print)
                     writer.table(state.step, "episodes", EPISODE_COLUMNS, rows)
-            bar.set_postfix(reward=f"{metrics['reward/mean']:.3f}", **_headline(game, metrics))
+            bar.set_postfix(reward=f"{metrics['reward/mean']:.3f}", **_headline(setup, metrics))
             if state.nan_streak >= cfg.nan_patience:
                 raise UserError(
                     f"{state.nan_streak} steps in a row had a non-finite loss or gradient (nan_patience="
@@ -177,29 +177,31 @@ def _loop(
                     f"{run_dir / 'checkpoints'} is intact."
                 )
             if state.step % cfg.save_steps == 0 or state.step == cfg.max_steps:
-                trainer.save(run_dir, state, game.state, schedule.behaviour(state.step))
+                trainer.save(run_dir, state, setup.state, schedule.behaviour(state.step))
     trainer.finish(run_dir)
     return state
 
 
-def _held_out(cfg: TrainConfig, policy: PeftModel, tokenizer, game: GameSetup, accelerator) -> HeldOut | None:
+def _held_out(
+    cfg: TrainConfig, policy: PeftModel, tokenizer, setup: GameSetup, accelerator
+) -> HeldOut | None:
     """The held-out evaluation `eval_steps` and `eval_before_train` ask for (None: neither): greedy,
     in process on the weights being trained, whichever engine samples the rollouts, decoded in chunks
     of the rollouts' size."""
     if not (cfg.eval_steps or cfg.eval_before_train):
         return None
     assert cfg.eval_data is not None  # TrainConfig checks it
-    if game.read_records is None:
+    if setup.read_records is None:
         records = read_jsonl(cfg.eval_data, hint="the game's held-out records (eval_data)")
     else:
-        records = game.read_records(cfg.eval_data)
+        records = setup.read_records(cfg.eval_data)
     records = records[: cfg.eval_max_examples or None]
     decoding = cfg.decoding(
-        constraint=game.constraint, temperature=0.0, batch_size=cfg.batch_size * cfg.group_size
+        constraint=setup.constraint, temperature=0.0, batch_size=cfg.batch_size * cfg.group_size
     )
     sampler = HFSampler(policy, tokenizer, decoding)
     rank, world = accelerator.process_index, accelerator.num_processes
-    return HeldOut(records, game, sampler, rank, world, cfg.eval_steps, cfg.eval_before_train)
+    return HeldOut(records, setup, sampler, rank, world, cfg.eval_steps, cfg.eval_before_train)
 
 
 def _logged_at_start(run_dir: Path) -> bool:
@@ -224,11 +226,11 @@ def _gather_rollouts(
     return StepGroups(kept, played, seconds), slowest, ranks
 
 
-def _headline(game: GameSetup, metrics: dict[str, float]) -> dict[str, str]:
+def _headline(setup: GameSetup, metrics: dict[str, float]) -> dict[str, str]:
     """The game's headline metric beside the reward on the progress bar (`GameSetup.headline`)."""
-    if game.headline is None or game.headline[1] not in metrics:
+    if setup.headline is None or setup.headline[1] not in metrics:
         return {}
-    label, key = game.headline
+    label, key = setup.headline
     return {label: f"{metrics[key]:.3f}"}
 
 
@@ -261,16 +263,18 @@ def main(cfg: TrainConfig) -> None:
     )
     if cfg.gradient_checkpointing:
         checkpoint_layers(policy)
-    game = spec.setup(rules, cfg.game_context(tokenizer, runtime))
-    engine = build_engine(cfg, policy, tokenizer, game.constraint)
-    log.info("%s; %d prompts; B=%d G=%d", game.description, len(game.records), cfg.batch_size, cfg.group_size)
+    setup = spec.setup(rules, cfg.game_context(tokenizer, runtime))
+    engine = build_engine(cfg, policy, tokenizer, setup.constraint)
+    log.info(
+        "%s; %d prompts; B=%d G=%d", setup.description, len(setup.records), cfg.batch_size, cfg.group_size
+    )
     # Every process looks before the main one writes: a fresh run must not find its own config. Written
     # once the inputs are checked, so a stage that fails them leaves its directory as it found it.
     processes.wait_for_everyone()
     if processes.is_main_process:
         save_config(cfg, run_dir)
     with peers_named(run_dir, cfg.collective_timeout_s):
-        state = train(cfg, policy, tokenizer, game, engine.sampler, engine.sync)
+        state = train(cfg, policy, tokenizer, setup, engine.sampler, engine.sync)
     print(
         f"grpo: {state.step} steps; adapter in {run_dir / 'adapter'}, metrics in {run_dir / 'metrics.jsonl'}"
     )

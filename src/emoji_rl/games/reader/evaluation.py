@@ -27,7 +27,7 @@ from emoji_rl.decode.generate import SamplingConfig
 from emoji_rl.decode.senders import parse_systems
 from emoji_rl.errors import UserError
 from emoji_rl.game.compare import LEVEL, Metric
-from emoji_rl.game.evaluation import EvalConfig, EvalOptions, EvalSetup, Evaluation, ModelSender, Report
+from emoji_rl.game.evaluation import EvalConfig, EvalOptions, EvalPlan, Evaluation, ModelSender, Report
 from emoji_rl.game.intervals import bootstrap_mean
 from emoji_rl.game.similarity import ContrastConfig
 from emoji_rl.games.reader.game import SUCCESS_THRESHOLDS
@@ -81,7 +81,7 @@ def summarize(records: Sequence[Record], cfg: EvalConfig) -> Record:
 
 def plan(
     cfg: EvalConfig, game: GameSetup, records: Sequence[Record], tokenizer: PreTrainedTokenizerBase
-) -> EvalSetup:
+) -> EvalPlan:
     from emoji_rl.decode.generate import Decoding
     from emoji_rl.games.reader.game import ReaderBuilder
 
@@ -117,7 +117,7 @@ def plan(
         group="system",
         heading=f"reader ({cfg.reader_view} view), sender {sender}; {len(records)} held-out messages",
     )
-    return EvalSetup(
+    return EvalPlan(
         ModelSender(Decoding("none", cfg.temperature, cfg.max_new_tokens)),
         lambda indices, episodes: [
             game_record(e, records[i]["target"]) for e, i in zip(episodes, indices, strict=True)

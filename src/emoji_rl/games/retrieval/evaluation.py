@@ -50,7 +50,7 @@ from emoji_rl.game.compare import LEVEL, Metric
 from emoji_rl.game.evaluation import (
     EvalConfig,
     EvalOptions,
-    EvalSetup,
+    EvalPlan,
     Evaluation,
     ModelSender,
     Report,
@@ -197,7 +197,7 @@ COMPARED: dict[str, Metric] = {
 
 def plan(
     cfg: EvalConfig, game: GameSetup, records: Sequence[Record], tokenizer: PreTrainedTokenizerBase
-) -> EvalSetup:
+) -> EvalPlan:
     from emoji_rl.decode.senders import fixed_answers, teacher_emoji
     from emoji_rl.emoji.sender_prompts import sender_messages
     from emoji_rl.game.guessing import NAMES_CAVEAT
@@ -267,7 +267,7 @@ def plan(
         note=NAMES_CAVEAT if cfg.judge_reads_names else None,
     )
     score = partial(scored_records, builder.similarity, records, candidates)
-    return EvalSetup(sender, score, report, scripted, list(cfg.modes))
+    return EvalPlan(sender, score, report, scripted, list(cfg.modes))
 
 
 @dataclass

@@ -27,7 +27,7 @@ from emoji_rl.decode.senders import parse_systems
 from emoji_rl.game.evaluation import (
     EvalConfig,
     EvalOptions,
-    EvalSetup,
+    EvalPlan,
     Evaluation,
     ModelSender,
     Report,
@@ -126,7 +126,7 @@ def _span(interval: list[float] | None) -> str:
 
 def plan(
     cfg: EvalConfig, game: GameSetup, records: Sequence[Record], tokenizer: PreTrainedTokenizerBase
-) -> EvalSetup:
+) -> EvalPlan:
     from emoji_rl.decode.generate import Decoding
     from emoji_rl.games.wordle.game import WordleBuilder
 
@@ -140,7 +140,7 @@ def plan(
         group="system",
         cells=lambda row: {**row, **{f"{k} 95%": _span(row["ci95"][k]) for k in INTERVALS}},
     )
-    return EvalSetup(
+    return EvalPlan(
         ModelSender(Decoding("none", cfg.temperature, cfg.max_new_tokens)),
         lambda indices, episodes: [game_record(e) for e in episodes],
         report,

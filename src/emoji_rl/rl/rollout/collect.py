@@ -87,7 +87,7 @@ class StepGroups:
 
 async def collect(
     stream: PromptStream,
-    game: GameSetup,
+    setup: GameSetup,
     sampler: Sampler,
     batch_size: int,
     group_size: int,
@@ -106,13 +106,13 @@ async def collect(
         records = stream.take(batch_size - len(kept_at))
         if not records:
             continue
-        games = [game.make_game(record) for record in records for _ in range(group_size)]
+        games = [setup.make_game(record) for record in records for _ in range(group_size)]
         episodes = await play(games, sampler)
         for p, record in enumerate(records):
             group = EpisodeGroup(
                 str(record.get("id", p)),
                 tuple(episodes[p * group_size : (p + 1) * group_size]),
-                target=game.target(record),
+                target=setup.target(record),
             )
             if not grpo.zero_spread_groups(torch.tensor([group.rewards], dtype=torch.float)).item():
                 kept_at.append(len(played))

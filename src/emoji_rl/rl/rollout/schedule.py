@@ -289,7 +289,7 @@ class RolloutSchedule:
 def rollout_schedule(
     cfg: TrainConfig,
     trainer: Trainer,
-    game: GameSetup,
+    setup: GameSetup,
     engine: Engine,
     state: TrainState,
     checkpoint: Path | None,
@@ -303,12 +303,12 @@ def rollout_schedule(
     # that they never interleave with the update's.
     group = rollout_group(cfg.collective_timeout_s) if background else None
     stream = PromptStream(
-        game.records, cfg.seed, replace(state), rank, gather_counts=lambda n: gather(n, group)
+        setup.records, cfg.seed, replace(state), rank, gather_counts=lambda n: gather(n, group)
     )
     rounds = cfg.max_resample_rounds if cfg.dynamic_sampling else 0
     main = trainer.accelerator.is_main_process
     policy = engine.sync.endpoint if engine.sync is not None else None
-    watch = ServerWatch(watched(policy, game.servers) if main else {})
+    watch = ServerWatch(watched(policy, setup.servers) if main else {})
     if background:
         from emoji_rl.decode.vllm import request_seed
 
@@ -317,10 +317,10 @@ def rollout_schedule(
         # does not depend on what ran before it, so a resume redraws a lost step exactly.
         bound = sampler if name is None else sampler.at(version, name, request_seed(cfg.seed, rank, step))
         stream.state.step = step  # the stream's own copy of the state: the step it draws for
-        before = game.seconds()
-        games = collect(stream, game, bound, share, cfg.group_size, cfg.scale_rewards, rounds)
+        before = setup.seconds()
+        games = collect(stream, setup, bound, share, cfg.group_size, cfg.scale_rewards, rounds)
         played, servers = await watch.during(games)
-        services = {k: v - before.get(k, 0.0) for k, v in game.seconds().items()}
+        services = {k: v - before.get(k, 0.0) for k, v in setup.seconds().items()}
         return StepRollouts(
             step, version, played, services, (stream.state.epoch, stream.state.cursor), servers
         )
