@@ -52,7 +52,6 @@ from emoji_rl.io.jsonl import AppendLog, Record, write_json
 from emoji_rl.io.report import bar_figure, format_table
 from emoji_rl.lm import models, template
 from emoji_rl.lm.adapters import active_system, load_systems
-from emoji_rl.lm.models import Runtime
 
 
 @functools.cache
@@ -75,20 +74,6 @@ def config_for(argv: list[str]) -> type[EvalConfig]:
 
 def main(cfg: EvalConfig) -> None:
     evaluate(registry.load(cfg.game), cfg)
-
-
-def game_context(cfg: EvalConfig, tokenizer: Any, runtime: Runtime) -> GameContext:
-    """What the game may know of an evaluation: it plays the held-out `data`; no policy server."""
-    return GameContext(
-        tokenizer,
-        runtime,
-        seed=cfg.seed,
-        records=cfg.data,
-        model=cfg.model,
-        min_emoji=cfg.min_emoji,
-        max_emoji=cfg.max_emoji,
-        server_wait_s=cfg.server_wait_s,
-    )
 
 
 class ScriptedSender:
@@ -161,7 +146,8 @@ def evaluate(spec: GameSpec, cfg: EvalConfig) -> None:
     rules.wait_for_servers(cfg.server_wait_s)
     runtime = models.pick_runtime()
     tokenizer = models.load_tokenizer(cfg.model)
-    built = spec.setup(rules, game_context(cfg, tokenizer, runtime))
+    # The game plays the held-out `data`; no policy server: every model system samples in process.
+    built = spec.setup(rules, GameContext.of(cfg, tokenizer, runtime, cfg.data))
     records = built.records[: cfg.max_examples or None]
     ids = record_ids(records, cfg.data)
     plan = hooks.prepare(cfg, built, records, tokenizer)

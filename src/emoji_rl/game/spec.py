@@ -15,7 +15,7 @@ import dataclasses
 import inspect
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Generic, TypeVar
+from typing import TYPE_CHECKING, Generic, Protocol, TypeVar
 
 from emoji_rl.config import Checked
 from emoji_rl.errors import UserError
@@ -77,6 +77,38 @@ class GameContext:
     """How long a partner's server may take to answer at start (the run's `server_wait_s`)."""
     policy_server: PolicyServer | None = None
     """The server the policy samples on, if it samples on one (None: in process)."""
+
+    @classmethod
+    def of(
+        cls,
+        stage: RunSettings,
+        tokenizer: PreTrainedTokenizerBase,
+        runtime: Runtime,
+        records: str,
+        policy_server: PolicyServer | None = None,
+    ) -> GameContext:
+        """The context a stage gives the game: its settings (`RunSettings`), and where the records are."""
+        return cls(
+            tokenizer,
+            runtime,
+            seed=stage.seed,
+            records=records,
+            model=stage.model,
+            min_emoji=stage.min_emoji,
+            max_emoji=stage.max_emoji,
+            server_wait_s=stage.server_wait_s,
+            policy_server=policy_server,
+        )
+
+
+class RunSettings(Protocol):
+    """The settings of a stage that plays a game, that a game may know (grpo's and eval's Configs)."""
+
+    seed: int
+    model: str
+    min_emoji: int
+    max_emoji: int
+    server_wait_s: float
 
 
 C = TypeVar("C", bound=GameConfig)

@@ -269,17 +269,7 @@ class TrainConfig(SamplingConfig, ProcessConfig, ModelConfig, TrackerConfig, Ser
     def game_context(self, tokenizer: PreTrainedTokenizerBase, runtime: Runtime) -> GameContext:
         """What the game may know of this run: it plays `train_data`; the policy server, with engine vllm."""
         server = PolicyServer(self.vllm_url, self.vllm_served_name) if self.engine == "vllm" else None
-        return GameContext(
-            tokenizer,
-            runtime,
-            seed=self.seed,
-            records=self.train_data,
-            model=self.model,
-            min_emoji=self.min_emoji,
-            max_emoji=self.max_emoji,
-            server_wait_s=self.server_wait_s,
-            policy_server=server,
-        )
+        return GameContext.of(self, tokenizer, runtime, self.train_data, server)
 
     @property
     def clip_range(self) -> tuple[float, float]:

@@ -152,12 +152,6 @@ def plan(
 class Options(EvalOptions):
     """Evaluate Wordle players on held-out answers: base vs SFT vs RL."""
 
-    systems: list[str] = field(
-        default_factory=lambda: ["base"],
-        metadata={
-            "help": "systems to compare: `base`, or NAME=ADAPTER_DIR (e.g. sft=runs/wordle_sft/adapter)"
-        },
-    )
     data: str = override(
         EvalConfig,
         "data",
