@@ -1,7 +1,8 @@
 """Held-out evaluation inside GRPO (`eval_steps`, `eval_before_train`): the policy being trained plays
 its game greedily on held-out records, in process, every process its share, and the step's line of
 metrics.jsonl gets the mean over the records of the game's own final metrics as `eval/...`
-(`eval/reward`, `eval/turns`, each key the game's last turn reports) and of what its eval stage
+(`eval/reward`, or each seat's `eval/SEAT/reward` where the policy plays several, `eval/turns`, each
+key the game's last turn reports, over the records that report it) and of what its eval stage
 compares beyond them (`GameSetup.held_out_metrics`: a rank among distractors, a win rate). The eval
 stages (game/evaluate.py) add what needs more than the training game: baselines, other systems,
 intervals.
@@ -18,7 +19,7 @@ from dataclasses import dataclass
 
 from emoji_rl.decode.sampler import Sampler
 from emoji_rl.game.play import play
-from emoji_rl.game.types import GameSetup, Record
+from emoji_rl.game.types import Episode, GameSetup, Record
 from emoji_rl.lm.distributed import gather
 
 
@@ -50,7 +51,7 @@ class HeldOut:
         episodes = asyncio.run(play([self.setup.make_game(self.records[i]) for i in mine], self.sampler))
         compared = self.setup.held_out_metrics(self.records, mine, episodes)
         scored = [
-            (i, {"reward": e.reward, "turns": float(len(e.turns)), **e.turns[-1].result.metrics, **more})
+            (i, {**self._rewards(e), "turns": float(len(e.turns)), **e.turns[-1].result.metrics, **more})
             for i, e, more in zip(mine, episodes, compared, strict=True)
         ]
         once = dict(pair for part in gather(scored) for pair in part)
@@ -60,3 +61,9 @@ class HeldOut:
                 values[key].append(float(value))
         means = {f"eval/{key}": sum(v) / len(v) for key, v in sorted(values.items())}
         return {**means, "time/eval_s": time.perf_counter() - start}
+
+    def _rewards(self, episode: Episode) -> dict[str, float]:
+        """`reward`, or where the policy plays several seats each one's, as `SEAT/reward`."""
+        if not self.setup.seated:
+            return {"reward": episode.reward}
+        return {f"{seat}/reward": reward for seat, reward in episode.rewards.items()}
