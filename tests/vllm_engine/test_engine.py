@@ -20,7 +20,7 @@ from emoji_rl.emoji.constraint import compile_emoji_grammar, replay_masks, safe_
 from emoji_rl.emoji.sender_prompts import sender_messages
 from emoji_rl.errors import UserError
 from emoji_rl.game.guessing import JudgeInput
-from emoji_rl.games.retrieval.judge import HFJudge, OpenAIJudge
+from emoji_rl.game.judge import HFJudge, OpenAIJudge
 from emoji_rl.io.endpoint import Endpoint
 from emoji_rl.lm import template
 from emoji_rl.rl import grpo

@@ -88,9 +88,9 @@ def bench_rollout_throughput(
     (`emoji_rl.decode.generate.decode`: 3.8x), and turn 2 goes on from each row's KV cache of turn 1
     instead of reading the episode again: 4.19-4.62x in four runs on a quiet machine, once both
     paths are warmed up."""
+    from emoji_rl.game.judge import LexiconJudge
     from emoji_rl.game.similarity import load_similarity
     from emoji_rl.games.retrieval.game import RetrievalBuilder, RetrievalRules
-    from emoji_rl.games.retrieval.judge import LexiconJudge
 
     tokenizer = models.load_tokenizer(models.SMOLLM2)
     policy = fresh_policy()

@@ -37,15 +37,15 @@ from emoji_rl.decode.generate import SamplingConfig
 from emoji_rl.emoji.alphabet import SEPARATOR, parse_message
 from emoji_rl.errors import UserError
 from emoji_rl.game.guessing import JudgeInput
+from emoji_rl.game.judge_config import JudgeConfig
 from emoji_rl.game.similarity import SimilarityConfig
-from emoji_rl.games.retrieval.judge_config import JudgeConfig
 from emoji_rl.io.jsonl import Record, read_jsonl, write_json, write_jsonl
 from emoji_rl.lm import models
 
 if TYPE_CHECKING:
     from emoji_rl.decode.generate import Reply
+    from emoji_rl.game.judge import Judge
     from emoji_rl.game.similarity import Similarity
-    from emoji_rl.games.retrieval.judge import Judge
 
 log = logging.getLogger(__name__)
 

@@ -29,8 +29,8 @@ from emoji_rl.decode.generate import MAX_NEW_TOKENS, Constraint, Decoding, gener
 from emoji_rl.emoji.stats import compliant_emoji, reply_stats
 from emoji_rl.errors import UserError
 from emoji_rl.game.guessing import NAMES_CAVEAT, JudgeInput
-from emoji_rl.games.retrieval.judge import Judge, JudgeKind
-from emoji_rl.games.retrieval.judge_config import JudgeConfig
+from emoji_rl.game.judge import Judge, JudgeKind
+from emoji_rl.game.judge_config import JudgeConfig
 from emoji_rl.io.jsonl import write_json
 from emoji_rl.io.report import bar_figure, format_table
 from emoji_rl.lm import models

@@ -338,7 +338,7 @@ def test_the_judge_reads_the_same_emoji_the_same_way_at_temperature_0(smollm2_mo
     import asyncio
 
     from emoji_rl.game.guessing import JudgeInput
-    from emoji_rl.games.retrieval.judge import HFJudge
+    from emoji_rl.game.judge import HFJudge
 
     judge = HFJudge(smollm2_model, smollm2_tokenizer, "gloss", "smollm2", temperature=0.0, max_new_tokens=12)
     pizza, train = JudgeInput((("🍕", "🌙"),)), JudgeInput((("🚆", "⏰", "😤"),))

@@ -7,11 +7,11 @@ from tests.floats import F64
 from tests.games.scripted import ScriptedSampler
 
 from emoji_rl.emoji.sender_prompts import sender_messages
+from emoji_rl.game.judge import LexiconJudge
 from emoji_rl.game.play import play
+from emoji_rl.game.reward import RewardWeights, terminal_reward
 from emoji_rl.game.similarity import Background, Similarity
 from emoji_rl.games.retrieval.game import RetrievalBuilder, RetrievalRules
-from emoji_rl.games.retrieval.judge import LexiconJudge
-from emoji_rl.games.retrieval.reward import RewardWeights, terminal_reward
 from emoji_rl.lm import models, template
 
 

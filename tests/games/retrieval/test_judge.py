@@ -27,9 +27,9 @@ from emoji_rl.game.guessing import (
     plain_name,
     render_turn,
 )
+from emoji_rl.game.judge import HFJudge, LexiconJudge
+from emoji_rl.game.judge_config import JudgeConfig, JudgeFields, make_judge
 from emoji_rl.game.similarity import Similarity
-from emoji_rl.games.retrieval.judge import HFJudge, LexiconJudge
-from emoji_rl.games.retrieval.judge_config import JudgeConfig, JudgeFields, make_judge
 
 
 @pytest.mark.parametrize(

@@ -12,7 +12,7 @@ from tests.fakes.vllm_server import FakeVLLMServer, default_chat_reply
 
 from emoji_rl.errors import UserError
 from emoji_rl.game.guessing import JudgeInput, clean_guess, judge_messages
-from emoji_rl.games.retrieval.judge import OpenAIJudge
+from emoji_rl.game.judge import OpenAIJudge
 from emoji_rl.io.endpoint import Endpoint
 
 KEY_ENV = "EMOJI_RL_TEST_JUDGE_KEY"

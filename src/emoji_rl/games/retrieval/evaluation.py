@@ -57,8 +57,8 @@ from emoji_rl.game.evaluation import (
     Scripted,
 )
 from emoji_rl.game.intervals import bootstrap_mean
+from emoji_rl.game.judge_config import JudgeFields
 from emoji_rl.games.retrieval.game import SUCCESS_THRESHOLDS
-from emoji_rl.games.retrieval.judge_config import JudgeFields
 from emoji_rl.io.jsonl import Record
 
 if TYPE_CHECKING:

@@ -17,11 +17,11 @@ from emoji_rl.emoji.sender_prompts import correction_message, sender_messages
 from emoji_rl.game.batching import MicroBatcher
 from emoji_rl.game.chat import ChatGame
 from emoji_rl.game.guessing import Guess, JudgeInput
+from emoji_rl.game.judge import Judge
+from emoji_rl.game.reward import RewardWeights, terminal_reward
 from emoji_rl.game.similarity import Background, GuessScorer, Similarity
 from emoji_rl.game.spec import GameConfig
 from emoji_rl.game.types import StepResult
-from emoji_rl.games.retrieval.judge import Judge
-from emoji_rl.games.retrieval.reward import RewardWeights, terminal_reward
 
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase

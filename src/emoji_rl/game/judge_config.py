@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 from emoji_rl.config import Checked
 from emoji_rl.errors import UserError
 from emoji_rl.game.guessing import JudgeView
-from emoji_rl.games.retrieval.judge import (
+from emoji_rl.game.judge import (
     BATCH_SIZE,
     TEMPERATURE,
     HFJudge,
