@@ -15,8 +15,9 @@ from emoji_rl.io.jsonl import AppendLog, read_jsonl
 from emoji_rl.rl import grpo
 from emoji_rl.rl.batch import collate_groups
 from emoji_rl.rl.checkpoint import TrainState
+from emoji_rl.rl.debug_rollout import format_episode
 from emoji_rl.rl.rollout.collect import Baselines, PromptStream, collect
-from emoji_rl.rl.rollout.metrics import log_rollouts, rollout_metrics
+from emoji_rl.rl.rollout.metrics import episode_table, log_rollouts, rollout_metrics
 
 
 class SendThenRead(Game):
@@ -102,6 +103,8 @@ def test_each_seat_has_its_groups_advantages_and_metrics(tmp_path):
     ]
     assert [len(r["turns"]) for r in logged] == [1] * 8  # each record holds its seat's turns
     assert "emoji" in logged[0]["turns"][0] and "emoji" not in logged[2]["turns"][0]
+    assert [row[2] for row in episode_table(logged, 3)] == ["0 (sender)", "1 (sender)", "0 (reader)"]
+    assert format_episode(logged[2]).startswith(f"prompt {first} rollout 0 (reader): reward +10.000")
 
     rows = collate_groups(played.kept, 0, None, seats=setup.seats)
     assert rows.input_ids_D_T.tolist() == [[1, 2, 1], [1, 2, 3], [3, 1, 0], [3, 2, 0], [3, 3, 0], [3, 5, 0]]

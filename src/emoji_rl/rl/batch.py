@@ -99,7 +99,7 @@ def collate(
     (`make bench-scale`). Each policy token's lag is `step` (the version of the weights it trains)
     minus the version that sampled its turn. `constrained`: per row, whether it was sampled under
     `constraint` (rows of free text beside it); None: every row is, if there is one."""
-    # Rows of both kinds: a row's kind goes with the batch; one kind alone takes that kind's path.
+    # Rows of the two kinds side by side; rows of one kind alone take that kind's own path.
     mixed = constraint is not None and constrained is not None and any(constrained) and not all(constrained)
     sequences = [episode.token_ids() for episode in episodes]
     width = max(map(len, sequences))
@@ -213,7 +213,7 @@ def _mixed_logprobs(
     targets_N: torch.Tensor,
     temperature: float,
 ) -> torch.Tensor:
-    """[N] log-probs at the kept positions of a batch whose rows are of both kinds: a grammar row's
+    """[N] log-probs at the kept positions of a batch with rows of each kind: a grammar row's
     under its replayed masks over the support, a free row's over the tokenizer's ids (`token_logprobs`'
     two paths, from one forward pass)."""
     assert batch.support is not None and batch.constrained_D is not None

@@ -19,7 +19,7 @@ ROLLOUTS_FILE = "rollouts.jsonl"
 
 
 def seat_metric(name: str, seat: str | None) -> str:
-    """`name` of one seat's rows, where the policy plays several (`reward/mean` -> `reward/sender/mean`);
+    """`name` of one seat's rows, where the policy plays several (`reward/mean` -> `reward/SEAT/mean`);
     `seat` None: `name` itself, as a game of one seat logs it."""
     if seat is None:
         return name
@@ -116,7 +116,8 @@ EPISODE_COLUMNS = ["step", "target", "rollout", "turns", "reward", "advantage", 
 def episode_table(records: Sequence[dict], limit: int | None) -> list[list]:
     """The first `limit` (None: all) of a step's rollout records as rows of EPISODE_COLUMNS, for a
     person to read in a tracker: each turn on a line of its game's own log (`key: value`), the version
-    that sampled the episode's last turn (blank in process)."""
+    that sampled the episode's last turn (blank in process); a record of one seat of several says
+    which beside its rollout (`3 (SEAT)`)."""
 
     def turn_line(number: int, turn: dict) -> str:
         fields = (f"{k}: {_short(v)}" for k, v in turn.items() if k != "sampler_version")
@@ -126,7 +127,7 @@ def episode_table(records: Sequence[dict], limit: int | None) -> list[list]:
         [
             r["step"],
             r["target"],
-            r["rollout"],
+            f"{r['rollout']} ({r['seat']})" if "seat" in r else r["rollout"],
             "\n".join(turn_line(i, t) for i, t in enumerate(r["turns"], 1)),
             r["reward"],
             r["advantage"],
