@@ -2,11 +2,14 @@ import logging
 import os
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 import yaml
 
 from emoji_rl import cli
+
+ROOT = Path(__file__).resolve().parents[1]
 
 
 def test_help_lists_every_stage(capsys):
@@ -128,6 +131,7 @@ def test_an_unreachable_judge_server_is_named_before_any_model_loads(capsys, mon
     for loader in ("load_causal_lm", "load_tokenizer", "load_embedder"):
         monkeypatch.setattr(models, loader, must_not_load)
     args = [stage, "--judge", "openai", "--judge_url", "http://127.0.0.1:9", "--server_wait_s", "0.5"]
+    args += ["--data", "data/samples/rl_eval.jsonl"] if stage == "eval-retrieval" else []
     assert cli.main(args) == 2
     err = capsys.readouterr().err
     assert "http://127.0.0.1:9" in err and "judge server" in err and "Traceback" not in err
@@ -159,3 +163,38 @@ def test_the_console_shows_no_line_per_http_request(capfd):
         root.setLevel(level)
         for name in cli.HTTP_CLIENT_LOGGERS:
             logging.getLogger(name).setLevel(logging.NOTSET)
+
+
+@pytest.mark.parametrize(
+    ("stage", "args", "key"),
+    [
+        ("sft", ["--config", "configs/gpu/sft.yaml"], "train_data"),
+        ("grpo", ["--config", "configs/gpu/grpo.yaml", "--init_adapter", "none"], "train_data"),
+        ("grpo", ["--config", "configs/gpu/grpo.yaml", "--train_data", "data/samples/rl_eval.jsonl"], "init_adapter"),
+        ("eval-sft", ["--config", "configs/gpu/eval_sft.yaml"], "adapter"),
+    ],
+)
+def test_a_missing_input_stops_the_stage_at_once_naming_its_key(tmp_path, capsys, monkeypatch, stage, args, key):
+    # docs/gpu/README.md's steps on a fresh box: a stage run before the one that writes its input stops
+    # in its first second, not after the model has loaded.
+    import importlib
+    import time
+
+    from emoji_rl.lm import models
+
+    def must_not_load(*args, **kwargs):
+        raise AssertionError("a model loaded before the stage's inputs were checked")
+
+    for loader in ("load_causal_lm", "load_base_model", "load_tokenizer", "load_embedder"):
+        monkeypatch.setattr(models, loader, must_not_load)
+    monkeypatch.chdir(ROOT)
+    importlib.import_module(cli.STAGES[stage][0])  # the stage's imports are not what is timed
+    start = time.monotonic()
+    assert cli.main([stage, *args, "--output_dir", str(tmp_path / "run")]) == 2
+    assert time.monotonic() - start < 1.0
+    err = capsys.readouterr().err
+    value = yaml.safe_load((ROOT / args[1]).read_text()).get(key) or cli.config_class(
+        importlib.import_module(cli.STAGES[stage][0]), args
+    ).__dataclass_fields__[key].default
+    assert f"no such file or directory: {key}={value} (" in err and "Traceback" not in err, err
+    assert not (tmp_path / "run").exists()

@@ -7,6 +7,7 @@ their stage runs, so `emoji-rl --help` answers without loading torch.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import errno
 import importlib
 import logging
@@ -154,6 +155,31 @@ def check_writable(cfg: object) -> None:
             )
 
 
+INPUT = "input"
+"""The metadata key of a config field that names a file or directory the stage reads (`"input": True`):
+checked before the stage starts, and so before any model loads."""
+
+
+def missing_inputs(cfg: object) -> list[str]:
+    """`key=value (what it is)` for each input of `cfg` (fields marked INPUT) that does not exist."""
+    missing = []
+    for field in dataclasses.fields(cfg):  # type: ignore[arg-type]
+        value = getattr(cfg, field.name)
+        if field.metadata.get(INPUT) and isinstance(value, str) and value and not Path(value).exists():
+            missing.append(f"{field.name}={value} ({field.metadata.get('help', 'an input')})")
+    return missing
+
+
+def check_inputs(cfg: object) -> None:
+    """Every file and directory `cfg` reads exists: a stage that would load a model for minutes and
+    then stop on a missing --train_data stops here instead, naming the key."""
+    if missing := missing_inputs(cfg):
+        raise UserError(
+            f"no such file or directory: {'; '.join(missing)}. The stage that writes it runs first: "
+            "`make experiment` runs every stage in order from nothing (docs/gpu/README.md, Step by step)"
+        )
+
+
 @contextlib.contextmanager
 def one_run_per_directory(cfg: object, environ: Mapping[str, str]) -> Iterator[None]:
     """Each output directory of `cfg` locked for this run (io/run_lock.py), so that two runs on one
@@ -182,6 +208,7 @@ def main(argv: list[str] | None = None) -> int:
         module = importlib.import_module(STAGES[stage][0])
         cfg = parse_config(config_class(module, rest), rest, prog=f"emoji-rl {stage}")
         check_writable(cfg)
+        check_inputs(cfg)
         with one_run_per_directory(cfg, os.environ):
             if hasattr(cfg, "wait_for_judge"):  # the stages that ask a judge (`JudgeConfig`)
                 cfg.wait_for_judge()
