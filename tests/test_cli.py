@@ -170,11 +170,17 @@ def test_the_console_shows_no_line_per_http_request(capfd):
     [
         ("sft", ["--config", "configs/gpu/sft.yaml"], "train_data"),
         ("grpo", ["--config", "configs/gpu/grpo.yaml", "--init_adapter", "none"], "train_data"),
-        ("grpo", ["--config", "configs/gpu/grpo.yaml", "--train_data", "data/samples/rl_eval.jsonl"], "init_adapter"),
+        (
+            "grpo",
+            ["--config", "configs/gpu/grpo.yaml", "--train_data", "data/samples/rl_eval.jsonl"],
+            "init_adapter",
+        ),
         ("eval-sft", ["--config", "configs/gpu/eval_sft.yaml"], "adapter"),
     ],
 )
-def test_a_missing_input_stops_the_stage_at_once_naming_its_key(tmp_path, capsys, monkeypatch, stage, args, key):
+def test_a_missing_input_stops_the_stage_at_once_naming_its_key(
+    tmp_path, capsys, monkeypatch, stage, args, key
+):
     # docs/gpu/README.md's steps on a fresh box: a stage run before the one that writes its input stops
     # in its first second, not after the model has loaded.
     import importlib
@@ -193,8 +199,11 @@ def test_a_missing_input_stops_the_stage_at_once_naming_its_key(tmp_path, capsys
     assert cli.main([stage, *args, "--output_dir", str(tmp_path / "run")]) == 2
     assert time.monotonic() - start < 1.0
     err = capsys.readouterr().err
-    value = yaml.safe_load((ROOT / args[1]).read_text()).get(key) or cli.config_class(
-        importlib.import_module(cli.STAGES[stage][0]), args
-    ).__dataclass_fields__[key].default
+    value = (
+        yaml.safe_load((ROOT / args[1]).read_text()).get(key)
+        or cli.config_class(importlib.import_module(cli.STAGES[stage][0]), args)
+        .__dataclass_fields__[key]
+        .default
+    )
     assert f"no such file or directory: {key}={value} (" in err and "Traceback" not in err, err
     assert not (tmp_path / "run").exists()

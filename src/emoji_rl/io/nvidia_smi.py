@@ -90,7 +90,9 @@ def refusal(who: str, busy: Sequence[tuple[Gpu, list[App]]], free: Sequence[str]
         + (f" ({', '.join(map(holder, apps))})" if apps else " (by processes nvidia-smi does not show)")
         for gpu, apps in busy
     )
-    way_out = f"set TRAIN_GPUS to GPUs free now ({','.join(free)})" if free else "no GPU of this box is free now"
+    way_out = (
+        f"set TRAIN_GPUS to GPUs free now ({','.join(free)})" if free else "no GPU of this box is free now"
+    )
     return (
         f"{who}: GPU {','.join(gpu.index for gpu, _ in busy)} already in use, where the trainer would run out "
         f"of memory: {each}. Stop those processes (servers started by make serve-judge or make "
