@@ -147,3 +147,27 @@ def test_gpu_smoke_fails_a_server_it_did_not_start(tmp_path):
     summary = (tmp_path / "smoke" / "summary.txt").read_text()
     assert "judge-server   FAIL" in summary and "grpo           SKIP" in summary, summary
     assert f"a server already answers at http://127.0.0.1:{server.server_address[1]}" in result.stderr
+
+
+def test_setup_gpu_compiles_for_this_boxs_gpus_with_ninja_on_the_path(tmp_path):
+    # Point 3: flash-attn compiles for 80;90;100;120 unless told, and one file at a time without ninja
+    # on the PATH (torch looks for it there only).
+    fake = tmp_path / "nvidia-smi"
+    fake.write_text('#!/bin/sh\n[ "$1" = --query-gpu=compute_cap ] && printf "9.0\\n9.0\\n"\n')
+    fake.chmod(0o755)
+    path = f"{tmp_path}{os.pathsep}{os.environ['PATH']}"
+    venv = {"PYTHON": ".venv/bin/python", "CUDA_HOME": "/usr/local/cuda"}
+    result = run("setup_gpu.sh", "--dry-run", PATH=path, MAX_JOBS="6", **venv)
+    assert result.returncode == 0, result.stderr
+    ninja, build = (shlex.split(line) for line in result.stdout.splitlines())
+    assert ninja[1:] == ["-m", "pip", "install", "--quiet", "ninja"]
+    env, cmd = split_env(build)
+    assert env["PATH"].split(os.pathsep)[0] == str(ROOT / ".venv" / "bin")
+    assert (env["FLASH_ATTN_CUDA_ARCHS"], env["TORCH_CUDA_ARCH_LIST"], env["MAX_JOBS"]) == ("90", "9.0", "6")
+    assert cmd[1:] == ["-m", "pip", "install", "--no-build-isolation", "-e", ".[gpu]"]
+    mixed = run("setup_gpu.sh", "--dry-run", CUDA_ARCHS="8.0 8.6,9.0", **venv)
+    env = split_env(shlex.split(mixed.stdout.splitlines()[1]))[0]
+    assert (env["FLASH_ATTN_CUDA_ARCHS"], env["TORCH_CUDA_ARCH_LIST"]) == ("80;90", "8.0;8.6;9.0")
+    assert int(env["MAX_JOBS"]) >= 1
+    old = run("setup_gpu.sh", "--dry-run", CUDA_ARCHS="7.5", **venv)
+    assert old.returncode == 2 and "flash-attn 2 runs on 8.0 (Ampere) and newer" in old.stderr
