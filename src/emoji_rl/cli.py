@@ -17,7 +17,7 @@ from collections.abc import Iterator, Mapping
 from pathlib import Path
 
 from emoji_rl.config import parse_config
-from emoji_rl.errors import UserError, stop_signal
+from emoji_rl.errors import LostPeers, UserError, stop_signal
 from emoji_rl.io.run_lock import run_lock
 
 # stage -> (module, one-line description). Order is the pipeline's order.
@@ -193,6 +193,16 @@ def one_run_per_directory(cfg: object, environ: Mapping[str, str]) -> Iterator[N
         yield
 
 
+def leave(status: int) -> None:
+    """End the process now, its output flushed: what it had to save is saved (the trackers and the
+    run lock were closed as the error left the stage), and NCCL's threads, waiting out a dead peer,
+    would hold up an interpreter's exit for minutes."""
+    logging.shutdown()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(status)
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if not argv or argv[0] in {"-h", "--help"}:
@@ -215,6 +225,8 @@ def main(argv: list[str] | None = None) -> int:
             status = module.main(cfg)  # None, or an exit status (selftest: 1 when a check failed)
     except UserError as err:
         print(f"emoji-rl {stage}: error: {err}", file=sys.stderr)
+        if isinstance(err, LostPeers):
+            leave(2)
         return 2
     except OSError as err:
         if err.errno not in _OUTPUT_ERRNOS:
