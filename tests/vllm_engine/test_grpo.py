@@ -1,10 +1,10 @@
 """GRPO with `--engine vllm` and `--judge openai` against the real engine: steps, a resume, and a
 rerun into the same run directory, each sampled by the adapter the trainer just published and never
 served from a prefix cached under an earlier session's adapter (docs/VLLM.md §4); multi-turn steps
-that log the server's prefix-cache hits over each; with the rollouts one version behind
-or two behind (`--max_off_policy_steps 1` and 2, three versions then loaded at once), a resume with
-steps in flight to the uninterrupted run's end; and a
-verifiable reward learned through the engine, in lockstep and one version behind."""
+that log the server's prefix-cache hits over each; with the rollouts two versions behind
+(`--max_off_policy_steps 2`, three versions loaded at once), a resume with steps in flight to the
+uninterrupted run's end; and a verifiable reward learned through the engine, in lockstep and one
+version behind."""
 
 from __future__ import annotations
 
@@ -143,15 +143,16 @@ def exact(metrics: dict[str, float]) -> dict[str, float]:
     return {k: v for k, v in metrics.items() if not k.startswith(FROM_LOGPROBS)}
 
 
-@pytest.mark.parametrize("k", [1, 2])
-def test_versions_behind_resume_with_steps_in_flight_to_the_uninterrupted_end(
-    engine, engine_key, tmp_path, monkeypatch, capsys, k
+def test_two_versions_behind_resume_with_steps_in_flight_to_the_uninterrupted_end(
+    engine, engine_key, tmp_path, monkeypatch, capsys
 ):
-    """`--max_off_policy_steps K` on the real engine, K + 2 steps: step t is sampled by version
-    max(0, t - 1 - K) while the trainer updates; with K = 2 three versions are loaded on the server at
-    once (the one sampling and the two published since). A run killed as it writes step 2's checkpoint
-    (the next K steps' rollouts in flight) resumes, under a session of its own, to what the
-    uninterrupted run logged."""
+    """`--max_off_policy_steps 2` on the real engine, in the fewest steps that show it, 4: step t is
+    sampled by version max(0, t - 3) while the trainer updates (lags 0, 1, 2, 2), three versions loaded
+    on the server at once (the one sampling and the two published since). A run killed as it writes
+    step 2's checkpoint (steps 3 and 4's rollouts in flight) resumes, under a session of its own, to
+    what the uninterrupted run logged. One version behind is the same path, which the favorite-emoji
+    test below learns through and tests/rl/test_async_grpo.py kills and resumes on the fake server."""
+    k = 2
     # The learning rate the other tests use (5e-3) takes this run to a KL of 8e3 from the reference by
     # step 2, where exp() in the k3 estimator grows the server's 1e-6 rounding into 3e-4 to 7e-4 at
     # step 3, past the tolerance. At 5e-4 the runs stay 1e-5 apart (still off-policy: step 3's
