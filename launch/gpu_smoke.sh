@@ -76,7 +76,7 @@ eval_args=(
   --systems base "rl=$SMOKE_DIR/grpo/adapter" --data "$SAMPLES" --max_examples "$SMOKE_EXAMPLES"
   --output_dir "$SMOKE_DIR/eval" "${judge_flags[@]}"
 )
-wait_cmd() { print_cmd "$PYTHON" -m emoji_rl.io.endpoint "$1" --timeout "$POLL_S"; }
+wait_cmd() { print_cmd "$PYTHON" -m emoji_rl.io.endpoint "$1" --once; }
 # What the rollouts' per-request seed and padding bias cost the policy server: GPU figures, which no
 # CPU can give (make bench has the CPU engine's).
 sampling_cmd=()
@@ -98,7 +98,7 @@ if [[ "$DRY_RUN" == 1 ]]; then
     echo "# stage policy-server: in the background, log in $SMOKE_DIR/policy-server.log"
     launch/serve_policy.sh --dry-run
   fi
-  echo "# each server stage then repeats this while its server lives, up to WAIT_S=$WAIT_S s:"
+  echo "# each server stage then repeats this every POLL_S=$POLL_S s while its server lives, up to WAIT_S=$WAIT_S s:"
   wait_cmd "$judge_url"
   ! has_server POLICY || wait_cmd "$policy_url"
   echo "# stage grpo: log in $SMOKE_DIR/grpo.log"
@@ -157,9 +157,10 @@ wait_ready() {  # NAME URL PID
       echo "server exited before answering $2/health" >> "$SMOKE_DIR/$1.log"
       result[$1]=FAIL; took[$1]=$((SECONDS - start)); return
     fi
-    if "$PYTHON" -m emoji_rl.io.endpoint "$2" --timeout "$POLL_S" >> "$SMOKE_DIR/$1.log" 2>&1; then
+    if "$PYTHON" -m emoji_rl.io.endpoint "$2" --once > /dev/null 2>&1; then
       result[$1]=PASS; took[$1]=$((SECONDS - start)); return
     fi
+    sleep "$POLL_S"
   done
   echo "no answer at $2/health within WAIT_S=$WAIT_S s" >> "$SMOKE_DIR/$1.log"
   result[$1]=FAIL; took[$1]=$((SECONDS - start))

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Run a command with the vLLM servers it needs up, then stop the servers this script started: a
 # pipeline stage (configs/gpu/experiment.yaml) holds the GPUs only while it runs, and SFT, which takes
-# every GPU, runs between stages with none. SERVERS is `judge` or `judge,policy`; the policy server
+# every GPU, runs between stages with none. SERVERS is `judge` (a stage that asks the judge) or
+# `judge,policy` (GRPO, which also rolls out on the policy server); the policy server
 # starts only where the layout has one (POLICY_GPUS; on 2 GPUs GRPO rolls out in the trainer). A
 # server that already answers /health is used as it is and left running, so servers started by hand
 # (make serve-judge) serve every stage without reloading. The command is told where each server

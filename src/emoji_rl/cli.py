@@ -156,17 +156,24 @@ def check_writable(cfg: object) -> None:
 
 
 INPUT = "input"
-"""The metadata key of a config field that names a file or directory the stage reads (`"input": True`):
-checked before the stage starts, and so before any model loads."""
+"""The metadata key of a config field that names a file or directory the stage reads (`"input": True`),
+or a list of them as NAME=PATH entries (an evaluation's systems): checked before the stage starts, and
+so before any model loads."""
 
 
-def missing_inputs(cfg: object) -> list[str]:
-    """`key=value (what it is)` for each input of `cfg` (fields marked INPUT) that does not exist."""
+def missing_inputs(cfg: object, root: Path = Path()) -> list[str]:
+    """`key=value (what it is)` for each input of `cfg` (fields marked INPUT) that does not exist,
+    relative paths taken from `root`."""
     missing = []
     for field in dataclasses.fields(cfg):  # type: ignore[arg-type]
         value = getattr(cfg, field.name)
-        if field.metadata.get(INPUT) and isinstance(value, str) and value and not Path(value).exists():
-            missing.append(f"{field.name}={value} ({field.metadata.get('help', 'an input')})")
+        if not field.metadata.get(INPUT):
+            continue
+        paths = [value] if isinstance(value, str) else [v.split("=", 1)[1] for v in value or () if "=" in v]
+        for path in paths:
+            if path and not (root / path).exists():
+                shown = value if isinstance(value, str) else next(v for v in value if v.endswith(f"={path}"))
+                missing.append(f"{field.name}={shown} ({field.metadata.get('help', 'an input')})")
     return missing
 
 

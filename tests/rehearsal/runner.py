@@ -127,6 +127,7 @@ class Rehearsal:
 
     def __exit__(self, *exc: object) -> None:
         self.stop_background()
+        standins.stop_servers()
         for box in self.boxes:
             box.stop()
 

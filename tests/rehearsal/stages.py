@@ -2,8 +2,8 @@
 for a stage started alone). What it checks is what the real stage needs before it could do its work:
 
 - its config parses with the stage's own parser (an unknown flag fails as it would);
-- every file and directory the config marks as an input exists (the `input` fields of cli.py, and the
-  NAME=PATH systems of an evaluation);
+- every file and directory the config marks as an input exists (cli.py's `missing_inputs`: the
+  stage's own check, which the stand-in replaces with the stage);
 - the checks the real stage makes before any model loads: the step's prompts divide among the
   processes, a run directory holding a run needs --resume;
 - each server it is told about answers at that URL and serves the name it will ask for (an openai
@@ -17,7 +17,6 @@ Then the global main process writes what the next stage reads (an adapter, the d
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import importlib
 import io
 import json
@@ -78,18 +77,6 @@ def parse(stage: str, args: list[str], cwd: Path) -> object:
             raise UserError(err.getvalue().strip()) from None
 
 
-def missing_inputs(cfg: object, cwd: Path) -> list[str]:
-    missing = []
-    for field in dataclasses.fields(cfg):
-        value = getattr(cfg, field.name)
-        if field.metadata.get(cli.INPUT) and isinstance(value, str) and value and not (cwd / value).exists():
-            missing.append(f"{field.name}={value}")
-    for system in getattr(cfg, "systems", None) or []:  # NAME=PATH: an adapter, or a teacher's records
-        if "=" in system and not (cwd / system.split("=", 1)[1]).exists():
-            missing.append(f"systems: {system}")
-    return missing
-
-
 def servers(cfg: object) -> list[tuple[str, str, str, str | None]]:
     """(role, URL, served name, the env var of its key) of each server `cfg` asks."""
     wanted = []
@@ -119,7 +106,7 @@ def run(
     gpus = [r.gpu for r in ranks if r.gpu is not None and mib]
     box.record(kind="stage", stage=stage, args=args, ranks=[r.rank for r in ranks], world=world, gpus=gpus,
                env={k: env[k] for k in ("CUDA_VISIBLE_DEVICES", "MAX_OFF_POLICY_STEPS") if k in env})  # fmt: skip
-    if missing := missing_inputs(cfg, cwd):
+    if missing := [entry.split(" (", 1)[0] for entry in cli.missing_inputs(cfg, cwd)]:
         box.violate(f"{where} started without its inputs: {', '.join(missing)}")
         reply.err(f"{where}: rehearsal: no such input: {', '.join(missing)}")
         return 2

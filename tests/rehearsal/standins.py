@@ -15,6 +15,9 @@ was given, checks what the real program needs of it, and does what the next comm
 from __future__ import annotations
 
 import argparse
+import contextlib
+import os
+import signal
 import time
 from dataclasses import dataclass
 from datetime import timedelta
@@ -38,6 +41,7 @@ class Served:
     """A vLLM stand-in serving: what the stages that reach it check it for."""
 
     node: int
+    pid: int
     names: tuple[str, ...]
     max_loras: int
     server: FakeVLLMServer
@@ -198,7 +202,7 @@ def serve(box: Box, argv: list[str], env: dict, pid: int, reply: Reply, conn) ->
             f"ValueError: Free memory on device on startup is less than desired GPU memory utilization: {short[0]}"
         )
         return 1
-    SERVED[args.port] = Served(box.node, names, args.max_loras, server)
+    SERVED[args.port] = Served(box.node, pid, names, args.max_loras, server)
     reply.err(f"INFO: vllm stand-in serving {', '.join(names)} on {args.host}:{args.port}, GPUs {visible}")
     try:
         while conn.rfile.read(1):  # until the process is killed: its connection closes
@@ -315,3 +319,13 @@ def rendezvous(address: str, port: int, nnodes: int, node_rank: int, local: int)
     except (RuntimeError, OSError, TimeoutError):
         return None
     return workers
+
+
+def stop_servers() -> None:
+    """End every stand-in server still up (its process killed with its launcher, say), so that the
+    next rehearsal finds the docs' ports free."""
+    for port, served in list(SERVED.items()):
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(served.pid, signal.SIGKILL)
+        served.server.stop()
+        SERVED.pop(port, None)

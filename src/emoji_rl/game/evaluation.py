@@ -33,7 +33,10 @@ class EvalConfig(ModelConfig, Checked):
 
     systems: list[str] = field(
         default_factory=lambda: ["base"],
-        metadata={"help": "systems to compare: `base`, NAME=ADAPTER_DIR (e.g. sft=runs/sft/adapter)"},
+        metadata={
+            "help": "systems to compare: `base`, NAME=ADAPTER_DIR (e.g. sft=runs/sft/adapter)",
+            "input": True,
+        },
     )
     compare: list[str] = field(
         default_factory=list,

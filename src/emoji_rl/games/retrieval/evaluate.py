@@ -67,7 +67,8 @@ class Config(EvalConfig, JudgeConfig, RetrievalConfig, SimilarityConfig, Samplin
         default_factory=lambda: ["base"],
         metadata={
             "help": "systems to compare: `base`, NAME=ADAPTER_DIR (e.g. sft=runs/sft/adapter), "
-            "teacher=FILE.jsonl (SFT split records: the teacher's answers) and `random`"
+            "teacher=FILE.jsonl (SFT split records: the teacher's answers) and `random`",
+            "input": True,
         },
     )
     data: str = override(

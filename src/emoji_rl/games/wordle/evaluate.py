@@ -34,7 +34,8 @@ class Config(EvalConfig):
     systems: list[str] = field(
         default_factory=lambda: ["base"],
         metadata={
-            "help": "systems to compare: `base`, or NAME=ADAPTER_DIR (e.g. sft=runs/wordle_sft/adapter)"
+            "help": "systems to compare: `base`, or NAME=ADAPTER_DIR (e.g. sft=runs/wordle_sft/adapter)",
+            "input": True,
         },
     )
     data: str = override(
