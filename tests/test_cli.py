@@ -115,7 +115,7 @@ def test_a_full_disk_is_one_line_naming_the_file(capsys, monkeypatch):
         raise OSError(errno.ENOSPC, "No space left on device", "data/teacher_answers.jsonl")
 
     monkeypatch.setattr(teacher, "main", full)
-    assert cli.main(["teacher", "--teacher", "offline"]) == 1
+    assert cli.main(["teacher", "--teacher", "offline", "--prompts", "data/samples/rl_eval.jsonl"]) == 1
     err = capsys.readouterr().err
     assert "emoji-rl teacher: error: No space left on device (data/teacher_answers.jsonl)" in err
     assert "Traceback" not in err
