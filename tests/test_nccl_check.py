@@ -4,10 +4,7 @@ the command the script runs, and a clear refusal without CUDA."""
 
 from __future__ import annotations
 
-import os
 import shlex
-import subprocess
-import sys
 
 import pytest
 from tests.test_launch import run, split_env
@@ -66,9 +63,10 @@ def test_the_script_runs_the_check_on_one_gpu():
     assert "Settings (environment, default):" in run("gpu_nccl_check.sh", "--help").stdout
 
 
-def test_without_cuda_a_variant_says_it_needs_a_gpu():
-    result = subprocess.run(
-        [sys.executable, "-m", "emoji_rl.selftest.nccl_check", "--child", "ours"],
-        env={**os.environ, "CUDA_VISIBLE_DEVICES": ""}, capture_output=True, text=True, timeout=120,
-    )  # fmt: skip
-    assert result.returncode == 2 and "nccl_check: needs a CUDA GPU (NCCL)" in result.stderr
+def test_without_cuda_a_variant_says_it_needs_a_gpu(capsys):
+    import torch
+
+    if torch.cuda.is_available():
+        pytest.skip("a CUDA machine runs the check itself (launch/gpu_nccl_check.sh)")
+    assert nccl_check.child(timeout_s=10) == 2
+    assert "nccl_check: needs a CUDA GPU (NCCL)" in capsys.readouterr().err
