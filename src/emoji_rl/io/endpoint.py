@@ -11,6 +11,7 @@ Callers open an httpx client per call rather than per object: a trainer's step i
 that opened it.
 
     python -m emoji_rl.io.endpoint http://127.0.0.1:8002 --server_wait_s 900   # wait for a server (launch/)
+    python -m emoji_rl.io.endpoint http://127.0.0.1:8002 --once   # does one answer there now? (exit 0/1)
 """
 
 from __future__ import annotations
@@ -289,9 +290,25 @@ def wait_for_server(
             time.sleep(max(min(poll_s, deadline - now, next_progress - now), 0.0))
 
 
+def answers_now(url: str, timeout_s: float = 5.0) -> bool:
+    """Whether a server answers `url`'s /health now: one request, no waiting for one that is starting
+    (the launchers ask before they start a server of their own on that address)."""
+    try:
+        with httpx.Client() as client:
+            client.get(Endpoint(url).url + "/health", timeout=timeout_s)
+    except httpx.TransportError:
+        return False
+    return True
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description="Wait until an OpenAI-compatible server answers /health.")
     parser.add_argument("url", help="base URL, e.g. http://127.0.0.1:8002")
+    parser.add_argument(
+        "--once",
+        action="store_true",
+        help="ask once, without waiting: exit 0 if a server answers now, else 1",
+    )
     parser.add_argument(
         f"--{WAIT_FIELD}",
         "--timeout",
@@ -301,6 +318,10 @@ def main(argv: list[str] | None = None) -> int:
         help=f"seconds to wait (default: {SERVER_WAIT_S:g}); progress is said every {PROGRESS_S:g} s",
     )
     args = parser.parse_args(argv)
+    if args.once:
+        up = answers_now(args.url)
+        print(f"{Endpoint(args.url).url} {'answers' if up else 'does not answer'}")
+        return 0 if up else 1
     logging.basicConfig(level=logging.INFO, format="wait: %(message)s")
     try:
         wait_for_server(args.url, timeout_s=args.wait_s)

@@ -39,14 +39,18 @@ class TrainConfig(SamplingConfig, ProcessConfig, ModelConfig, TrackerConfig, Ser
     # --- core ---
     game: str = field(default=registry.DEFAULT_GAME, metadata=GAME_HELP)
     init_adapter: str | None = field(
-        default=None, metadata={"help": "LoRA adapter to start from (the SFT output); none = a fresh adapter"}
+        default=None,
+        metadata={
+            "help": "LoRA adapter to start from (the SFT output); none = a fresh adapter",
+            "input": True,
+        },
     )
     reference: Literal["init", "base"] = field(
         default="init",
         metadata={"help": "KL reference: `init` = the starting adapter, frozen; `base` = the base model"},
     )
     train_data: str = field(
-        default="data/rl_train.jsonl", metadata={"help": "the game's training records, JSONL"}
+        default="data/rl_train.jsonl", metadata={"help": "the game's training records, JSONL", "input": True}
     )
     output_dir: str = field(
         default="runs/grpo", metadata={"help": "run directory: config, metrics, checkpoints"}
@@ -193,7 +197,10 @@ class TrainConfig(SamplingConfig, ProcessConfig, ModelConfig, TrackerConfig, Ser
     # Held-out evaluation as it trains (rl/held_out.py); TRL's eval_steps, SkyRL's eval_before_train.
     eval_data: str | None = field(
         default=None,
-        metadata={"help": "held-out records of the game, JSONL, for eval_steps and eval_before_train"},
+        metadata={
+            "help": "held-out records of the game, JSONL, for eval_steps and eval_before_train",
+            "input": True,
+        },
     )
     eval_steps: int = field(
         default=0,

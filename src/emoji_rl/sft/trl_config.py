@@ -31,10 +31,12 @@ class Config(ProcessConfig, models.ModelConfig, TrackerConfig):
     """LoRA SFT of the sender with TRL's SFTTrainer; field names follow TRL's SFTConfig."""
 
     # --- core ---
-    train_data: str = field(default="data/sft_train.jsonl", metadata={"help": "SFT chats, JSONL"})
+    train_data: str = field(
+        default="data/sft_train.jsonl", metadata={"help": "SFT chats, JSONL", "input": True}
+    )
     eval_data: str | None = field(
         default="data/sft_test.jsonl",
-        metadata={"help": "held-out chats for the eval loss, JSONL; none to skip evaluation"},
+        metadata={"help": "held-out chats for the eval loss, JSONL; none to skip evaluation", "input": True},
     )
     output_dir: str = field(
         default="runs/sft", metadata={"help": "run directory: config, metrics, checkpoints, adapter/"}
