@@ -10,7 +10,15 @@ import pytest
 
 from emoji_rl.config import parse_config
 from emoji_rl.errors import UserError
-from emoji_rl.io.trackers import EXTRAS, STATE_FILE, TrackerConfig, keep_mlflow_run, resolve, tracker_run
+from emoji_rl.io.trackers import (
+    EXTRAS,
+    STATE_FILE,
+    Held,
+    TrackerConfig,
+    keep_mlflow_run,
+    resolve,
+    tracker_run,
+)
 from emoji_rl.rl.train_config import config_class
 from emoji_rl.sft.trl_config import Config as SftConfig
 
@@ -142,3 +150,16 @@ def test_an_empty_report_to_or_project_and_a_report_to_of_the_wrong_type_are_nam
         UserError, match=r"report_to must be one of tensorboard, .*, or a list of them; got 5$"
     ):
         parse_config(stage, ["--config", str(number)], "stage")
+
+
+def test_a_tracker_is_sent_what_it_lacks_counted_per_name_not_per_step():
+    """A kill between step 2's training line and its evaluation: the tracker holds the first."""
+    held = Held(2, {"train/loss", "train/epoch"})
+    assert held.take(1, {"train/loss": 1.0}) == {}
+    assert held.take(2, {"train/loss": 0.5, "train/epoch": 1.0}) == {}
+    assert held.take(2, {"eval/loss": 0.7, "train/epoch": 1.0}) == {"eval/loss": 0.7}
+    assert held.take(2, {"eval/loss": 0.6}) == {}  # a name once per step
+    assert held.take(3, {"train/loss": 0.4}) == {"train/loss": 0.4}
+    assert held.take(3, {"eval/loss": 0.5, "train/loss": 0.4}) == {"eval/loss": 0.5}
+    whole = Held(2, None)  # wandb: a step is there whole, or not at all
+    assert whole.take(2, {"eval/loss": 0.7}) == {} and whole.take(3, {"eval/loss": 0.5}) == {"eval/loss": 0.5}

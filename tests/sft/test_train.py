@@ -9,6 +9,7 @@ import pytest
 import torch
 from safetensors import safe_open
 from tests.launching import read_weights
+from tests.trackers import assert_mlflow_keeps_every_name
 
 from emoji_rl.sft import evaluate, train
 
@@ -37,6 +38,7 @@ def test_short_sft_lowers_held_out_loss_and_raises_compliance(chats, tmp_path):
     metrics = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
     eval_losses = [m["eval/loss"] for m in metrics if "eval/loss" in m]
     assert eval_losses[-1] < eval_losses[0] - 0.5, eval_losses
+    assert_mlflow_keeps_every_name(run)
     assert (run / "config.yaml").is_file() and (run / "checkpoint-4" / "optimizer.pt").is_file()
 
     # The form vLLM's --lora-modules takes: LoRA A/B matrices only, no embeddings or lm_head.

@@ -41,7 +41,7 @@ from emoji_rl.lm.processes import check_shared_dir, join_processes, peers_named
 from emoji_rl.lm.training import gather
 from emoji_rl.rl.batch import collate_groups
 from emoji_rl.rl.checkpoint import TrainState
-from emoji_rl.rl.held_out import HeldOut
+from emoji_rl.rl.held_out import HeldOut, current_names
 from emoji_rl.rl.policy import build_policy, checkpoint_layers
 from emoji_rl.rl.rollout.collect import Rollouts, prompts_per_process
 from emoji_rl.rl.rollout.metrics import (
@@ -113,7 +113,10 @@ def _loop(
         drop_steps_after(run_dir / ROLLOUTS_FILE, state.step)
     # Metrics (to metrics.jsonl and the trackers) and rollouts come from the main process, gathered from all.
     main_only = contextlib.nullcontext
-    metrics_log = MetricsWriter(run_dir, state.step, trackers=cfg) if is_main else main_only()
+    # A run from before the held-out names changed (#62) is resumed under the new ones.
+    metrics_log = (
+        MetricsWriter(run_dir, state.step, trackers=cfg, rename=current_names) if is_main else main_only()
+    )
     rollouts_log = AppendLog(run_dir / ROLLOUTS_FILE) if is_main else main_only()
     with metrics_log as writer, rollouts_log as rollout_log:
         if held_out is not None and state.step == 0 and held_out.due(0) and not _logged_at_start(run_dir):

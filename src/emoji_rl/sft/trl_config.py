@@ -188,7 +188,11 @@ def parse_sft_overrides(items: Sequence[str], managed: Collection[str]) -> dict[
     return parsed
 
 
-def build_sft_config(cfg: Config, runtime: models.Runtime, world_size: int) -> SFTConfig:
+def build_sft_config(
+    cfg: Config, runtime: models.Runtime, world_size: int, evaluate_first: bool = True
+) -> SFTConfig:
+    """TRL's SFTConfig for this run; `evaluate_first`: evaluate before the first step (with eval_data),
+    false for a resume from a checkpoint, or of a run that already logged that evaluation."""
     import torch
     from trl import SFTConfig
 
@@ -220,9 +224,9 @@ def build_sft_config(cfg: Config, runtime: models.Runtime, world_size: int) -> S
         "logging_steps": cfg.logging_steps,
         "eval_strategy": "steps" if has_eval and cfg.eval_steps else "no",
         "eval_steps": cfg.eval_steps,
-        # A fresh run only: on resume the Trainer would evaluate again at the checkpoint's step, a line
-        # the uninterrupted run does not have.
-        "eval_on_start": has_eval and not cfg.resume,
+        # Not from a checkpoint: the Trainer would evaluate again at the checkpoint's step, a line the
+        # uninterrupted run does not have.
+        "eval_on_start": has_eval and evaluate_first,
         "save_strategy": "steps",
         "save_steps": cfg.save_steps,
         "save_total_limit": cfg.save_total_limit,
