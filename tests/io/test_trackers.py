@@ -3,7 +3,9 @@ that does not import is named with the extras command before any work; the track
 directory keeps."""
 
 import json
+import os
 import re
+import subprocess
 import sys
 
 import pytest
@@ -100,6 +102,43 @@ def test_an_mlflow_store_mlflow_refuses_is_named_when_parsed(stage, tmp_path, mo
     monkeypatch.setenv("MLFLOW_TRACKING_URI", "http://127.0.0.1:9")  # a server: not contacted yet
     assert parse_config(stage, ["--report_to", "mlflow"], "stage").report_to == ["mlflow"]
     assert resolve(["all"]) == INSTALLED
+    # A folder it cannot make (under a file, which even root cannot write into): one line, as above.
+    (tmp_path / "file").write_text("")
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", (tmp_path / "file" / "mlruns").as_uri())
+    monkeypatch.setenv("MLFLOW_ALLOW_FILE_STORE", "true")
+    with pytest.raises(UserError, match=r"report_to mlflow: mlflow cannot keep runs at .*Not a directory"):
+        parse_config(stage, ["--report_to", "mlflow"], "stage")
+
+
+WANDB_CHECKS = """
+import os, wandb
+from emoji_rl.errors import UserError
+from emoji_rl.io.trackers import TrackerConfig, check_trackers
+
+for name, value in [(None, None), ("WANDB_API_KEY", "k" * 40), ("WANDB_MODE", "offline")]:
+    os.environ.update({name: value} if name else {})
+    try:
+        check_trackers(TrackerConfig(report_to=["wandb"]))
+        print("taken")
+    except UserError as err:
+        print(err)
+    os.environ.pop(name or "", None)
+    wandb.teardown()  # wandb reads its settings from the environment once, until then
+"""
+
+
+def test_an_online_wandb_without_a_key_is_named_when_parsed(tmp_path):
+    """wandb.init asks for a key at a prompt, or stops without a terminal, once the model has loaded and
+    the run directory is written: wandb's own search for credentials (its environment, ~/.netrc, its
+    settings), in a process of its own with a home of its own."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("WANDB_", "NETRC"))}
+    env |= {"HOME": str(tmp_path), "XDG_CONFIG_HOME": str(tmp_path), "WANDB_MODE": "online"}
+    done = subprocess.run([sys.executable, "-c", WANDB_CHECKS], env=env, capture_output=True, text=True)
+    refused, with_a_key, offline = done.stdout.splitlines()
+    assert refused.startswith("report_to wandb: wandb logs online (WANDB_MODE=online) and finds no API key")
+    assert refused.endswith("run `wandb login` or set WANDB_API_KEY, or set WANDB_MODE=offline to keep the run "
+                            "in the run directory and `wandb sync` it later")  # fmt: skip
+    assert (with_a_key, offline) == ("taken", "taken")
 
 
 def test_the_tracker_run_is_kept_in_the_run_directory(tmp_path):

@@ -21,10 +21,11 @@ from typing import TYPE_CHECKING, Any
 
 from emoji_rl.config import Checked
 from emoji_rl.errors import UserError
+from emoji_rl.io.jsonl import read_jsonl
 
 if TYPE_CHECKING:
     from emoji_rl.game.evaluation import Evaluation
-    from emoji_rl.game.types import GameSetup
+    from emoji_rl.game.types import GameSetup, Record
     from emoji_rl.lm.models import Runtime
 
 ENTRY_POINTS = "emoji_rl.games"
@@ -38,6 +39,12 @@ class GameConfig(Checked):
     dataclass into the trainer's, so a game's fields are set as any other (`--max_turns 3`, YAML)."""
 
     max_turns: int = field(default=1, metadata={"help": "policy turns before the game ends", "min": 1})
+
+    def read_records(self, path: str) -> list[Record]:
+        """The game's records in the JSONL file `path` (its train_data, eval_data), checked as the game
+        needs them. A method of the config, so that a stage reads them before any model loads; this
+        one takes any JSON objects."""
+        return read_jsonl(path, hint="the game's records, one JSON object per line")
 
     def off_policy_blocker(self) -> str | None:
         """Why this game cannot be sampled by an adapter some versions behind the trainer's weights

@@ -87,6 +87,8 @@ def read_jsonl(
     empty file."""
     path = Path(path)
     suffix = f": {hint}" if hint else ""
+    if path.is_dir():
+        raise UserError(f"{path} is a folder, not a file of records; name the JSONL file{suffix}")
     if not path.is_file():
         raise UserError(f"{path} does not exist{suffix}")
     numbered = _parse_lines(path, path.read_bytes())

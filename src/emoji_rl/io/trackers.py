@@ -78,12 +78,14 @@ class TrackerConfig:
 
 def check_trackers(trackers: TrackerConfig) -> None:
     """A training stage's trackers checked where its config is, before any work (its __post_init__):
-    each named one imports (`resolve`), and the names a run is logged under are ones they take."""
+    each named one imports (`resolve`), the names a run is logged under are ones they take, an online
+    wandb has credentials, and mlflow a store it can write."""
     if not trackers.project.strip():
         raise UserError("project is empty: the trackers' project a run is logged under needs a name")
     names = resolve(trackers.report_to)
     if "wandb" in names:
         _check_wandb_names(trackers.project, trackers.run_name)
+        _check_wandb_login()
     if "mlflow" in names:
         _check_mlflow_store()
 
@@ -100,6 +102,34 @@ def _check_wandb_names(project: str, run_name: str | None) -> None:
         raise UserError(f"project={project!r}: wandb refuses it ({err}); choose another --project") from None
 
 
+def _check_wandb_login() -> None:
+    """An online wandb run's credentials, looked for where wandb.init looks (WANDB_API_KEY, an identity
+    token file, ~/.netrc, its settings) and not sent anywhere: without them wandb.init asks at a
+    prompt, or stops without a terminal, after the model has loaded and the run directory is written."""
+    from wandb.errors import AuthenticationError
+    from wandb.sdk import wandb_setup
+    from wandb.sdk.lib import wbauth
+
+    try:
+        settings = wandb_setup.singleton().settings  # what wandb.init reads, from the environment
+    except ValueError as err:  # pydantic's: a WANDB_ variable of a value wandb refuses
+        raise UserError(f"report_to wandb: wandb refuses its settings: {str(err).splitlines()[0]}") from None
+    if settings.mode in ("offline", "dryrun", "disabled"):
+        return
+    try:
+        auth = wbauth.authenticate_session(
+            host=settings.base_url, source="emoji-rl", prompt=False, update_session=False
+        )
+    except AuthenticationError as err:
+        raise UserError(f"report_to wandb: {err}") from None
+    if auth is None:
+        raise UserError(
+            f"report_to wandb: wandb logs online (WANDB_MODE={settings.mode}) and finds no API key for "
+            f"{settings.base_url}: run `wandb login` or set WANDB_API_KEY, or set WANDB_MODE=offline to "
+            "keep the run in the run directory and `wandb sync` it later"
+        )
+
+
 def _mlflow_store_problem() -> str | None:
     """Why mlflow cannot keep runs at its tracking URI (None: it can), its stores built as its client
     builds them: mlflow-skinny has no database store for the default URI (sqlite), and mlflow refuses
@@ -110,7 +140,7 @@ def _mlflow_store_problem() -> str | None:
 
     try:
         mlflow.MlflowClient()
-    except (MlflowException, ImportError) as err:
+    except (MlflowException, ImportError, OSError) as err:  # OSError: a folder it cannot make
         return (
             f"mlflow cannot keep runs at its tracking URI {mlflow.get_tracking_uri()} ({err}); set "
             "MLFLOW_TRACKING_URI to your tracking server (http://HOST:PORT), or install mlflow itself "

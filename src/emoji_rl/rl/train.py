@@ -33,7 +33,7 @@ from emoji_rl.decode.sampler import HFSampler, Sampler
 from emoji_rl.errors import UserError
 from emoji_rl.game import registry
 from emoji_rl.game.registry import GameContext
-from emoji_rl.io.jsonl import AppendLog, drop_steps_after, read_jsonl
+from emoji_rl.io.jsonl import AppendLog, drop_steps_after
 from emoji_rl.io.metrics import MetricsWriter, read_metrics
 from emoji_rl.io.run_lock import holds_a_run
 from emoji_rl.lm import models
@@ -41,7 +41,7 @@ from emoji_rl.lm.processes import check_shared_dir, join_processes, peers_named
 from emoji_rl.lm.training import gather
 from emoji_rl.rl.batch import collate_groups
 from emoji_rl.rl.checkpoint import TrainState
-from emoji_rl.rl.held_out import HeldOut, current_names
+from emoji_rl.rl.held_out import HeldOut, current_names, held_out_records
 from emoji_rl.rl.policy import build_policy, checkpoint_layers
 from emoji_rl.rl.rollout.collect import Rollouts, prompts_per_process
 from emoji_rl.rl.rollout.metrics import (
@@ -52,7 +52,7 @@ from emoji_rl.rl.rollout.metrics import (
     step_metrics,
 )
 from emoji_rl.rl.rollout.schedule import Schedule, schedule
-from emoji_rl.rl.setup import build_sampler
+from emoji_rl.rl.setup import build_sampler, wait_for_policy_server
 from emoji_rl.rl.train_config import TrainConfig
 from emoji_rl.rl.train_config import (
     config_for as config_for,  # the stage's Config for its game (cli.config_class)
@@ -178,14 +178,9 @@ def _held_out(cfg: TrainConfig, policy: PeftModel, tokenizer, game: GameSetup, a
     """The held-out evaluation `eval_steps` and `eval_before_train` ask for (None: neither): greedy,
     in process on the weights being trained, whichever engine samples the rollouts, decoded in chunks
     of the rollouts' size."""
-    if not (cfg.eval_steps or cfg.eval_before_train):
+    records = held_out_records(cfg)
+    if records is None:
         return None
-    assert cfg.eval_data is not None  # TrainConfig checks it
-    if game.read_records is None:
-        records = read_jsonl(cfg.eval_data, hint="the game's held-out records (eval_data)")
-    else:
-        records = game.read_records(cfg.eval_data)
-    records = records[: cfg.eval_max_examples or None]
     constraint = "grammar" if game.constraint else "none"
     decoding = cfg.decoding(
         constraint=constraint, temperature=0.0, batch_size=cfg.batch_size * cfg.group_size
@@ -237,6 +232,9 @@ def main(cfg: TrainConfig) -> None:
         raise UserError(
             f"{run_dir} already holds a run: pass --resume true to continue it, or another --output_dir"
         )
+    held_out_records(cfg)  # checked here, before any model loads and before anything is written
+    if cfg.engine == "vllm":
+        wait_for_policy_server(cfg)
     runtime = models.pick_runtime()
     log.info("runtime: %s", runtime.describe())
     tokenizer = models.load_tokenizer(cfg.model)

@@ -22,16 +22,16 @@ class Config(ReaderConfig, PartnerConfig, SimilarityConfig, ContrastConfig):
     """The reader game's GRPO fields: train_data is an SFT split (`target`, and the teacher's emoji as
     the last assistant turn of `messages`)."""
 
+    def read_records(self, path: str) -> list[Record]:
+        return read_reader_records(path, self.min_emoji, self.max_emoji)  # type: ignore[attr-defined]
+
 
 def setup(cfg, context: GameContext) -> GameSetup:
     from emoji_rl.game.similarity import GuessScorer, Similarity
     from emoji_rl.games.reader.game import ReaderBuilder, ReaderRules
     from emoji_rl.lm import models
 
-    def read(path: str) -> list[Record]:
-        return read_reader_records(path, cfg.min_emoji, cfg.max_emoji)
-
-    records = read(cfg.train_data)
+    records = cfg.read_records(cfg.train_data)
     partner = cfg.build_partner(
         context.runtime,
         model=cfg.model,
@@ -52,7 +52,6 @@ def setup(cfg, context: GameContext) -> GameSetup:
         target=lambda record: record["target"],
         headline=("sim", "game/similarity"),
         seconds=lambda: builder.seconds,
-        read_records=read,
         servers={"partner": partner.completer.endpoint} if partner.completer.endpoint else {},
     )
 

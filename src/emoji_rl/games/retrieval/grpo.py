@@ -27,6 +27,9 @@ class Config(RetrievalConfig, JudgeConfig, SimilarityConfig, ContrastConfig):
         default=0.3, metadata={"help": "times (1 - unique/total emoji); the original: none"}
     )
 
+    def read_records(self, path: str) -> list[Record]:
+        return read_records(path, "target", "make it with `emoji-rl rl-prompts`")
+
 
 def setup(cfg, context: GameContext) -> GameSetup:
     from emoji_rl.emoji.constraint import compile_emoji_grammar
@@ -35,10 +38,7 @@ def setup(cfg, context: GameContext) -> GameSetup:
     from emoji_rl.games.retrieval.reward import RewardWeights
     from emoji_rl.lm import models
 
-    def read(path: str) -> list[Record]:
-        return read_records(path, "target", "make it with `emoji-rl rl-prompts`")
-
-    records = read(cfg.train_data)
+    records = cfg.read_records(cfg.train_data)
     constraint = compile_emoji_grammar(
         context.tokenizer, cfg.min_emoji, cfg.max_emoji, vocab_size=context.vocab_size
     )
@@ -59,7 +59,6 @@ def setup(cfg, context: GameContext) -> GameSetup:
         headline=("sim", "game/similarity"),
         seconds=lambda: dict(builder.seconds),
         held_out_metrics=held_out_metrics(similarity, cfg.seed),
-        read_records=read,
         servers={"judge": judge.endpoint} if judge.endpoint else {},
     )
 
