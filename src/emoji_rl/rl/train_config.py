@@ -188,7 +188,9 @@ class TrainConfig(SamplingConfig, ProcessConfig, ModelConfig, TrackerConfig, Ser
         default="constant", metadata={"help": "learning-rate schedule over max_steps"}
     )
     warmup_steps: int = field(default=0, metadata={"help": "linear warm-up steps"})
-    save_steps: int = field(default=10, metadata={"help": "checkpoint every N steps (and at the end)"})
+    save_steps: int = field(
+        default=10, metadata={"help": "checkpoint every N steps (and at the end)", "min": 1}
+    )
     seed: int = field(default=0, metadata={"help": "random seed (prompt order, sampling, judge)"})
     resume: bool = field(default=False, metadata={"help": "continue from the last checkpoint in output_dir"})
     # Held-out evaluation as it trains (rl/held_out.py); TRL's eval_steps, SkyRL's eval_before_train.

@@ -120,7 +120,9 @@ class Config(ProcessConfig, models.ModelConfig, TrackerConfig):
     eval_steps: int | None = field(
         default=None, metadata={"help": "optimizer steps between eval-loss runs; none: at start and end only"}
     )
-    save_steps: int = field(default=200, metadata={"help": "optimizer steps between checkpoints"})
+    # TRL's save_steps below 1 is a fraction of the run, which an int field cannot hold; no saving is
+    # TRL's save_strategy no, which a resumable stage does not offer.
+    save_steps: int = field(default=200, metadata={"help": "optimizer steps between checkpoints", "min": 1})
     save_total_limit: int | None = field(
         default=2, metadata={"help": "checkpoints kept (oldest deleted first); none keeps all"}
     )
