@@ -33,9 +33,13 @@ def test_short_sft_lowers_held_out_loss_and_raises_compliance(chats, tmp_path):
             max_length=96,
             logging_steps=1,
             save_steps=4,
+            eval_steps=2,
         )
     )
     metrics = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    # Before training, at step 2, and once at the last step: the Trainer's own evaluation there, not
+    # a second one after it.
+    assert [m["step"] for m in metrics if "eval/loss" in m] == [0, 2, 4]
     eval_losses = [m["eval/loss"] for m in metrics if "eval/loss" in m]
     assert eval_losses[-1] < eval_losses[0] - 0.5, eval_losses
     assert_mlflow_keeps_every_name(run)
@@ -95,8 +99,8 @@ def _tiny_run(tmp_path) -> dict:
 
 def test_wandb_and_trackio_get_metrics_jsonl_at_its_steps_and_a_resume_continues_their_run(tmp_path):
     """`report_to` reaches the stage's own writer, not TRL's callbacks: each tracker's points are
-    metrics.jsonl's lines at its step numbers (wandb merges the lines of one step into one row); the
-    resumed run logs into the same wandb run and trackio run, each step once."""
+    metrics.jsonl's lines at its step numbers (wandb merges the lines of one step into one row), each
+    metric once a step; the resumed run logs into the same wandb run and trackio run, each step once."""
     from tests.trackers import trackio_rows, wandb_runs
 
     from emoji_rl.io.trackers import TrackerRun, WandbWriter
@@ -117,8 +121,16 @@ def test_wandb_and_trackio_get_metrics_jsonl_at_its_steps_and_a_resume_continues
         by_step.setdefault(line["step"], {}).update(values(line))
     [(first_id, first)] = wandb_runs(run)
     assert first_id == tracker["id"] and {p["_step"]: values(p) for p in first} == by_step
+    # trackio keeps each log as a row: a line's metrics but those the step's lines before it sent
+    # (the training line's train/epoch, again in the summary and the final evaluation's lines).
+    sent: dict[int, set] = {}
+    expected = []
+    for line in lines:
+        held = sent.setdefault(line["step"], set())
+        expected.append((line["step"], {k: v for k, v in values(line).items() if k not in held}))
+        held.update(values(line))
     points = trackio_rows(tracker["project"], tracker["name"])
-    assert [(p["step"], values(p)) for p in points] == [(line["step"], values(line)) for line in lines]
+    assert [(p["step"], values(p)) for p in points] == expected
     assert len(list((run / "tensorboard").glob("events.out.tfevents.*"))) == 1
 
     train.main(train.Config(max_steps=4, resume=True, **common))
@@ -132,9 +144,11 @@ def test_wandb_and_trackio_get_metrics_jsonl_at_its_steps_and_a_resume_continues
 
 
 def test_resume_with_more_steps_follows_the_new_schedule(tmp_path):
-    common = dict(_tiny_run(tmp_path), output_dir=str(tmp_path / "run"), learning_rate=1e-3)
+    common = dict(_tiny_run(tmp_path), output_dir=str(tmp_path / "run"), learning_rate=1e-3, resume=True)
+    # --resume true with no checkpoint, as a pipeline passes it on a first run: it evaluates first.
     train.main(train.Config(max_steps=2, **common))
-    train.main(train.Config(max_steps=4, resume=True, **common))
+    assert "eval/loss" in _lines(tmp_path / "run")[0] and _lines(tmp_path / "run")[0]["step"] == 0
+    train.main(train.Config(max_steps=4, **common))
     rates = {
         r["step"]: r["train/learning_rate"] for r in _lines(tmp_path / "run") if "train/learning_rate" in r
     }
