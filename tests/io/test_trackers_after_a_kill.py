@@ -38,11 +38,14 @@ def _chats(path: Path, words: list[str]) -> Path:
 def _stage_args(stage: str, tmp_path: Path, moment: str) -> list[str]:
     if stage == "sft":
         data = _chats(tmp_path / "chats.jsonl", ["🍕", "🎉", "🐱", "🌧️"])
-        # An evaluation long enough to be killed inside: one chat per forward pass.
-        held_out = _chats(tmp_path / "held_out.jsonl", [f"{e} {n}" for e in "🍕🎉🐱🌧" for n in range(4)])
+        held_out, per_pass = data, 32
+        if moment in ("between two lines of one step", "during the final evaluation"):
+            # An evaluation long enough to be killed inside: 16 chats, one a forward pass.
+            words = [f"{emoji} {n}" for emoji in "🍕🎉🐱🌧" for n in range(4)]
+            held_out, per_pass = _chats(tmp_path / "held_out.jsonl", words), 1
         return ["sft", "--config", "configs/cpu/sft.yaml", "--train_data", str(data), "--eval_data", str(held_out),
-                "--per_device_train_batch_size", "2", "--effective_batch_size", "2", "--lora_r", "4",
-                "--logging_steps", "1", "--eval_steps", str(SFT_EVAL_STEPS.get(moment)), "--per_device_eval_batch_size", "1"]  # fmt: skip
+                "--per_device_train_batch_size", "2", "--effective_batch_size", "2", "--lora_r", "4", "--logging_steps", "1",
+                "--eval_steps", str(SFT_EVAL_STEPS.get(moment)), "--per_device_eval_batch_size", str(per_pass)]  # fmt: skip
     data = tmp_path / "rl.jsonl"
     targets = ["the cat sleeps on the sofa", "we missed the last train", "pizza night with friends"]
     data.write_text("".join(json.dumps({"target": t}) + "\n" for t in targets))

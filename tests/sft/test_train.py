@@ -222,15 +222,29 @@ def test_resume_after_a_crash_logs_each_step_once(tmp_path, monkeypatch):
     assert _lines(run) == _lines(tmp_path / "full")
 
 
+def _to_the_last_step(tmp_path) -> dict:
+    # A constant rate, so that a step too many would change the adapter (a linear one ends at 0).
+    return dict(_tiny_run(tmp_path), max_steps=2, lr_scheduler_type="constant")
+
+
+@pytest.fixture(scope="module")
+def uninterrupted(tmp_path_factory):
+    """The uninterrupted run every killed one must end as: its metrics lines and adapter weights."""
+    tmp_path = tmp_path_factory.mktemp("uninterrupted")
+    train.main(train.Config(output_dir=str(tmp_path / "full"), **_to_the_last_step(tmp_path)))
+    weights, _ = read_weights(tmp_path / "full" / "adapter" / "adapter_model.safetensors")
+    return _lines(tmp_path / "full"), weights
+
+
 @pytest.mark.parametrize("killed", ["before the summary", "before the pipeline's marker"])
-def test_a_run_killed_after_its_last_checkpoint_trains_no_step_more(tmp_path, monkeypatch, killed):
+def test_a_run_killed_after_its_last_checkpoint_trains_no_step_more(
+    tmp_path, monkeypatch, killed, uninterrupted
+):
     """The Trainer looks at max_steps only after a step, so a run resumed from the checkpoint of its
     last step would train one more; it must end as the uninterrupted run did instead."""
     from transformers import Trainer
 
-    # A constant rate, so that a step too many would change the adapter (a linear one ends at 0).
-    common = dict(_tiny_run(tmp_path), max_steps=2, lr_scheduler_type="constant")
-    train.main(train.Config(output_dir=str(tmp_path / "full"), **common))
+    common = _to_the_last_step(tmp_path)
     run = tmp_path / "split"
     if killed == "before the summary":
         with monkeypatch.context() as patch, pytest.raises(Interrupted):
@@ -242,9 +256,9 @@ def test_a_run_killed_after_its_last_checkpoint_trains_no_step_more(tmp_path, mo
 
     train.main(train.Config(output_dir=str(run), resume=True, **common))
     assert not (run / "checkpoint-3").exists()
-    assert _lines(run) == _lines(tmp_path / "full")  # no step 3, one summary, train_loss over steps 1-2
+    lines, want = uninterrupted
+    assert _lines(run) == lines  # no step 3, one summary, train_loss over steps 1-2
     got, _ = read_weights(run / "adapter" / "adapter_model.safetensors")
-    want, _ = read_weights(tmp_path / "full" / "adapter" / "adapter_model.safetensors")
     assert got.keys() == want.keys() and all(torch.equal(got[k], want[k]) for k in want)
 
 
