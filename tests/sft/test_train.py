@@ -188,9 +188,23 @@ def test_a_save_cut_short_is_set_aside_and_the_run_goes_on_from_the_checkpoint_b
     assert [r["step"] for r in _lines(run) if "train/loss" in r] == [1, 2, 3, 4]
 
 
-def test_resume_after_a_crash_logs_each_step_once(tmp_path, monkeypatch):
-    common = dict(_tiny_run(tmp_path), max_steps=3)
-    train.main(train.Config(output_dir=str(tmp_path / "full"), **common))
+def _to_the_end(tmp_path) -> dict:
+    """3 steps, checkpoints 2 and 3, at a constant rate: a step too many would change the adapter (a
+    linear rate ends at 0)."""
+    return dict(_tiny_run(tmp_path), max_steps=3, lr_scheduler_type="constant")
+
+
+@pytest.fixture(scope="module")
+def uninterrupted(tmp_path_factory):
+    """The uninterrupted run every killed one must end as: its metrics lines and adapter weights."""
+    tmp_path = tmp_path_factory.mktemp("uninterrupted")
+    train.main(train.Config(output_dir=str(tmp_path / "full"), **_to_the_end(tmp_path)))
+    weights, _ = read_weights(tmp_path / "full" / "adapter" / "adapter_model.safetensors")
+    return _lines(tmp_path / "full"), weights
+
+
+def test_resume_after_a_crash_logs_each_step_once(tmp_path, monkeypatch, uninterrupted):
+    common = _to_the_end(tmp_path)
 
     # The first attempt dies right after logging step 3, before its checkpoint: the last is step 2's.
     def log_then_die(writer):
@@ -219,21 +233,7 @@ def test_resume_after_a_crash_logs_each_step_once(tmp_path, monkeypatch):
     # Steps 1 and 2 are not trained again, step 3's line from the dead attempt is gone, and no second
     # eval at the checkpoint: the lines are the uninterrupted run's.
     assert [r["step"] for r in _lines(run) if "train/loss" in r] == [1, 2, 3]
-    assert _lines(run) == _lines(tmp_path / "full")
-
-
-def _to_the_last_step(tmp_path) -> dict:
-    # A constant rate, so that a step too many would change the adapter (a linear one ends at 0).
-    return dict(_tiny_run(tmp_path), max_steps=2, lr_scheduler_type="constant")
-
-
-@pytest.fixture(scope="module")
-def uninterrupted(tmp_path_factory):
-    """The uninterrupted run every killed one must end as: its metrics lines and adapter weights."""
-    tmp_path = tmp_path_factory.mktemp("uninterrupted")
-    train.main(train.Config(output_dir=str(tmp_path / "full"), **_to_the_last_step(tmp_path)))
-    weights, _ = read_weights(tmp_path / "full" / "adapter" / "adapter_model.safetensors")
-    return _lines(tmp_path / "full"), weights
+    assert _lines(run) == uninterrupted[0]
 
 
 @pytest.mark.parametrize("killed", ["before the summary", "before the pipeline's marker"])
@@ -244,20 +244,20 @@ def test_a_run_killed_after_its_last_checkpoint_trains_no_step_more(
     last step would train one more; it must end as the uninterrupted run did instead."""
     from transformers import Trainer
 
-    common = _to_the_last_step(tmp_path)
+    common = _to_the_end(tmp_path)
     run = tmp_path / "split"
     if killed == "before the summary":
         with monkeypatch.context() as patch, pytest.raises(Interrupted):
             patch.setattr(Trainer, "_finalize_training", lambda *args: (_ for _ in ()).throw(Interrupted))
             train.main(train.Config(output_dir=str(run), **common))
-        assert (run / "checkpoint-2").is_dir() and not (run / "adapter").exists()
+        assert (run / "checkpoint-3").is_dir() and not (run / "adapter").exists()
     else:
         train.main(train.Config(output_dir=str(run), **common))
 
     train.main(train.Config(output_dir=str(run), resume=True, **common))
-    assert not (run / "checkpoint-3").exists()
+    assert not (run / "checkpoint-4").exists()
     lines, want = uninterrupted
-    assert _lines(run) == lines  # no step 3, one summary, train_loss over steps 1-2
+    assert _lines(run) == lines  # no step 4, one summary, train_loss over steps 1-3
     got, _ = read_weights(run / "adapter" / "adapter_model.safetensors")
     assert got.keys() == want.keys() and all(torch.equal(got[k], want[k]) for k in want)
 
