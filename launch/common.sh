@@ -345,3 +345,26 @@ check_ngpus() {  # GPU_LIST DESCRIPTION
   [[ -z "${NGPUS:-}" || "$NGPUS" == "$n" ]] \
     || die "NGPUS=$NGPUS, but $2 holds $n GPU(s): the trainer runs one process per GPU; set TRAIN_GPUS instead"
 }
+
+# Exit 2 before a trainer starts on GPUs that something already holds (a vLLM server started by hand,
+# another job): it would run out of memory at load or at its first step. LIST: GPU ids, or all. Not
+# under --dry-run, nor without GPUs; without nvidia-smi nothing is checked.
+require_free_gpus() {  # LIST
+  [[ "$DRY_RUN" == 1 || "${GPUS:-}" == 0 ]] && return 0
+  pick_python
+  "$PYTHON" -m emoji_rl.io.nvidia_smi --gpus "$1" --for "$SCRIPT" || exit 2
+}
+
+# SERVER_FLAGS: the stage flags that point it at the servers the layout runs here (judge, policy),
+# where they listen: JUDGE_HOST:JUDGE_PORT and POLICY_HOST:POLICY_PORT, as serve_judge.sh and
+# serve_policy.sh bind them. with_servers.sh and gpu_smoke.sh tell their stages so.
+server_flags() {  # SERVER...
+  SERVER_FLAGS=()
+  local server
+  for server in "$@"; do
+    case "$server" in
+      judge) SERVER_FLAGS+=(--judge_url "$(server_url JUDGE)") ;;
+      policy) SERVER_FLAGS+=(--vllm_url "$(server_url POLICY)") ;;
+    esac
+  done
+}

@@ -23,5 +23,6 @@ pick_python
 gpu_layout
 on_cpu || [[ -n "$TRAIN_GPUS" ]] || die "TRAIN_GPUS is empty: the evaluation needs a GPU for its senders"
 
+on_cpu || require_free_gpus "$TRAIN_GPUS"
 run env "CUDA_VISIBLE_DEVICES=$TRAIN_GPUS" "$PYTHON" -m emoji_rl.cli eval-retrieval --config "$CONFIG" \
   ${ARGS[@]+"${ARGS[@]}"}

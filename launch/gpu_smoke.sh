@@ -10,7 +10,9 @@
 # retrieval game's against it and prints the share of their prompt tokens the server read from its
 # prefix cache, and the block size it settled on (python -m emoji_rl.bench.prefix_cache; Qwen3.5's
 # blocks are 528 to 640 tokens, docs/VLLM.md §9). Servers are stopped on exit; every stage's output is
-# in SMOKE_DIR/<stage>.log.
+# in SMOKE_DIR/<stage>.log. It needs no data and no SFT run: GRPO starts from a fresh adapter and plays
+# the sample targets of data/samples/rl_eval.jsonl, which the evaluation plays too. It tests servers it
+# starts itself: a server already answering at JUDGE_PORT or POLICY_PORT fails its stage at once.
 #
 #   launch/gpu_smoke.sh                              # this box's layout (GPUS: what nvidia-smi lists)
 #   GPUS=2 launch/gpu_smoke.sh                       # judge 0 (TP 1), trainer 1 with --engine hf
@@ -51,23 +53,30 @@ require_int SMOKE_EXAMPLES "$SMOKE_EXAMPLES" 1
 judge_url=$(server_url JUDGE)
 policy_url=$(server_url POLICY)
 POLL_S=5  # how often a dead server is noticed while waiting
+SAMPLES=data/samples/rl_eval.jsonl  # in the repository: a fresh box has no data of its own yet
 # The trainer reads the keys from the same variables the servers were started with. For an openai
 # judge, judge_model is the name the server serves.
+server_flags judge
 judge_flags=(
-  --judge openai --judge_url "$judge_url" --judge_model "$JUDGE_NAME" --judge_api_key_env JUDGE_API_KEY
+  --judge openai "${SERVER_FLAGS[@]}" --judge_model "$JUDGE_NAME" --judge_api_key_env JUDGE_API_KEY
 )
 servers=(judge-server)
-grpo_args=(--max_steps 2 --save_steps 2 --output_dir "$SMOKE_DIR/grpo" "${judge_flags[@]}")
+grpo_args=(
+  --max_steps 2 --save_steps 2 --output_dir "$SMOKE_DIR/grpo" --init_adapter none --train_data "$SAMPLES"
+  --eval_data "$SAMPLES" "${judge_flags[@]}"
+)
 if has_server POLICY; then
   servers+=(policy-server)
+  server_flags policy
   grpo_args+=(
-    --engine vllm --vllm_url "$policy_url" --vllm_served_name "$POLICY_NAME" --vllm_api_key_env POLICY_API_KEY
+    --engine vllm "${SERVER_FLAGS[@]}" --vllm_served_name "$POLICY_NAME" --vllm_api_key_env POLICY_API_KEY
   )
 fi  # else train_grpo.sh passes --engine hf: rollouts in the trainer's process
 eval_args=(
-  --systems base "rl=$SMOKE_DIR/grpo/adapter" --max_examples "$SMOKE_EXAMPLES" --output_dir "$SMOKE_DIR/eval" "${judge_flags[@]}"
+  --systems base "rl=$SMOKE_DIR/grpo/adapter" --data "$SAMPLES" --max_examples "$SMOKE_EXAMPLES"
+  --output_dir "$SMOKE_DIR/eval" "${judge_flags[@]}"
 )
-wait_cmd() { print_cmd "$PYTHON" -m emoji_rl.io.endpoint "$1" --timeout "$POLL_S"; }
+wait_cmd() { print_cmd "$PYTHON" -m emoji_rl.io.endpoint "$1" --once; }
 # What the rollouts' per-request seed and padding bias cost the policy server: GPU figures, which no
 # CPU can give (make bench has the CPU engine's).
 sampling_cmd=()
@@ -89,7 +98,7 @@ if [[ "$DRY_RUN" == 1 ]]; then
     echo "# stage policy-server: in the background, log in $SMOKE_DIR/policy-server.log"
     launch/serve_policy.sh --dry-run
   fi
-  echo "# each server stage then repeats this while its server lives, up to WAIT_S=$WAIT_S s:"
+  echo "# each server stage then repeats this every POLL_S=$POLL_S s while its server lives, up to WAIT_S=$WAIT_S s:"
   wait_cmd "$judge_url"
   ! has_server POLICY || wait_cmd "$policy_url"
   echo "# stage grpo: log in $SMOKE_DIR/grpo.log"
@@ -128,21 +137,30 @@ stop_servers() {
 }
 trap stop_servers EXIT
 
-start_server() {  # NAME SCRIPT
+start_server() {  # NAME SCRIPT URL
+  # A server already there would answer /health for the one started here, which then dies on the
+  # taken port: its stage would pass on a server it never started.
+  if "$PYTHON" -m emoji_rl.io.endpoint "$3" --once > /dev/null 2>&1; then
+    echo "a server already answers at $3: gpu_smoke.sh tests servers it starts itself; stop that one, or give this run another port (JUDGE_PORT, POLICY_PORT)" | tee "$SMOKE_DIR/$1.log" >&2
+    result[$1]=FAIL; took[$1]=0
+    return 1
+  fi
   setsid "$2" > "$SMOKE_DIR/$1.log" 2>&1 &
   pids+=($!)
 }
 
 wait_ready() {  # NAME URL PID
+  [[ -z "${result[$1]:-}" ]] || return 0  # not started: its stage failed already
   local start=$SECONDS
   while (( SECONDS - start < WAIT_S )); do
     if ! kill -0 "$3" 2>/dev/null; then
       echo "server exited before answering $2/health" >> "$SMOKE_DIR/$1.log"
       result[$1]=FAIL; took[$1]=$((SECONDS - start)); return
     fi
-    if "$PYTHON" -m emoji_rl.io.endpoint "$2" --timeout "$POLL_S" >> "$SMOKE_DIR/$1.log" 2>&1; then
+    if "$PYTHON" -m emoji_rl.io.endpoint "$2" --once > /dev/null 2>&1; then
       result[$1]=PASS; took[$1]=$((SECONDS - start)); return
     fi
+    sleep "$POLL_S"
   done
   echo "no answer at $2/health within WAIT_S=$WAIT_S s" >> "$SMOKE_DIR/$1.log"
   result[$1]=FAIL; took[$1]=$((SECONDS - start))
@@ -156,10 +174,10 @@ run_stage() {  # NAME COMMAND...
 }
 
 total=$SECONDS
-start_server judge-server launch/serve_judge.sh
-! has_server POLICY || start_server policy-server launch/serve_policy.sh
-wait_ready judge-server "$judge_url" "${pids[0]}"
-! has_server POLICY || wait_ready policy-server "$policy_url" "${pids[1]}"
+start_server judge-server launch/serve_judge.sh "$judge_url" && judge_pid=${pids[-1]}
+! has_server POLICY || { start_server policy-server launch/serve_policy.sh "$policy_url" && policy_pid=${pids[-1]}; }
+wait_ready judge-server "$judge_url" "${judge_pid:-}"
+! has_server POLICY || wait_ready policy-server "$policy_url" "${policy_pid:-}"
 servers_up=1
 for stage in "${servers[@]}"; do [[ "${result[$stage]}" == PASS ]] || servers_up=0; done
 if [[ "$servers_up" == 1 ]]; then

@@ -22,4 +22,5 @@ pick_python
 gpu_layout
 on_cpu || [[ -n "$TRAIN_GPUS" ]] || die "TRAIN_GPUS is empty: the stage needs a GPU for its model"
 
+on_cpu || require_free_gpus "$TRAIN_GPUS"
 run env "CUDA_VISIBLE_DEVICES=$TRAIN_GPUS" "$PYTHON" -m emoji_rl.cli "${ARGS[@]}"

@@ -28,7 +28,7 @@ define gpu_only
 @test "$(PROFILE)" = gpu || { echo "make $@: needs PROFILE=gpu (the cpu profile runs the judge and the sender in-process)" >&2; exit 2; }
 endef
 
-.PHONY: serve-judge serve-policy sft rl eval gpu-smoke setup-vllm pipeline experiment wordle
+.PHONY: serve-judge serve-policy sft rl eval gpu-smoke setup-vllm setup-gpu pipeline experiment wordle
 
 # A stage list (emoji-rl pipeline): a rerun skips the finished stages and goes on from the interrupted one.
 #   make experiment                     configs/$(PROFILE)/experiment.yaml into its run_dir
@@ -83,3 +83,9 @@ gpu-smoke: ## The layout's servers, two GRPO steps and one eval on a GPU box; PA
 setup-vllm: ## The vLLM servers' own venv (.venv-vllm): vllm 0.33 pins a torch the trainer cannot share
 	test -x .venv-vllm/bin/python || python3 -m venv .venv-vllm
 	.venv-vllm/bin/python -m pip install --quiet vllm==0.33.0
+
+# A GPU box's whole set-up: .venv (on a CUDA box pip takes torch's CUDA build), the gpu extra's kernels
+# compiled for this box's GPUs (launch/setup_gpu.sh: ninja, their architectures only, MAX_JOBS), and
+# .venv-vllm. CUDA_ARCHS, MAX_JOBS and NVCC_THREADS reach the script (launch/setup_gpu.sh --help).
+setup-gpu: $(STAMP) setup-vllm ## On a GPU box: .venv, flash-attn 2 and Qwen3.5's kernels compiled for its GPUs, .venv-vllm
+	launch/setup_gpu.sh

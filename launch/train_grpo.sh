@@ -82,5 +82,6 @@ if on_cpu; then
   run env CUDA_VISIBLE_DEVICES= OMP_WAIT_POLICY=PASSIVE "${LAUNCH[@]}" "${stage[@]}"
 fi
 check_ngpus "$TRAIN_GPUS" "TRAIN_GPUS=$TRAIN_GPUS"
+require_free_gpus "$TRAIN_GPUS"
 launcher "$(count_list "$TRAIN_GPUS")"
 run env "CUDA_VISIBLE_DEVICES=$TRAIN_GPUS" "${LAUNCH[@]}" "${stage[@]}"

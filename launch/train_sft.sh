@@ -2,7 +2,9 @@
 # LoRA SFT over the GPUs of this machine (or of NNODES machines) with `accelerate launch` (DDP, or
 # FSDP for models that do not fit one GPU) or `torchrun`, one process per GPU. SFT runs alone, before the servers (it needs neither the
 # judge nor the policy server): it takes every GPU, not the layout's TRAIN_GPUS, unless TRAIN_GPUS
-# is set. Extra arguments go to `emoji-rl sft` and win over the config file.
+# is set. It refuses GPUs something already holds (nvidia-smi), naming the processes and the GPUs
+# free now: stop servers started by hand first, or set TRAIN_GPUS to the free ones. Extra arguments
+# go to `emoji-rl sft` and win over the config file.
 #
 #   launch/train_sft.sh                                   # all GPUs, DDP, configs/gpu/sft.yaml
 #   TRAIN_GPUS=2,3 launch/train_sft.sh                    # beside servers already on GPUs 0-1
@@ -53,6 +55,7 @@ fi
 NGPUS=${NGPUS:-${GPUS:-$(count_gpus)}}
 require_int NGPUS "$NGPUS" 1
 
+require_free_gpus "${TRAIN_GPUS:-all}"
 launcher "$NGPUS"
 cmd=("${LAUNCH[@]}" -m emoji_rl.cli sft --config "$CONFIG" ${ARGS[@]+"${ARGS[@]}"})
 if [[ ${#envs[@]} -gt 0 ]]; then cmd=(env "${envs[@]}" "${cmd[@]}"); fi

@@ -1,12 +1,16 @@
 #!/usr/bin/env bash
 # Run a command with the vLLM servers it needs up, then stop the servers this script started: a
 # pipeline stage (configs/gpu/experiment.yaml) holds the GPUs only while it runs, and SFT, which takes
-# every GPU, runs between stages with none. SERVERS is `judge` or `judge,policy`; the policy server
+# every GPU, runs between stages with none. SERVERS is `judge` (a stage that asks the judge) or
+# `judge,policy` (GRPO, which also rolls out on the policy server); the policy server
 # starts only where the layout has one (POLICY_GPUS; on 2 GPUs GRPO rolls out in the trainer). A
 # server that already answers /health is used as it is and left running, so servers started by hand
-# (make serve-judge) serve every stage without reloading. The servers run in their own process
-# groups; on exit, on SIGTERM (the pipeline runner dying) or on SIGINT they get SIGTERM, then SIGKILL
-# after 30 s. Their output goes to SERVER_LOG_DIR/<server>.log.
+# (make serve-judge) serve every stage without reloading. The command is told where each server
+# listens: `--judge_url URL` (and `--vllm_url URL` for the policy server) go after its arguments, so
+# a stage reaches the server this script asked, at JUDGE_HOST:JUDGE_PORT (POLICY_HOST:POLICY_PORT); a
+# command that names another URL is refused. The servers run in their own process groups; on exit,
+# on SIGTERM (the pipeline runner dying) or on SIGINT they get SIGTERM, then SIGKILL after 30 s.
+# Their output goes to SERVER_LOG_DIR/<server>.log.
 #
 #   launch/with_servers.sh judge -- launch/eval_retrieval.sh --max_examples 64
 #   launch/with_servers.sh judge,policy -- launch/train_grpo.sh --resume true
@@ -30,7 +34,11 @@ case "${1:-}" in
   *) die "usage: launch/with_servers.sh judge|judge,policy [--dry-run] -- COMMAND ... (got '${1:-}')" ;;
 esac
 DRY_RUN=0
-if [[ "${1:-}" == --dry-run ]]; then DRY_RUN=1; shift; fi
+while [[ "${1:-}" == --dry-run || "${1:-}" == -h || "${1:-}" == --help ]]; do
+  [[ "$1" == --dry-run ]] || { usage; exit 0; }
+  DRY_RUN=1
+  shift
+done
 [[ "${1:-}" == -- && $# -ge 2 ]] || die "usage: launch/with_servers.sh $SERVERS [--dry-run] -- COMMAND ..."
 shift
 COMMAND=("$@")
@@ -45,7 +53,24 @@ pick_python
 wanted=(judge)
 [[ "$SERVERS" == judge,policy ]] && has_server POLICY && wanted+=(policy)
 url_of() { if [[ "$1" == judge ]]; then server_url JUDGE; else server_url POLICY; fi; }
-answers() { "$PYTHON" -m emoji_rl.io.endpoint "$1" --timeout 5 > /dev/null 2>&1; }
+answers() { "$PYTHON" -m emoji_rl.io.endpoint "$1" --once > /dev/null 2>&1; }
+
+# Where the stage looks for each server: where this script asks for /health. A URL flag of the
+# command's own that says otherwise would have the stage wait for a server that is not there.
+server_flags "${wanted[@]}"
+for ((i = 0; i < ${#COMMAND[@]}; i++)); do
+  for ((j = 0; j < ${#SERVER_FLAGS[@]}; j += 2)); do
+    name=${SERVER_FLAGS[$j]} url=${SERVER_FLAGS[$((j + 1))]}
+    case "${COMMAND[$i]}" in
+      "$name") given=${COMMAND[$((i + 1))]:-} ;;
+      "$name="*) given=${COMMAND[$i]#*=} ;;
+      *) continue ;;
+    esac
+    [[ "$given" == "$url" ]] \
+      || die "the command's $name $given is not where the server listens: this script starts or finds it at $url (the *_HOST and *_PORT settings) and tells the command so; drop the flag, or set the host and port"
+  done
+done
+COMMAND+=("${SERVER_FLAGS[@]}")
 
 if [[ "$DRY_RUN" == 1 ]]; then
   for server in "${wanted[@]}"; do

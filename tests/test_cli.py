@@ -2,11 +2,14 @@ import logging
 import os
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 import yaml
 
 from emoji_rl import cli
+
+ROOT = Path(__file__).resolve().parents[1]
 
 
 def test_help_lists_every_stage(capsys):
@@ -127,7 +130,7 @@ def test_a_full_disk_is_one_line_naming_the_file(capsys, monkeypatch):
         raise OSError(errno.ENOSPC, "No space left on device", "data/teacher_answers.jsonl")
 
     monkeypatch.setattr(teacher, "main", full)
-    assert cli.main(["teacher", "--teacher", "offline"]) == 1
+    assert cli.main(["teacher", "--teacher", "offline", "--prompts", "data/samples/rl_eval.jsonl"]) == 1
     err = capsys.readouterr().err
     assert "emoji-rl teacher: error: No space left on device (data/teacher_answers.jsonl)" in err
     assert "Traceback" not in err
@@ -143,6 +146,7 @@ def test_an_unreachable_judge_server_is_named_before_any_model_loads(capsys, mon
     for loader in ("load_causal_lm", "load_tokenizer", "load_embedder"):
         monkeypatch.setattr(models, loader, must_not_load)
     args = [stage, "--judge", "openai", "--judge_url", "http://127.0.0.1:9", "--server_wait_s", "0.5"]
+    args += ["--data", "data/samples/rl_eval.jsonl"] if stage == "eval-retrieval" else []
     assert cli.main(args) == 2
     err = capsys.readouterr().err
     assert "http://127.0.0.1:9" in err and "judge server" in err and "Traceback" not in err
@@ -188,3 +192,52 @@ def test_the_data_stages_take_output_dir_and_their_older_spellings(tmp_path):
     assert prompts.path == tmp_path / "d" / "prompts.jsonl"
     older = parse_config(prompt_sources.Config, ["--out", f"{out}/mine.jsonl"], "x")
     assert (older.path, older.output_dir) == (tmp_path / "d" / "mine.jsonl", out)
+
+
+@pytest.mark.parametrize(
+    ("stage", "args", "missing"),
+    [
+        ("sft", ["--config", "configs/gpu/sft.yaml"], "train_data=data/sft_train.jsonl"),
+        (
+            "grpo",
+            ["--config", "configs/gpu/grpo.yaml", "--init_adapter", "none"],
+            "train_data=data/rl_train.jsonl",
+        ),
+        (
+            "grpo",
+            ["--config", "configs/gpu/grpo.yaml", "--train_data", "data/samples/rl_eval.jsonl"],
+            "init_adapter=runs/sft-gpu/adapter",
+        ),
+        ("eval-sft", ["--config", "configs/gpu/eval_sft.yaml"], "adapter=runs/sft-gpu/adapter"),
+        (
+            "eval-retrieval",
+            ["--config", "configs/gpu/eval_retrieval.yaml", "--data", "data/samples/rl_eval.jsonl"],
+            "systems=sft=runs/sft-gpu/adapter",
+        ),
+    ],
+)
+def test_a_missing_input_stops_the_stage_at_once_naming_its_key(
+    tmp_path, capsys, monkeypatch, stage, args, missing
+):
+    # docs/gpu/README.md's steps on a fresh box: a stage run before the one that writes its input stops
+    # in its first second, not after the model has loaded.
+    import importlib
+    import time
+
+    from emoji_rl.lm import models
+
+    def must_not_load(*args, **kwargs):
+        raise AssertionError("a model loaded before the stage's inputs were checked")
+
+    for loader in ("load_causal_lm", "load_base_model", "load_tokenizer", "load_embedder"):
+        monkeypatch.setattr(models, loader, must_not_load)
+    monkeypatch.chdir(ROOT)
+    importlib.import_module(cli.STAGES[stage][0])  # the stage's imports are not what is timed
+    start = time.monotonic()
+    # The lexicon judge: a missing input is named before a judge server is waited for.
+    judge = ["--judge", "lexicon", "--judge_view", "gloss"] if stage != "sft" else []
+    assert cli.main([stage, *args, *judge, "--output_dir", str(tmp_path / "run")]) == 2
+    assert time.monotonic() - start < 1.0
+    err = capsys.readouterr().err
+    assert f"no such file or directory: {missing} (" in err and "Traceback" not in err, err
+    assert not (tmp_path / "run").exists()

@@ -4,7 +4,7 @@ from typing import Literal
 import pytest
 import yaml
 
-from emoji_rl.config import override, parse_config, save_config
+from emoji_rl.config import override, parse_config, peek, save_config
 from emoji_rl.errors import UserError
 
 
@@ -46,14 +46,14 @@ def test_bare_bool_flag_means_true_and_false_still_turns_it_off(tmp_path):
     path = tmp_path / "toy.yaml"
     path.write_text("resume: true\n")
     assert parse_config(Toy, ["--config", str(path), "--resume", "false"], prog="toy").resume is False
-    with pytest.raises(SystemExit):
+    with pytest.raises(UserError, match="argument --resume: expected true or false, got 'maybe'"):
         parse_config(Toy, ["--resume", "maybe"], prog="toy")
 
 
 def test_optional_choice_takes_none():
     assert parse_config(Toy, ["--judge", "none"], prog="toy").judge is None
     assert parse_config(Toy, ["--judge", "lexicon"], prog="toy").judge == "lexicon"
-    with pytest.raises(SystemExit):
+    with pytest.raises(UserError, match="argument --judge: invalid choice: 'gpt'"):
         parse_config(Toy, ["--judge", "gpt"], prog="toy")
 
 
@@ -66,11 +66,14 @@ def test_unknown_yaml_key_names_file_and_key(tmp_path):
         parse_config(Toy, ["--config", str(path)], prog="toy")
 
 
-def test_unknown_cli_flag_and_bad_choice_exit_with_usage():
-    with pytest.raises(SystemExit):
+def test_an_unknown_flag_and_a_bad_choice_are_one_line_errors_without_the_usage(capsys):
+    with pytest.raises(UserError, match=r"^unrecognized arguments: --learning_rat 1 \(`toy --help` lists"):
         parse_config(Toy, ["--learning_rat", "1"], prog="toy")
-    with pytest.raises(SystemExit):
+    with pytest.raises(
+        UserError, match=r"^argument --engine: invalid choice: 'tinker' \(choose from 'hf', 'vllm'\)"
+    ):
         parse_config(Toy, ["--engine", "tinker"], prog="toy")
+    assert capsys.readouterr().err == ""  # no usage: 53 lines for grpo, above the one that matters
 
 
 def test_post_init_rule_becomes_user_error():
@@ -85,6 +88,35 @@ def test_missing_and_non_mapping_config_files(tmp_path):
     listing.write_text("- 1\n- 2\n")
     with pytest.raises(UserError, match="must hold a mapping"):
         parse_config(Toy, ["--config", str(listing)], prog="toy")
+
+
+@pytest.mark.parametrize(
+    ("content", "message"),
+    [
+        (
+            b"group_size: 8\nengine: vllm\ngroup_size: 16\n",
+            ":3: not valid YAML: group_size is given twice (first on line 1)",
+        ),
+        (b"", ":1: holds no settings (empty, or only comments)"),
+        (b"# group_size: 8\n", ":1: holds no settings (empty, or only comments)"),
+        (b"engine: vllm\nmessages: [caf\xe9]\n", ":2: not valid UTF-8; save it as UTF-8"),
+    ],
+    ids=["a key twice", "empty", "only comments", "not UTF-8"],
+)
+def test_a_config_file_that_says_a_key_twice_or_nothing_or_is_not_utf8_names_its_line(
+    tmp_path, content, message
+):
+    """PyYAML keeps the last of two equal keys, and an empty file is no mapping: both were taken as
+    settings, silently; a file not in UTF-8 was a traceback."""
+    path = tmp_path / "c.yaml"
+    path.write_bytes(content)
+    with pytest.raises(UserError) as err:
+        parse_config(Toy, ["--config", str(path)], prog="toy")
+    assert str(err.value).startswith(f"config file {path}{message}")
+    assert peek(["--config", str(path)], "engine") is None  # grpo's look at its game leaves it to the parse
+    (tmp_path / "folder.yaml").mkdir()
+    with pytest.raises(UserError, match=r"folder\.yaml is a folder, not a YAML file"):
+        parse_config(Toy, ["--config", str(tmp_path / "folder.yaml")], prog="toy")
 
 
 def test_save_config_round_trips(tmp_path):

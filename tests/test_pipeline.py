@@ -196,7 +196,8 @@ def test_bad_yaml_names_the_file_and_line_and_an_unknown_key_the_file(tmp_path, 
     config.write_text("run_dir: r\nstages:\n  - name: a\n    run: [x\n")
     assert pipeline(config) == 2
     err = capfd.readouterr().err
-    assert f"config file {config} is not valid YAML" in err and "line 4" in err
+    assert f"config file {config}:5: not valid YAML: expected ',' or ']'" in err
+    assert "(while parsing a flow sequence on line 4)" in err
     config.write_text("run_dir: r\nstage: []\n")
     assert pipeline(config) == 2
     assert f"config file {config}: unknown key(s) stage" in capfd.readouterr().err

@@ -9,6 +9,7 @@ names decides the fields) and `main(cfg)`. Modules are imported only when their 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import errno
 import importlib
 import logging
@@ -18,7 +19,7 @@ from collections.abc import Iterator, Mapping
 from pathlib import Path
 
 from emoji_rl.config import parse_config
-from emoji_rl.errors import UserError, stop_signal
+from emoji_rl.errors import LostPeers, UserError, stop_signal
 from emoji_rl.io.run_lock import run_lock
 
 # stage -> (module, one-line description). Order is the pipeline's order.
@@ -179,6 +180,38 @@ def check_writable(cfg: object) -> None:
             )
 
 
+INPUT = "input"
+"""The metadata key of a config field that names a file or directory the stage reads (`"input": True`),
+or a list of them as NAME=PATH entries (an evaluation's systems): checked before the stage starts, and
+so before any model loads."""
+
+
+def missing_inputs(cfg: object, root: Path = Path()) -> list[str]:
+    """`key=value (what it is)` for each input of `cfg` (fields marked INPUT) that does not exist,
+    relative paths taken from `root`."""
+    missing = []
+    for field in dataclasses.fields(cfg):  # type: ignore[arg-type]
+        value = getattr(cfg, field.name)
+        if not field.metadata.get(INPUT):
+            continue
+        paths = [value] if isinstance(value, str) else [v.split("=", 1)[1] for v in value or () if "=" in v]
+        for path in paths:
+            if path and not (root / path).exists():
+                shown = value if isinstance(value, str) else next(v for v in value if v.endswith(f"={path}"))
+                missing.append(f"{field.name}={shown} ({field.metadata.get('help', 'an input')})")
+    return missing
+
+
+def check_inputs(cfg: object) -> None:
+    """Every file and directory `cfg` reads exists: a stage that would load a model for minutes and
+    then stop on a missing --train_data stops here instead, naming the key."""
+    if missing := missing_inputs(cfg):
+        raise UserError(
+            f"no such file or directory: {'; '.join(missing)}. The stage that writes it runs first: "
+            "`make experiment` runs every stage in order from nothing (docs/gpu/README.md, Step by step)"
+        )
+
+
 @contextlib.contextmanager
 def one_run_per_directory(cfg: object, environ: Mapping[str, str]) -> Iterator[None]:
     """Each output directory of `cfg` locked for this run (io/run_lock.py), so that two runs on one
@@ -190,6 +223,16 @@ def one_run_per_directory(cfg: object, environ: Mapping[str, str]) -> Iterator[N
             for key, value in output_dirs(cfg):
                 locks.enter_context(run_lock(Path(value), f"{key}={value}"))
         yield
+
+
+def leave(status: int) -> None:
+    """End the process now, its output flushed: what it had to save is saved (the trackers and the
+    run lock were closed as the error left the stage), and NCCL's threads, waiting out a dead peer,
+    would hold up an interpreter's exit for minutes."""
+    logging.shutdown()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(status)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -208,12 +251,15 @@ def main(argv: list[str] | None = None) -> int:
         rest = stage_argv(stage, rest)
         cfg = parse_config(config_class(module, rest), rest, prog=f"emoji-rl {stage}")
         check_writable(cfg)
+        check_inputs(cfg)
         with one_run_per_directory(cfg, os.environ):
             if hasattr(cfg, "wait_for_judge"):  # the stages that ask a judge (`JudgeConfig`)
                 cfg.wait_for_judge()
             status = module.main(cfg)  # None, or an exit status (selftest: 1 when a check failed)
     except UserError as err:
         print(f"emoji-rl {stage}: error: {err}", file=sys.stderr)
+        if isinstance(err, LostPeers):
+            leave(2)
         return 2
     except OSError as err:
         if err.errno not in _OUTPUT_ERRNOS:

@@ -20,7 +20,7 @@ import math
 import types
 import typing
 from pathlib import Path
-from typing import Any, Literal, TypeVar, get_args, get_origin
+from typing import Any, Literal, NoReturn, TypeVar, get_args, get_origin
 
 import yaml
 
@@ -127,14 +127,56 @@ def peek(argv: list[str], name: str) -> str | None:
         if arg.startswith(f"--{name}="):
             return arg.split("=", 1)[1]
     path = _find_config(argv)
-    if path is None or not Path(path).is_file():
-        return None  # the whole parse says what is wrong with it
     try:
-        data = yaml.safe_load(Path(path).read_text())
-    except yaml.YAMLError:
-        return None
+        data = read_yaml(path) if path is not None else None
+    except UserError:
+        return None  # the whole parse says what is wrong with it
     value = data.get(name) if isinstance(data, dict) else None
     return value if isinstance(value, str) else None
+
+
+class _UniqueKeys(yaml.SafeLoader):
+    """PyYAML's safe loader that refuses a key given twice in one mapping: PyYAML itself keeps the last
+    one, so the first would be a setting silently not taken."""
+
+    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict:
+        first: dict[Any, int] = {}
+        for key_node, _ in node.value:
+            key = self.construct_object(key_node, deep=deep)
+            line = key_node.start_mark.line + 1
+            if isinstance(key, str) and key in first:
+                raise yaml.constructor.ConstructorError(
+                    problem=f"{key} is given twice (first on line {first[key]})",
+                    problem_mark=key_node.start_mark,
+                )
+            if isinstance(key, str):
+                first[key] = line
+        return super().construct_mapping(node, deep=deep)
+
+
+def read_yaml(path: str | Path) -> Any:
+    """A YAML file's document (None: empty), strictly: an error names the file and the line, for a
+    file that is missing, a folder, not UTF-8, not YAML, or gives a key twice."""
+    path = Path(path)
+    if path.is_dir():
+        raise UserError(f"config file {path} is a folder, not a YAML file")
+    if not path.is_file():
+        raise UserError(f"config file {path} does not exist")
+    data = path.read_bytes()
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as err:
+        line = data.count(b"\n", 0, err.start) + 1
+        raise UserError(f"config file {path}:{line}: not valid UTF-8; save it as UTF-8") from None
+    try:
+        return yaml.load(text, Loader=_UniqueKeys)  # a SafeLoader: builds no Python objects
+    except yaml.MarkedYAMLError as err:
+        mark = err.problem_mark or err.context_mark
+        where = f"{path}:{mark.line + 1}" if mark is not None else str(path)
+        started = f" ({err.context} on line {err.context_mark.line + 1})" if err.context_mark else ""
+        raise UserError(f"config file {where}: not valid YAML: {err.problem}{started}") from None
+    except yaml.YAMLError as err:
+        raise UserError(f"config file {path}: not valid YAML: {err}") from None
 
 
 def override(base: type, name: str, default: Any = dataclasses.MISSING, **metadata: Any) -> Any:
@@ -146,9 +188,18 @@ def override(base: type, name: str, default: Any = dataclasses.MISSING, **metada
     return dataclasses.field(default=default, metadata={**inherited.metadata, **metadata})
 
 
+class _Parser(argparse.ArgumentParser):
+    """argparse's parser whose errors (an unknown flag, a bad choice or value) are a UserError, one
+    line as every other config error, rather than the usage first: a stage's usage lists every field
+    (53 lines for grpo), above the line that says what was wrong."""
+
+    def error(self, message: str) -> NoReturn:
+        raise UserError(f"{message} (`{self.prog} --help` lists the fields)")
+
+
 def build_parser(cls: type, prog: str, description: str | None) -> argparse.ArgumentParser:
     """An argparse parser with one `--field` per dataclass field, plus `--config FILE.yaml`."""
-    parser = argparse.ArgumentParser(
+    parser = _Parser(
         prog=prog,
         description=description,
         formatter_class=argparse.RawDescriptionHelpFormatter,
@@ -165,12 +216,12 @@ def build_parser(cls: type, prog: str, description: str | None) -> argparse.Argu
 def load_yaml_overrides(path: str | Path, cls: type) -> dict[str, Any]:
     """Read a YAML mapping of field values; any key that is not a field of `cls` is an error."""
     path = Path(path)
-    if not path.is_file():
-        raise UserError(f"config file {path} does not exist")
-    try:
-        data = yaml.safe_load(path.read_text()) or {}
-    except yaml.YAMLError as err:
-        raise UserError(f"config file {path} is not valid YAML: {err}") from err
+    data = read_yaml(path)
+    if data is None:
+        raise UserError(
+            f"config file {path}:1: holds no settings (empty, or only comments); write field: value "
+            "lines in it, or leave --config out"
+        )
     if not isinstance(data, dict):
         raise UserError(f"config file {path} must hold a mapping of field: value, got {type(data).__name__}")
     known = {f.name for f in dataclasses.fields(cls) if f.init}
@@ -263,16 +314,19 @@ def parse_config(cls: type[C], argv: list[str], prog: str) -> C:
 
 
 def _check_bounds(cls: type, values: dict[str, Any], config_path: str | None) -> None:
-    """Each field's `min` (metadata), wherever its value came from: a game of 0 turns never ends."""
+    """Each field's `min` and `max` (metadata), wherever its value came from: a game of 0 turns never
+    ends."""
     for field in dataclasses.fields(cls):
-        low = field.metadata.get("min")
+        low, high = field.metadata.get("min"), field.metadata.get("max")
         value = values.get(field.name)
-        if low is None or value is None:
+        if value is None:
             continue
+        where = f" (--{field.name}, or {field.name}: in {config_path})" if config_path else ""
         for item in value if isinstance(value, list) else [value]:
-            if item < low:
-                where = f" (--{field.name}, or {field.name}: in {config_path})" if config_path else ""
+            if low is not None and item < low:
                 raise UserError(f"{field.name}={item!r} must be >= {low}{where}")
+            if high is not None and item > high:
+                raise UserError(f"{field.name}={item!r} must be <= {high}{where}")
 
 
 def _find_config(argv: list[str]) -> str | None:

@@ -8,6 +8,11 @@ class UserError(Exception):
     """Bad input, configuration or environment: the message says what was wrong, where, and the fix."""
 
 
+class LostPeers(UserError):
+    """A collective failed because another process of the job is gone. The CLI prints it and leaves at
+    once: NCCL's threads would hold up a normal exit (lm/processes.py)."""
+
+
 class DataError(UserError):
     """A data file is malformed at a given line."""
 

@@ -170,7 +170,7 @@ def test_the_held_out_evaluation_is_drawn_beside_the_training_curves(run_dir, mo
 
     path = run_dir / "grpo" / "metrics.jsonl"
     trained = {m["step"]: m for m in map(json.loads, path.read_text().splitlines())}
-    keys = ("eval/reward", "eval/similarity", "eval/retrieval@1/10")
+    keys = ("eval/reward/mean", "eval/similarity", "eval/retrieval@1/10")
     values = {0: (-0.5, 0.1, 0.2), 2: (-0.1, 0.2, 0.3), 4: (0.2, 0.3, 0.5)}
     held_out = {step: dict(zip(keys, v, strict=True)) for step, v in values.items()}
     lines = [{"step": s, **trained.get(s, {}), **held_out.get(s, {})} for s in range(5)]

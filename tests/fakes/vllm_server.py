@@ -67,6 +67,8 @@ class FakeVLLMServer(OpenAIAPI):
         ready_after: float | None = 0.0,
         seed: int = 0,
         chat_reply: Callable[[Sequence[JSONBody]], str] = default_chat_reply,
+        host: str = "127.0.0.1",
+        port: int = 0,
     ) -> None:
         assert served_model_names, "a server serves at least one name"
         self.lm = lm
@@ -92,7 +94,8 @@ class FakeVLLMServer(OpenAIAPI):
         self._count_lock = threading.Lock()
         self._serving = threading.Event()
         self._timer: threading.Timer | None = None
-        self._httpd = ThreadingHTTPServer(("127.0.0.1", 0), self._handler_class(), bind_and_activate=False)
+        # Where `vllm serve --host --port` binds (the rehearsal's servers); port 0: a free one.
+        self._httpd = ThreadingHTTPServer((host, port), self._handler_class(), bind_and_activate=False)
         self._httpd.daemon_threads = True
 
     # --- lifecycle -------------------------------------------------------------------------------

@@ -23,7 +23,6 @@ from emoji_rl.game.evaluation import (
 )
 from emoji_rl.game.spec import GameConfig, GameContext, GameSpec, stage_config
 from emoji_rl.game.types import Game, GameSetup, StepResult
-from emoji_rl.io.jsonl import read_jsonl
 from emoji_rl.lm import models, template
 
 # Record -> its secret word; each system's replies to it, turn by turn.
@@ -67,8 +66,7 @@ def setup(cfg: GameConfig, context: GameContext) -> GameSetup:
         mode: lambda r, t=turns: Guess(context.tokenizer, SECRETS[r["id"]], t)
         for mode, turns in MODES.items()
     }
-    records = read_jsonl(context.records)
-    return GameSetup(modes["long"], records, "none", "guess", target=lambda r: r["id"], modes=modes)
+    return GameSetup(modes["long"], context.records, "none", "guess", target=lambda r: r["id"], modes=modes)
 
 
 def plan(cfg, game, records, tokenizer) -> EvalPlan:

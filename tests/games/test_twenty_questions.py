@@ -38,6 +38,9 @@ class Config(GameConfig):
 
     max_turns: int = override(GameConfig, "max_turns", 3, help="questions before the answerer tells")
 
+    def read_records(self, path, stage):
+        return read_records(path, "word", "write it by hand")
+
 
 def answer(word: str, question: str) -> str:
     """The scripted answerer: it knows the word and its properties, and reads words, not grammar."""
@@ -70,10 +73,9 @@ class TwentyQuestions(ChatGame):
 
 
 def setup(cfg: Config, context: GameContext) -> GameSetup:
-    records = read_records(context.records, "word", "write it by hand")
     return GameSetup(
         lambda record: TwentyQuestions(context.tokenizer, record["word"], cfg.max_turns),
-        records,
+        context.records,
         "none",
         "twenty questions, scripted answerer",
         target=lambda record: record["word"],

@@ -3,14 +3,24 @@ that does not import is named with the extras command before any work; the track
 directory keeps."""
 
 import json
+import os
 import re
+import subprocess
 import sys
 
 import pytest
 
 from emoji_rl.config import parse_config
 from emoji_rl.errors import UserError
-from emoji_rl.io.trackers import EXTRAS, STATE_FILE, TrackerConfig, keep_mlflow_run, resolve, tracker_run
+from emoji_rl.io.trackers import (
+    EXTRAS,
+    STATE_FILE,
+    Held,
+    TrackerConfig,
+    keep_mlflow_run,
+    resolve,
+    tracker_run,
+)
 from emoji_rl.rl.train_config import config_class
 from emoji_rl.sft.trl_config import Config as SftConfig
 
@@ -33,12 +43,10 @@ def test_report_to_takes_trls_names_alone_or_as_a_list(stage, tmp_path):
 
 
 @pytest.mark.parametrize("stage", STAGES)
-def test_an_unknown_tracker_names_the_key_and_the_choices(stage, tmp_path, capsys):
-    with pytest.raises(SystemExit):
+def test_an_unknown_tracker_names_the_key_and_the_choices(stage, tmp_path):
+    with pytest.raises(UserError, match="argument --report_to: invalid choice: 'mlflw'") as err:
         parse_config(stage, ["--report_to", "wandb", "mlflw"], "stage")
-    err = capsys.readouterr().err
-    assert "argument --report_to: invalid choice: 'mlflw'" in err
-    assert ", ".join(f"'{name}'" for name in CHOICES.split(", ")) in err
+    assert ", ".join(f"'{name}'" for name in CHOICES.split(", ")) in str(err.value)
     path = tmp_path / "bad.yaml"
     path.write_text("report_to: [wandb, mlflw]\n")
     with pytest.raises(UserError, match=f"report_to must be one of {CHOICES}"):
@@ -92,6 +100,43 @@ def test_an_mlflow_store_mlflow_refuses_is_named_when_parsed(stage, tmp_path, mo
     monkeypatch.setenv("MLFLOW_TRACKING_URI", "http://127.0.0.1:9")  # a server: not contacted yet
     assert parse_config(stage, ["--report_to", "mlflow"], "stage").report_to == ["mlflow"]
     assert resolve(["all"]) == INSTALLED
+    # A folder it cannot make (under a file, which even root cannot write into): one line, as above.
+    (tmp_path / "file").write_text("")
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", (tmp_path / "file" / "mlruns").as_uri())
+    monkeypatch.setenv("MLFLOW_ALLOW_FILE_STORE", "true")
+    with pytest.raises(UserError, match=r"report_to mlflow: mlflow cannot keep runs at .*Not a directory"):
+        parse_config(stage, ["--report_to", "mlflow"], "stage")
+
+
+WANDB_CHECKS = """
+import os, wandb
+from emoji_rl.errors import UserError
+from emoji_rl.io.trackers import TrackerConfig, check_trackers
+
+for name, value in [(None, None), ("WANDB_API_KEY", "k" * 40), ("WANDB_MODE", "offline")]:
+    os.environ.update({name: value} if name else {})
+    try:
+        check_trackers(TrackerConfig(report_to=["wandb"]))
+        print("taken")
+    except UserError as err:
+        print(err)
+    os.environ.pop(name or "", None)
+    wandb.teardown()  # wandb reads its settings from the environment once, until then
+"""
+
+
+def test_an_online_wandb_without_a_key_is_named_when_parsed(tmp_path):
+    """wandb.init asks for a key at a prompt, or stops without a terminal, once the model has loaded and
+    the run directory is written: wandb's own search for credentials (its environment, ~/.netrc, its
+    settings), in a process of its own with a home of its own."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("WANDB_", "NETRC"))}
+    env |= {"HOME": str(tmp_path), "XDG_CONFIG_HOME": str(tmp_path), "WANDB_MODE": "online"}
+    done = subprocess.run([sys.executable, "-c", WANDB_CHECKS], env=env, capture_output=True, text=True)
+    refused, with_a_key, offline = done.stdout.splitlines()
+    assert refused.startswith("report_to wandb: wandb logs online (WANDB_MODE=online) and finds no API key")
+    assert refused.endswith("run `wandb login` or set WANDB_API_KEY, or set WANDB_MODE=offline to keep the run "
+                            "in the run directory and `wandb sync` it later")  # fmt: skip
+    assert (with_a_key, offline) == ("taken", "taken")
 
 
 def test_the_tracker_run_is_kept_in_the_run_directory(tmp_path):
@@ -142,3 +187,16 @@ def test_an_empty_report_to_or_project_and_a_report_to_of_the_wrong_type_are_nam
         UserError, match=r"report_to must be one of tensorboard, .*, or a list of them; got 5$"
     ):
         parse_config(stage, ["--config", str(number)], "stage")
+
+
+def test_a_tracker_is_sent_what_it_lacks_counted_per_name_not_per_step():
+    """A kill between step 2's training line and its evaluation: the tracker holds the first."""
+    held = Held(2, {"train/loss", "train/epoch"})
+    assert held.take(1, {"train/loss": 1.0}) == {}
+    assert held.take(2, {"train/loss": 0.5, "train/epoch": 1.0}) == {}
+    assert held.take(2, {"eval/loss": 0.7, "train/epoch": 1.0}) == {"eval/loss": 0.7}
+    assert held.take(2, {"eval/loss": 0.6}) == {}  # a name once per step
+    assert held.take(3, {"train/loss": 0.4}) == {"train/loss": 0.4}
+    assert held.take(3, {"eval/loss": 0.5, "train/loss": 0.4}) == {"eval/loss": 0.5}
+    whole = Held(2, None)  # wandb: a step is there whole, or not at all
+    assert whole.take(2, {"eval/loss": 0.7}) == {} and whole.take(3, {"eval/loss": 0.5}) == {"eval/loss": 0.5}

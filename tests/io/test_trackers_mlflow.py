@@ -21,9 +21,9 @@ from emoji_rl.io.trackers import STATE_FILE, TrackerConfig
 
 ROOT = Path(__file__).resolve().parents[2]
 
-# The stage's first process: steps 1 and 2 logged, then killed with SIGKILL either once step 3 is
-# logged everywhere, or between metrics.jsonl's line for step 3 and mlflow's (the tracker's write
-# kills the process instead).
+# The stage's first process: steps 1 and 2 logged, then killed with SIGKILL either once step 3's first
+# line is logged everywhere, or between metrics.jsonl's line for step 3 and mlflow's (the tracker's
+# write kills the process instead).
 KILLED = """
 import os, signal, sys
 from emoji_rl.io.metrics import MetricsWriter
@@ -83,26 +83,33 @@ def test_mlflow_gets_each_line_at_its_step_and_the_config_in_the_run_trackers_js
 
 @pytest.mark.parametrize(
     ("killed", "checkpoint"),
-    [("between metrics.jsonl and mlflow", 3), ("after step 3", 2)],
+    [("between metrics.jsonl and mlflow", 3), ("between two lines of step 3", 2)],
 )
 def test_a_resume_after_a_kill_continues_the_mlflow_run_with_each_step_once(
     store, tmp_path, killed, checkpoint
 ):
+    """Each step once, and each line of a step: step 3 has a second line (`eval`), which the killed
+    run never logged; the resume from step 2's checkpoint logs both, and mlflow is sent the second."""
     run = tmp_path / "run"
     dead = subprocess.run([sys.executable, "-c", KILLED, str(run), killed], cwd=ROOT, env=dict(os.environ))
     assert dead.returncode == -9
     kept = json.loads((run / STATE_FILE).read_text())["mlflow_run_id"]
     # mlflow holds step 3 only if the kill came after its write: a resume sends it the rest.
-    held = [1, 2, 3] if killed == "after step 3" else [1, 2]
+    held = [1, 2] if killed == "between metrics.jsonl and mlflow" else [1, 2, 3]
     assert [step for step, _ in mlflow_points(kept, "loss")] == held
 
     cfg = Stage(report_to=["mlflow"], run_name="ignored on resume", resume=True)
     with MetricsWriter(run, resume_from_step=checkpoint, trackers=cfg) as writer:
         for step in range(checkpoint + 1, 7):
             writer.write(step, {"loss": 1.0 / step})
+            if step == 3:
+                writer.write(step, {"eval": 0.5})
 
-    assert [row["step"] for row in read_metrics(run)] == [1, 2, 3, 4, 5, 6]
+    second = [(3, "eval")] if checkpoint < 3 else []
+    lines = [(1, "loss"), (2, "loss"), (3, "loss"), *second, (4, "loss"), (5, "loss"), (6, "loss")]
+    assert [(row["step"], *row.keys() - {"step"}) for row in read_metrics(run)] == lines
     assert mlflow_points(kept, "loss") == [(step, 1.0 / step) for step in range(1, 7)]
+    assert mlflow_points(kept, "eval") == [(3, 0.5)] * len(second)
     [mlflow_run] = _runs("emoji-rl")
     assert mlflow_run.info.run_id == kept and mlflow_run.info.run_name == "killed"
     assert mlflow_run.info.status == "FINISHED"
@@ -129,3 +136,43 @@ def test_a_kept_mlflow_run_the_store_does_not_hold_is_named(store, tmp_path):
     )
     with pytest.raises(UserError, match=f"keeps mlflow run {'0' * 32}, which mlflow at file:"):
         MetricsWriter(run, trackers=TrackerConfig(report_to=["mlflow"]))
+
+
+def test_a_run_from_before_the_held_out_rename_resumes_in_a_new_mlflow_run_under_the_new_names(
+    store, tmp_path
+):
+    """A GRPO run of before #62: its mlflow file store holds `eval/reward` as a file (where the killed
+    run's `eval/reward/contrast` failed), so no `eval/reward/mean` can go beside it. The resume renames
+    metrics.jsonl's lines, and a new mlflow run gets every line; the old one stays as it was."""
+    from mlflow import MlflowClient
+
+    from emoji_rl.rl.held_out import current_names
+
+    run = tmp_path / "run"
+    run.mkdir()
+    old = {
+        "step": 1,
+        "reward/mean": 0.5,
+        "eval/reward": 0.25,
+        "eval/reward/contrast": -0.1,
+        "eval/turns": 1.0,
+    }
+    (run / "metrics.jsonl").write_text(json.dumps(old) + "\n")
+    client = MlflowClient()
+    experiment = client.create_experiment("emoji-rl")
+    before = client.create_run(experiment).info.run_id
+    client.log_metric(before, "eval/reward", 0.25, step=1)
+    (run / STATE_FILE).write_text(
+        json.dumps({"id": "abcd1234", "project": "emoji-rl", "name": "old", "mlflow_run_id": before})
+    )
+
+    cfg = Stage(report_to=["mlflow"], resume=True)
+    with MetricsWriter(run, resume_from_step=1, trackers=cfg, rename=current_names) as writer:
+        writer.write(2, {"reward/mean": 0.75, "eval/reward/mean": 0.5, "eval/reward/contrast/mean": 0.1})
+
+    renamed = {"step": 1, "reward/mean": 0.5, "eval/reward/mean": 0.25, "eval/reward/contrast/mean": -0.1}
+    assert read_metrics(run)[0] == {**renamed, "eval/turns": 1.0}
+    now = json.loads((run / STATE_FILE).read_text())["mlflow_run_id"]
+    assert now != before and set(client.get_run(before).data.metrics) == {"eval/reward"}
+    assert mlflow_points(now, "eval/reward/mean") == [(1, 0.25), (2, 0.5)]
+    assert mlflow_points(now, "eval/reward/contrast/mean") == [(1, -0.1), (2, 0.1)]

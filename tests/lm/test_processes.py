@@ -21,6 +21,9 @@ from pathlib import Path
 import pytest
 from tests.launching import accelerate_launch
 
+from emoji_rl.errors import LostPeers
+from emoji_rl.lm.processes import Peer
+
 RANKS = 2
 LATE_S = 1.0  # how much later node 1's view of the run directory shows the main process's file
 APART_WAIT_S = 1.5  # shared_dir_wait_s for the directory the nodes see apart
@@ -39,9 +42,59 @@ def job(tmp_path_factory):
 def test_nccl_errors_are_left_to_raise_in_python_not_to_kill_the_process(job):
     # torch's elastic agent exports 1 (TearDown: the watchdog aborts the process, no exception); the
     # process group is made with 2 (CleanUpOnly: the communicators are aborted, and their next use
-    # raises DistBackendError, which peers_named turns into the message naming the lost peers).
+    # raises DistBackendError, which peers_named turns into the message naming the lost peers), and
+    # without the flight recorder's dump, whose heartbeat monitor would sleep 480 s and then SIGABRT.
     assert [r["nccl_error_handling"]["exported"] for r in job] == ["1", "1"]
     assert [r["nccl_error_handling"]["at_init_process_group"] for r in job] == ["2", "2"]
+    assert [r["nccl_error_handling"]["dump_on_timeout"] for r in job] == ["0", "0"]
+
+
+PEERS = [Peer(0, 0, "gpu1", 100), Peer(1, 0, "gpu1", 101), Peer(2, 1, "gpu2", 200), Peer(3, 1, "gpu2", 201)]
+
+
+def test_a_lost_peer_is_named_among_every_process_this_one_may_have_lost(monkeypatch, tmp_path):
+    # A rank dead beside rank 0 breaks its collective as one on node 1 does: the failure names no
+    # peer, so the message names them all, this node's said to be this node's.
+    import torch.distributed as dist
+
+    from emoji_rl.lm import processes
+
+    monkeypatch.setattr(processes, "_PEERS", PEERS)
+    monkeypatch.setattr(dist, "get_rank", lambda: 0)
+    with pytest.raises(LostPeers) as lost, processes.peers_named(tmp_path, 60):
+        raise RuntimeError("[../third_party/gloo/gloo/transport/tcp/pair.cc:534] Connection closed by peer")
+    message = str(lost.value)
+    assert message.startswith("rank 0 (node 0, host gpu1, pid 100) lost its peers in a collective (")
+    assert (
+        "one of the job's other processes died or did not answer within collective_timeout_s=60: " in message
+    )
+    assert (
+        "rank 2 (node 1, host gpu2, pid 200), rank 3 (node 1, host gpu2, pid 201); "
+        "on this node, rank 1 (node 0, host gpu1, pid 101). Relaunch every node with --resume true" in message
+    )
+    assert "another node" not in message
+
+
+def test_a_lost_peer_ends_the_process_once_its_message_is_out(monkeypatch, capsys, tmp_path):
+    # NCCL's threads would hold up the interpreter's exit (the flight recorder's monitor, a watchdog
+    # asleep 60 s after a failure): the CLI prints the message and leaves.
+    from emoji_rl import cli
+    from emoji_rl.eval import human
+
+    left = []
+
+    def lose(cfg):
+        raise LostPeers("rank 0 (node 0, host gpu1, pid 100) lost its peers in a collective")
+
+    monkeypatch.setattr(human, "main", lose)
+    monkeypatch.setattr(os, "_exit", lambda status: left.append(status) or sys.exit(status))
+    with pytest.raises(SystemExit):
+        cli.main(["eval-human", "--output_dir", str(tmp_path)])
+    assert left == [2]
+    assert (
+        "emoji-rl eval-human: error: rank 0 (node 0, host gpu1, pid 100) lost its peers"
+        in capsys.readouterr().err
+    )
 
 
 def test_a_node_that_sees_the_main_process_file_late_passes_and_makes_the_directory_itself(job):
@@ -88,6 +141,47 @@ def test_the_gloo_interface_of_several_nodes_is_the_one_that_reaches_node_0(monk
     assert gloo_interface({**two_nodes, "GLOO_SOCKET_IFNAME": "eth7"}) is None
 
 
+def test_a_route_from_a_secondary_address_finds_the_interface_that_holds_it():
+    # What getifaddrs lists on node 0 with its cluster address 10.0.0.1 added beside eth0's own, and a
+    # VIP on bond0: the interface's first address (SIOCGIFADDR's) is not the route's source.
+    from emoji_rl.lm.processes import interface_holding
+
+    listed = {"lo": ["127.0.0.1"], "eth0": ["192.0.2.2", "10.0.0.1"], "bond0": ["10.1.0.2", "10.1.0.9"]}
+    assert interface_holding(listed, "10.0.0.1") == "eth0"
+    assert interface_holding(listed, "10.1.0.9") == "bond0"
+    assert interface_holding(listed, "10.9.9.9") is None
+
+
+NAMESPACE = """
+set -e
+ip link set lo up
+ip addr add 10.0.0.1/8 dev lo                 # node 0's own cluster address, a second one on lo
+ip link add v0 type veth peer name v1
+ip addr add 10.1.0.2/24 dev v0
+ip addr add 10.1.0.9/24 dev v0                # a secondary address (a VIP)
+ip link set v0 up; ip link set v1 up
+ip route add 10.2.0.0/24 dev v0 src 10.1.0.9  # the route to node 0 leaves from the VIP
+exec "$PYTHON" -c 'from emoji_rl.lm.processes import interface_towards as at
+print(at("10.0.0.1", 29500), at("10.2.0.1", 29500), at("10.1.0.5", 29500))'
+"""
+
+
+def test_the_interface_is_found_for_a_secondary_address_in_a_network_namespace():
+    # Real addresses in a network namespace of this test's own (unshare: root, or user namespaces).
+    unshare = shutil.which("unshare")
+    probe = subprocess.run([unshare, "-rn", "true"], capture_output=True) if unshare else None
+    if probe is None or probe.returncode != 0 or shutil.which("ip") is None:
+        pytest.skip("needs unshare -rn (network namespaces) and iproute2")
+    env = {**os.environ, "PYTHON": sys.executable}
+    result = subprocess.run(
+        [unshare, "-rn", "bash", "-c", NAMESPACE], capture_output=True, text=True, env=env, timeout=60
+    )
+    if "Operation not permitted" in result.stderr:
+        pytest.skip(f"no network namespace here: {result.stderr.strip()}")
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.split() == ["lo", "v0", "v0"]
+
+
 # --- one rank of the job ---------------------------------------------------------------------------------
 
 
@@ -124,6 +218,7 @@ def _rank(out: Path) -> None:
 
     def init_spy(*args, **kwargs):
         nccl["at_init_process_group"] = os.environ.get("TORCH_NCCL_ASYNC_ERROR_HANDLING")
+        nccl["dump_on_timeout"] = os.environ.get("TORCH_NCCL_DUMP_ON_TIMEOUT")
         return init(*args, **kwargs)
 
     dist.init_process_group = init_spy

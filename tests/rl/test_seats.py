@@ -12,6 +12,7 @@ from tests.game.test_seats import READER, SENDER
 from emoji_rl.decode.sampler import Sample
 from emoji_rl.game.types import Game, GameSetup, StepResult
 from emoji_rl.io.jsonl import AppendLog, read_jsonl
+from emoji_rl.io.metrics import folder_clashes
 from emoji_rl.rl import grpo
 from emoji_rl.rl.batch import collate_groups
 from emoji_rl.rl.checkpoint import TrainState
@@ -90,7 +91,7 @@ def test_each_seat_has_its_groups_advantages_and_metrics(tmp_path):
     assert metrics["tokens/sampled"] == 8.0  # every episode's two turns, once
     assert "reward/mean" not in metrics
     # No name is a folder of another's (mlflow's file store keeps each metric in a file of its name).
-    assert not [a for a in metrics for b in metrics if b.startswith(a + "/")]
+    assert folder_clashes(metrics) == []
 
     with AppendLog(tmp_path / "rollouts.jsonl") as log:
         log_rollouts(log, 1, played.played, [0] * 4)

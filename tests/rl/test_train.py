@@ -8,6 +8,7 @@ import zlib
 
 import pytest
 import torch
+from tests.trackers import assert_mlflow_keeps_every_name
 
 from emoji_rl.decode.generate import Decoding
 from emoji_rl.decode.sampler import HFSampler
@@ -353,7 +354,8 @@ def test_grpo_stage_runs_one_step_from_the_command_line(
     assert metrics["step"] == 1 and "reward/mean" in metrics and "time/rollout_s" in metrics
     held = {key: metrics[f"eval/{key}"] for key in rates}
     assert all(0.0 <= value <= 1.0 for value in held.values()), held
-    assert metrics["eval/turns"] == 1.0 and "eval/reward" in metrics
+    assert metrics["eval/turns"] == 1.0 and "eval/reward/mean" in metrics
+    assert_mlflow_keeps_every_name(out)
     assert (out / "adapter" / "adapter_config.json").is_file()
     assert (out / "checkpoints" / "latest").read_text() == "step-000001"
     assert (out / "config.yaml").is_file() and (out / "rollouts.jsonl").is_file()
@@ -370,9 +372,9 @@ def test_the_held_out_evaluation_is_greedy_play_at_its_steps_and_a_resume_keeps_
     records = [{"id": "p0", "target": PROMPT}]
     grpo_train.train(cfg, policy, tokenizer, favorite_setup(tokenizer, records), sampler)
     lines = read_metrics(tmp_path / "run")
-    evaluated = {m["step"]: m["eval/reward"] for m in lines if "eval/reward" in m}
+    evaluated = {m["step"]: m["eval/reward/mean"] for m in lines if "eval/reward/mean" in m}
     assert sorted(evaluated) == [0, 2]
-    assert all(m["eval/turns"] == 1.0 and m["time/eval_s"] > 0 for m in lines if "eval/reward" in m)
+    assert all(m["eval/turns"] == 1.0 and m["time/eval_s"] > 0 for m in lines if "eval/reward/mean" in m)
     greedy = HFSampler(
         policy, tokenizer, Decoding(temperature=0.0, max_new_tokens=cfg.max_new_tokens, max_emoji=4)
     )

@@ -9,6 +9,7 @@ import pytest
 import torch
 from safetensors import safe_open
 from tests.launching import read_weights
+from tests.trackers import assert_mlflow_keeps_every_name
 
 from emoji_rl.sft import evaluate, train
 
@@ -32,11 +33,16 @@ def test_short_sft_lowers_held_out_loss_and_raises_compliance(chats, tmp_path):
             max_length=96,
             logging_steps=1,
             save_steps=4,
+            eval_steps=2,
         )
     )
     metrics = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    # Before training, at step 2, and once at the last step: the Trainer's own evaluation there, not
+    # a second one after it.
+    assert [m["step"] for m in metrics if "eval/loss" in m] == [0, 2, 4]
     eval_losses = [m["eval/loss"] for m in metrics if "eval/loss" in m]
     assert eval_losses[-1] < eval_losses[0] - 0.5, eval_losses
+    assert_mlflow_keeps_every_name(run)
     assert (run / "config.yaml").is_file() and (run / "checkpoint-4" / "optimizer.pt").is_file()
 
     # The form vLLM's --lora-modules takes: LoRA A/B matrices only, no embeddings or lm_head.
@@ -93,8 +99,8 @@ def _tiny_run(tmp_path) -> dict:
 
 def test_wandb_and_trackio_get_metrics_jsonl_at_its_steps_and_a_resume_continues_their_run(tmp_path):
     """`report_to` reaches the stage's own writer, not TRL's callbacks: each tracker's points are
-    metrics.jsonl's lines at its step numbers (wandb merges the lines of one step into one row); the
-    resumed run logs into the same wandb run and trackio run, each step once."""
+    metrics.jsonl's lines at its step numbers (wandb merges the lines of one step into one row), each
+    metric once a step; the resumed run logs into the same wandb run and trackio run, each step once."""
     from tests.trackers import trackio_rows, wandb_runs
 
     from emoji_rl.io.trackers import TrackerRun, WandbWriter
@@ -115,8 +121,16 @@ def test_wandb_and_trackio_get_metrics_jsonl_at_its_steps_and_a_resume_continues
         by_step.setdefault(line["step"], {}).update(values(line))
     [(first_id, first)] = wandb_runs(run)
     assert first_id == tracker["id"] and {p["_step"]: values(p) for p in first} == by_step
+    # trackio keeps each log as a row: a line's metrics but those the step's lines before it sent
+    # (the training line's train/epoch, again in the summary and the final evaluation's lines).
+    sent: dict[int, set] = {}
+    expected = []
+    for line in lines:
+        held = sent.setdefault(line["step"], set())
+        expected.append((line["step"], {k: v for k, v in values(line).items() if k not in held}))
+        held.update(values(line))
     points = trackio_rows(tracker["project"], tracker["name"])
-    assert [(p["step"], values(p)) for p in points] == [(line["step"], values(line)) for line in lines]
+    assert [(p["step"], values(p)) for p in points] == expected
     assert len(list((run / "tensorboard").glob("events.out.tfevents.*"))) == 1
 
     train.main(train.Config(max_steps=4, resume=True, **common))
@@ -130,9 +144,11 @@ def test_wandb_and_trackio_get_metrics_jsonl_at_its_steps_and_a_resume_continues
 
 
 def test_resume_with_more_steps_follows_the_new_schedule(tmp_path):
-    common = dict(_tiny_run(tmp_path), output_dir=str(tmp_path / "run"), learning_rate=1e-3)
+    common = dict(_tiny_run(tmp_path), output_dir=str(tmp_path / "run"), learning_rate=1e-3, resume=True)
+    # --resume true with no checkpoint, as a pipeline passes it on a first run: it evaluates first.
     train.main(train.Config(max_steps=2, **common))
-    train.main(train.Config(max_steps=4, resume=True, **common))
+    assert "eval/loss" in _lines(tmp_path / "run")[0] and _lines(tmp_path / "run")[0]["step"] == 0
+    train.main(train.Config(max_steps=4, **common))
     rates = {
         r["step"]: r["train/learning_rate"] for r in _lines(tmp_path / "run") if "train/learning_rate" in r
     }
@@ -172,9 +188,23 @@ def test_a_save_cut_short_is_set_aside_and_the_run_goes_on_from_the_checkpoint_b
     assert [r["step"] for r in _lines(run) if "train/loss" in r] == [1, 2, 3, 4]
 
 
-def test_resume_after_a_crash_logs_each_step_once(tmp_path, monkeypatch):
-    common = dict(_tiny_run(tmp_path), max_steps=3)
-    train.main(train.Config(output_dir=str(tmp_path / "full"), **common))
+def _to_the_end(tmp_path) -> dict:
+    """3 steps, checkpoints 2 and 3, at a constant rate: a step too many would change the adapter (a
+    linear rate ends at 0)."""
+    return dict(_tiny_run(tmp_path), max_steps=3, lr_scheduler_type="constant")
+
+
+@pytest.fixture(scope="module")
+def uninterrupted(tmp_path_factory):
+    """The uninterrupted run every killed one must end as: its metrics lines and adapter weights."""
+    tmp_path = tmp_path_factory.mktemp("uninterrupted")
+    train.main(train.Config(output_dir=str(tmp_path / "full"), **_to_the_end(tmp_path)))
+    weights, _ = read_weights(tmp_path / "full" / "adapter" / "adapter_model.safetensors")
+    return _lines(tmp_path / "full"), weights
+
+
+def test_resume_after_a_crash_logs_each_step_once(tmp_path, monkeypatch, uninterrupted):
+    common = _to_the_end(tmp_path)
 
     # The first attempt dies right after logging step 3, before its checkpoint: the last is step 2's.
     def log_then_die(writer):
@@ -203,32 +233,32 @@ def test_resume_after_a_crash_logs_each_step_once(tmp_path, monkeypatch):
     # Steps 1 and 2 are not trained again, step 3's line from the dead attempt is gone, and no second
     # eval at the checkpoint: the lines are the uninterrupted run's.
     assert [r["step"] for r in _lines(run) if "train/loss" in r] == [1, 2, 3]
-    assert _lines(run) == _lines(tmp_path / "full")
+    assert _lines(run) == uninterrupted[0]
 
 
 @pytest.mark.parametrize("killed", ["before the summary", "before the pipeline's marker"])
-def test_a_run_killed_after_its_last_checkpoint_trains_no_step_more(tmp_path, monkeypatch, killed):
+def test_a_run_killed_after_its_last_checkpoint_trains_no_step_more(
+    tmp_path, monkeypatch, killed, uninterrupted
+):
     """The Trainer looks at max_steps only after a step, so a run resumed from the checkpoint of its
     last step would train one more; it must end as the uninterrupted run did instead."""
     from transformers import Trainer
 
-    # A constant rate, so that a step too many would change the adapter (a linear one ends at 0).
-    common = dict(_tiny_run(tmp_path), max_steps=2, lr_scheduler_type="constant")
-    train.main(train.Config(output_dir=str(tmp_path / "full"), **common))
+    common = _to_the_end(tmp_path)
     run = tmp_path / "split"
     if killed == "before the summary":
         with monkeypatch.context() as patch, pytest.raises(Interrupted):
             patch.setattr(Trainer, "_finalize_training", lambda *args: (_ for _ in ()).throw(Interrupted))
             train.main(train.Config(output_dir=str(run), **common))
-        assert (run / "checkpoint-2").is_dir() and not (run / "adapter").exists()
+        assert (run / "checkpoint-3").is_dir() and not (run / "adapter").exists()
     else:
         train.main(train.Config(output_dir=str(run), **common))
 
     train.main(train.Config(output_dir=str(run), resume=True, **common))
-    assert not (run / "checkpoint-3").exists()
-    assert _lines(run) == _lines(tmp_path / "full")  # no step 3, one summary, train_loss over steps 1-2
+    assert not (run / "checkpoint-4").exists()
+    lines, want = uninterrupted
+    assert _lines(run) == lines  # no step 4, one summary, train_loss over steps 1-3
     got, _ = read_weights(run / "adapter" / "adapter_model.safetensors")
-    want, _ = read_weights(tmp_path / "full" / "adapter" / "adapter_model.safetensors")
     assert got.keys() == want.keys() and all(torch.equal(got[k], want[k]) for k in want)
 
 

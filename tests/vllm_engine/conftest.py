@@ -21,6 +21,7 @@ MAX_MODEL_LEN = 1024
 # The CPU engine's default block is 128 tokens, longer than a one-turn prompt (~65): nothing would be
 # cached. 32, as GPU servers' small blocks, puts whole blocks of every prompt in the prefix cache.
 BLOCK_SIZE = 32
+MAX_OFF_POLICY_STEPS = 2  # the most any test's rollouts lag (test_grpo.py's K = 2)
 
 
 def engine_env(**extra: str) -> dict[str, str]:
@@ -47,12 +48,14 @@ def start_server(script: str, log: Path, env: dict[str, str], *args: str, **kwar
 
 @pytest.fixture(scope="session")
 def engine(tmp_path_factory) -> Server:
-    """One policy server for the session, also served under the name `judge`, with a key."""
+    """One policy server for the session, also served under the name `judge`, with a key; sized for
+    rollouts up to two versions behind (--max-loras 3, --max-cpu-loras 4), as serve_policy.sh sizes it."""
     require_engine()
     env = engine_env(
         POLICY_MAX_LORA_RANK=str(MAX_LORA_RANK),
         POLICY_MAX_MODEL_LEN=str(MAX_MODEL_LEN),
         POLICY_API_KEY=KEY,
+        MAX_OFF_POLICY_STEPS=str(MAX_OFF_POLICY_STEPS),
     )
     log = tmp_path_factory.mktemp("engine") / "policy-server.log"
     # Later flags win: the served names replace serve_policy.sh's single POLICY_NAME.

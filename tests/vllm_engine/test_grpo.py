@@ -1,19 +1,24 @@
 """GRPO with `--engine vllm` and `--judge openai` against the real engine: steps, a resume, and a
 rerun into the same run directory, each sampled by the adapter the trainer just published and never
 served from a prefix cached under an earlier session's adapter (docs/VLLM.md §4); multi-turn steps
-that log the server's prefix-cache hits over each; with the rollouts one version behind
-(`--max_off_policy_steps 1`), a resume with a step in flight to the uninterrupted run's end; and a
-verifiable reward learned through the engine, in lockstep and one version behind."""
+that log the server's prefix-cache hits over each; with the rollouts two versions behind
+(`--max_off_policy_steps 2`, three versions loaded at once), a resume with steps in flight to the
+uninterrupted run's end; and a verifiable reward learned through the engine, in lockstep and one
+version behind."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import shutil
+import threading
+from collections.abc import Iterator
 
+import httpx
 import pytest
 from tests.rl.test_async_grpo import run
 from tests.rl.test_train import Interrupted, _comparable, favorite_share
-from tests.vllm_engine.conftest import KEY_ENV
+from tests.vllm_engine.conftest import KEY, KEY_ENV
 
 from emoji_rl import cli
 from emoji_rl.io.metrics import read_metrics
@@ -138,21 +143,29 @@ def exact(metrics: dict[str, float]) -> dict[str, float]:
     return {k: v for k, v in metrics.items() if not k.startswith(FROM_LOGPROBS)}
 
 
-def test_one_version_behind_resumes_with_a_step_in_flight_to_the_uninterrupted_end(
+def test_two_versions_behind_resume_with_steps_in_flight_to_the_uninterrupted_end(
     engine, engine_key, tmp_path, monkeypatch, capsys
 ):
-    """`--max_off_policy_steps 1` on the real engine: step 3 is sampled by step 1's adapter while step
-    2 trains; a run killed as it writes step 2's checkpoint (step 3's rollouts in flight) resumes, under
-    a session of its own, to what the uninterrupted run logged."""
+    """`--max_off_policy_steps 2` on the real engine, in the fewest steps that show it, 4: step t is
+    sampled by version max(0, t - 3) while the trainer updates (lags 0, 1, 2, 2), three versions loaded
+    on the server at once (the one sampling and the two published since). A run killed as it writes
+    step 2's checkpoint (steps 3 and 4's rollouts in flight) resumes, under a session of its own, to
+    what the uninterrupted run logged. One version behind is the same path, which the favorite-emoji
+    test below learns through and tests/rl/test_async_grpo.py kills and resumes on the fake server."""
+    k = 2
     # The learning rate the other tests use (5e-3) takes this run to a KL of 8e3 from the reference by
     # step 2, where exp() in the k3 estimator grows the server's 1e-6 rounding into 3e-4 to 7e-4 at
     # step 3, past the tolerance. At 5e-4 the runs stay 1e-5 apart (still off-policy: step 3's
     # sampler is 0.06 from the trainer), and a resume without the optimizer's state is 0.1 away.
-    ahead = ("--max_off_policy_steps", "1", "--seed", "0", "--learning_rate", "5e-4")
+    steps = str(k + 2)
+    ahead = ("--max_off_policy_steps", str(k), "--seed", "0", "--learning_rate", "5e-4")
     whole = tmp_path / "whole"
-    assert grpo(engine, whole, "--max_steps", "3", *ahead) == 0, capsys.readouterr().err
+    with loaded_versions(engine) as loaded:
+        assert grpo(engine, whole, "--max_steps", steps, *ahead) == 0, capsys.readouterr().err
     metrics = read_metrics(whole)
-    assert [m["async/version_lag"] for m in metrics] == [0.0, 1.0, 1.0]
+    assert [m["async/version_lag"] for m in metrics] == [float(min(t, k)) for t in range(k + 2)]
+    # The versions the rollouts may use, all loaded at once (and the next one while it is published).
+    assert k + 1 <= max(loaded) <= k + 2, loaded
     assert all(
         abs(m["sampler/lag0/kl_vs_trainer"]) < KL_TOLERANCE for m in metrics if "sampler/lag0/tokens" in m
     )
@@ -167,9 +180,9 @@ def test_one_version_behind_resumes_with_a_step_in_flight_to_the_uninterrupted_e
     split = tmp_path / "split"
     with monkeypatch.context() as patch, pytest.raises(Interrupted):
         patch.setattr(grpo_trainer, "save_checkpoint", save_or_die)
-        grpo(engine, split, "--max_steps", "3", *ahead)
-    assert grpo(engine, split, "--max_steps", "3", *ahead, "--resume", "true") == 0, capsys.readouterr().err
-    assert [m["step"] for m in read_metrics(split)] == [1, 2, 3]
+        grpo(engine, split, "--max_steps", steps, *ahead)
+    assert grpo(engine, split, "--max_steps", steps, *ahead, "--resume", "true") == 0, capsys.readouterr().err
+    assert [m["step"] for m in read_metrics(split)] == list(range(1, k + 3))
     # The same tokens, rewards and judge's guesses; what the server's log-probs feed agrees to float
     # noise: its fp32 kernels round a little differently with the batch and the prefix cache around a
     # request (step 1, the same in both runs, differs too: about 1e-6 of 3e-3 in the loss).
@@ -183,6 +196,33 @@ def test_one_version_behind_resumes_with_a_step_in_flight_to_the_uninterrupted_e
     assert rollouts == [
         (r["step"], r["reward"], r["turns"]) for r in map(json.loads, (whole / "rollouts.jsonl").open())
     ]
+
+
+@contextlib.contextmanager
+def loaded_versions(engine) -> Iterator[list[int]]:
+    """How many of the trainer's adapter versions the server lists at once, read every 50 ms while
+    the block runs (its /v1/models: runtime-loaded adapters are named `policy-<session>-v<step>`)."""
+    headers = {"Authorization": f"Bearer {KEY}"}
+
+    def adapters() -> set[str]:
+        cards = httpx.get(engine.url + "/v1/models", headers=headers, timeout=30).json()["data"]
+        return {card["id"] for card in cards if card["id"].startswith("policy-")}
+
+    before = adapters()  # an earlier test's, which the run unloads as stale
+    counts = [0]
+    stop = threading.Event()
+
+    def watch() -> None:
+        while not stop.wait(0.05):
+            counts.append(len(adapters() - before))
+
+    watcher = threading.Thread(target=watch, daemon=True)
+    watcher.start()
+    try:
+        yield counts
+    finally:
+        stop.set()
+        watcher.join(timeout=60)
 
 
 @pytest.mark.parametrize("lag", [0, 1])

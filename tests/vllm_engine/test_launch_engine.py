@@ -34,20 +34,19 @@ def test_an_evaluation_under_with_servers_uses_the_running_servers_and_judges_as
     port = engine.url.rsplit(":", 1)[1]
     served = tmp_path / "openai"
     stage = [sys.executable, "-m", "emoji_rl.cli", "eval-retrieval", *EVAL, "--output_dir", str(served)]
-    stage += ["--judge", "openai", "--judge_url", engine.url, "--judge_model", "judge"]
-    stage += ["--judge_api_key_env", KEY_ENV]
+    # No --judge_url: with_servers.sh tells the stage where it found the judge.
+    stage += ["--judge", "openai", "--judge_model", "judge", "--judge_api_key_env", KEY_ENV]
     done = subprocess.run(
-        ["bash", "launch/with_servers.sh", "judge,policy", "--", *stage],
+        ["bash", "launch/with_servers.sh", "judge", "--", *stage],
         cwd=ROOT,
-        env=engine_env(JUDGE_PORT=port, POLICY_PORT=port, SERVER_LOG_DIR=str(tmp_path / "servers")),
+        env=engine_env(JUDGE_PORT=port, SERVER_LOG_DIR=str(tmp_path / "servers")),
         capture_output=True,
         text=True,
         timeout=900,
         check=False,
     )
     assert done.returncode == 0, done.stderr[-4000:]
-    for server in ("judge", "policy"):
-        assert f"{server} server already answers at {engine.url}: using it" in done.stderr
+    assert f"judge server already answers at {engine.url}: using it" in done.stderr
     # Left running: it was not started by the script.
     assert httpx.get(engine.url + "/health", timeout=10).status_code == 200
 

@@ -59,10 +59,12 @@ class Config(JudgeConfig, SimilarityConfig, SamplingConfig, models.ModelConfig):
     """Keep the prompts whose one-turn round trip (SFT sender -> judge) is similar enough; split them."""
 
     # --- core
-    prompts: str = field(default="data/prompts.jsonl", metadata={"help": "input, from `emoji-rl prompts`"})
+    prompts: str = field(
+        default="data/prompts.jsonl", metadata={"help": "input, from `emoji-rl prompts`", "input": True}
+    )
     sft_test: str = field(
         default="data/sft_test.jsonl",
-        metadata={"help": "the SFT test split, excluded (from `emoji-rl teacher`)"},
+        metadata={"help": "the SFT test split, excluded (from `emoji-rl teacher`)", "input": True},
     )
     output_dir: str = field(
         default="data",
@@ -70,7 +72,10 @@ class Config(JudgeConfig, SimilarityConfig, SamplingConfig, models.ModelConfig):
     )
     adapter: str | None = field(
         default="runs/sft/adapter",
-        metadata={"help": "the sender's SFT LoRA adapter (`emoji-rl sft` output); none: the base model"},
+        metadata={
+            "help": "the sender's SFT LoRA adapter (`emoji-rl sft` output); none: the base model",
+            "input": True,
+        },
     )
     min_similarity: float = field(
         default=0.4,

@@ -67,7 +67,9 @@ class Config:
         metadata={"help": "offline: MiniLM retrieval over emoji names; claude-batch: Message Batches API "
                   "(needs ANTHROPIC_API_KEY); openai: an OpenAI-compatible server such as vLLM"},
     )  # fmt: skip
-    prompts: str = field(default="data/prompts.jsonl", metadata={"help": "input, from `emoji-rl prompts`"})
+    prompts: str = field(
+        default="data/prompts.jsonl", metadata={"help": "input, from `emoji-rl prompts`", "input": True}
+    )
     output_dir: str = field(
         default="data",
         metadata={"help": "directory of the outputs and the resume files", "aliases": ("out_dir",)},

@@ -34,6 +34,7 @@ from emoji_rl.games.retrieval.evaluation import COMPARED, final_guess, sent_text
 from emoji_rl.io.jsonl import Record, read_jsonl, write_text
 from emoji_rl.io.report import line_figure
 from emoji_rl.pipeline import read_marker
+from emoji_rl.rl.held_out import current_names
 
 RETRIEVAL = "reports/retrieval/retrieval.json"
 GRPO_METRICS = "grpo/metrics.jsonl"
@@ -44,7 +45,7 @@ SFT_METRICS = "sft/metrics.jsonl"
 # retrieval@1's key ends with K, the candidates it ranks among.
 GRPO_CURVES = {
     "reward/mean": "reward",
-    "eval/reward": "held-out reward",
+    "eval/reward/mean": "held-out reward",
     "reward/group_best": "best reward in a group",
     "game/similarity": "similarity",
     "eval/similarity": "held-out similarity",
@@ -319,7 +320,8 @@ def timings_table(markers: Sequence[Record]) -> str:
 
 
 def read_metrics(path: Path) -> list[Record]:
-    return read_jsonl(path) if path.is_file() else []
+    """A run's metrics.jsonl (none: no lines), a run's from before #62 under today's held-out names."""
+    return [current_names(row) for row in read_jsonl(path)] if path.is_file() else []
 
 
 def sender_decoding(retrieval: dict) -> str:

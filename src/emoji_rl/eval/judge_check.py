@@ -44,7 +44,8 @@ class Config(JudgeConfig, SimilarityConfig):
         default=DEFAULT_MESSAGES,
         metadata={
             "help": "text file, one message per line (blank lines skipped), or JSONL records with `text` "
-            "(emoji-rl prompts) or `target` (emoji-rl rl-prompts)"
+            "(emoji-rl prompts) or `target` (emoji-rl rl-prompts)",
+            "input": True,
         },
     )
     limit: int | None = field(

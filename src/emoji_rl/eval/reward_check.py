@@ -48,9 +48,12 @@ class Config(JudgeConfig, SimilarityConfig, SamplingConfig, models.ModelConfig):
     """Measure the reward's spread inside GRPO groups against the judge's noise."""
 
     adapter: str | None = field(
-        default="runs/sft/adapter", metadata={"help": "the sender's LoRA adapter; none: the base model"}
+        default="runs/sft/adapter",
+        metadata={"help": "the sender's LoRA adapter; none: the base model", "input": True},
     )
-    data: str = field(default="data/rl_train.jsonl", metadata={"help": "targets, JSONL with `target`"})
+    data: str = field(
+        default="data/rl_train.jsonl", metadata={"help": "targets, JSONL with `target`", "input": True}
+    )
     groups: int = field(default=16, metadata={"help": "targets to sample groups for (a seeded sample)"})
     group_size: int = field(default=8, metadata={"help": "replies per target, as GRPO's group_size"})
     batch_size: int = field(default=32, metadata={"help": "replies per generate call"})

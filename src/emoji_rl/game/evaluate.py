@@ -46,7 +46,7 @@ from emoji_rl.game.eval_records import (
 )
 from emoji_rl.game.evaluation import EvalConfig, EvalPlan, Evaluation, ModelSender, Report, Scripted
 from emoji_rl.game.play import play
-from emoji_rl.game.spec import GameContext, GameSpec, game_config, stage_config
+from emoji_rl.game.spec import GameContext, GameSpec, game_config, read_game_records, stage_config
 from emoji_rl.game.types import Game
 from emoji_rl.io.jsonl import AppendLog, Record, write_json
 from emoji_rl.io.report import bar_figure, format_table
@@ -143,11 +143,12 @@ def evaluate(spec: GameSpec, cfg: EvalConfig) -> None:
     assert hooks is not None, spec.name  # config_class refuses a game without one
     stage = f"eval-{spec.name}"
     rules = game_config(spec, cfg)
+    held_out = read_game_records(rules, "data", cfg.data, cfg)  # before any model loads
     rules.wait_for_servers(cfg.server_wait_s)
     runtime = models.pick_runtime()
     tokenizer = models.load_tokenizer(cfg.model)
     # The game plays the held-out `data`; no policy server: every model system samples in process.
-    built = spec.setup(rules, GameContext.of(cfg, tokenizer, runtime, cfg.data))
+    built = spec.setup(rules, GameContext.of(cfg, tokenizer, runtime, held_out))
     records = built.records[: cfg.max_examples or None]
     ids = record_ids(records, cfg.data)
     plan = hooks.prepare(cfg, built, records, tokenizer)

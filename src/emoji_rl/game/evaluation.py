@@ -41,13 +41,16 @@ class EvalConfig(SamplingConfig, ModelConfig, ServerWaitConfig):
 
     systems: list[str] = field(
         default_factory=lambda: ["base"],
-        metadata={"help": "systems to compare: `base`, NAME=ADAPTER_DIR (e.g. sft=runs/sft/adapter)"},
+        metadata={
+            "help": "systems to compare: `base`, NAME=ADAPTER_DIR (e.g. sft=runs/sft/adapter)",
+            "input": True,
+        },
     )
     compare: list[str] = field(
         default_factory=list,
         metadata={"help": "pairs A:B to report mean(A - B) with a paired interval; none: adjacent systems"},
     )
-    data: str = field(default="data/eval.jsonl", metadata={"help": "held-out records, JSONL"})
+    data: str = field(default="data/eval.jsonl", metadata={"help": "held-out records, JSONL", "input": True})
     max_examples: int = field(default=0, metadata={"help": "evaluate at most this many records (0 = all)"})
     reference_examples: int = field(
         default=0,

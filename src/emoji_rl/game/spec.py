@@ -19,12 +19,13 @@ from typing import TYPE_CHECKING, Generic, Protocol, TypeVar
 
 from emoji_rl.config import Checked
 from emoji_rl.errors import UserError
+from emoji_rl.io.jsonl import read_jsonl
 
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
 
     from emoji_rl.game.evaluation import Evaluation
-    from emoji_rl.game.types import GameSetup
+    from emoji_rl.game.types import GameSetup, Record
     from emoji_rl.lm.models import Runtime
 
 
@@ -34,6 +35,12 @@ class GameConfig(Checked):
     its fields as any other (`--max_turns 3`, YAML), and its `setup` receives it typed."""
 
     max_turns: int = field(default=1, metadata={"help": "policy turns before the game ends", "min": 1})
+
+    def read_records(self, path: str, stage: RunSettings) -> list[Record]:
+        """The game's records in the JSONL file `path` (grpo's train_data and eval_data, eval's data),
+        checked as the game needs them; the stages read them before any model loads or anything is
+        written (`read_game_records`). This one takes any JSON objects."""
+        return read_jsonl(path, hint="the game's records, one JSON object per line")
 
     def off_policy_blocker(self) -> str | None:
         """Why this game cannot be sampled by an adapter some versions behind the trainer's weights
@@ -66,8 +73,9 @@ class GameContext:
     """Where models run (device, dtype): a partner the game loads in process runs there."""
     seed: int
     """The run's seed, for the game's own draws (a sample of messages, distractors)."""
-    records: str
-    """The file of the records it plays: grpo's `train_data`, an evaluation's held-out `data`."""
+    records: list[Record]
+    """The records it plays, as its config's `read_records` read them: grpo's `train_data`, an
+    evaluation's held-out `data`."""
     model: str
     """The policy's model spec, which a partner may fall back on (the reader's sender)."""
     min_emoji: int
@@ -84,10 +92,10 @@ class GameContext:
         stage: RunSettings,
         tokenizer: PreTrainedTokenizerBase,
         runtime: Runtime,
-        records: str,
+        records: list[Record],
         policy_server: PolicyServer | None = None,
     ) -> GameContext:
-        """The context a stage gives the game: its settings (`RunSettings`), and where the records are."""
+        """The context a stage gives the game: its settings (`RunSettings`), and the records it plays."""
         return cls(
             tokenizer,
             runtime,
@@ -109,6 +117,15 @@ class RunSettings(Protocol):
     min_emoji: int
     max_emoji: int
     server_wait_s: float
+
+
+def read_game_records(config: GameConfig, key: str, path: str, stage: RunSettings) -> list[Record]:
+    """The records in `path`, the stage's field `key`, read the game's way; an error names the field.
+    Every stage calls it before any model loads: a missing or wrong file costs no model load."""
+    try:
+        return config.read_records(path, stage)
+    except UserError as err:
+        raise UserError(f"{key}: {err}") from None
 
 
 C = TypeVar("C", bound=GameConfig)

@@ -208,8 +208,6 @@ class GameSetup:
     state: Stateful | None = None
     observe: Callable[[Sequence[EpisodeGroup]], None] = lambda groups: None
     held_out_metrics: HeldOutMetrics = lambda records, indices, episodes: [{} for _ in episodes]
-    read_records: Callable[[str], list[Record]] | None = None
-    """How the game reads a file of its records (train_data's way), for `eval_data`: None, as JSONL."""
     servers: dict[str, Endpoint] = field(default_factory=dict)
     modes: dict[str, Callable[[Record], Game]] = field(default_factory=dict)
 

@@ -4,8 +4,8 @@ logging directory where a class asks for one) and the run's name where the class
 through accelerate's GeneralTracker API (`store_init_configuration`, `log(values, step)`, `finish`)
 behind the writer interface MetricsWriter feeds wandb and trackio through (io/metrics.py).
 
-mlflow continues the run trackers.json keeps, and says the last step its store holds (`held`), so a
-resume sends it exactly the steps it lacks, as wandb and trackio. The others start a new run in each
+mlflow continues the run trackers.json keeps, and says what its store holds (`held`: the last step, and
+the metrics it holds there), so a resume sends it exactly what it lacks, as wandb and trackio. The others start a new run in each
 process (dvclive starts its folder over), whose `held` is -1: a resume sends the new run every line of
 metrics.jsonl, and the killed process's run keeps what it had as a run of its own.
 """
@@ -16,7 +16,7 @@ import re
 from pathlib import Path
 
 from emoji_rl.errors import UserError
-from emoji_rl.io.trackers import STATE_FILE, TrackerRun, keep_mlflow_run
+from emoji_rl.io.trackers import STATE_FILE, Held, TrackerRun, keep_mlflow_run
 
 # The characters mlflow refuses in a metric's name (game/success@0.5), which TRL's mlflow callback
 # (transformers' MLflowCallback) replaces with `_` as this does.
@@ -38,8 +38,8 @@ def init_arguments(name: str, run: TrackerRun, run_dir: str | Path) -> dict:
 
 
 class AccelerateWriter:
-    """Metrics to one of accelerate's trackers at our step numbers. `held`: the last step the tracker
-    already holds for this run (-1: none, as in a new run)."""
+    """Metrics to one of accelerate's trackers at our step numbers. `held`: what the tracker already
+    holds of this run (nothing, as in a new run, but for an mlflow run continued)."""
 
     def __init__(self, name: str, run: TrackerRun, run_dir: str | Path, config: dict) -> None:
         from accelerate import PartialState
@@ -50,12 +50,12 @@ class AccelerateWriter:
         PartialState()
         self._tracker = LOGGER_TYPE_TO_CLASS[name](**init_arguments(name, run, run_dir))
         self._name = name
-        self.held = -1
+        self.held = Held()
         if name == "mlflow" and run.mlflow_run_id is not None:
             _continue_mlflow_run(self._tracker, run.mlflow_run_id, run_dir)
             # Not the config again: mlflow refuses to change a param once logged, and a resume's
             # differs (resume: true). The run keeps the config it started with.
-            self.held = mlflow_last_step(run.mlflow_run_id)
+            self.held = mlflow_held(run.mlflow_run_id)
             return
         self._tracker.start()
         if name == "mlflow":
@@ -65,12 +65,14 @@ class AccelerateWriter:
     def write(self, step: int, metrics: dict[str, float]) -> None:
         if self._name == "mlflow":
             metrics = {MLFLOW_REFUSED.sub("_", key): value for key, value in metrics.items()}
-        self._tracker.log(metrics, step=step)
+        lacking = self.held.take(step, metrics)
+        if lacking:
+            self._tracker.log(lacking, step=step)
 
     def table(self, step: int, name: str, columns: list[str], rows: list[list]) -> None:
         """A table where accelerate's class logs one (clearml); the others have no table to log."""
         log_table = getattr(self._tracker, "log_table", None)
-        if log_table is not None:
+        if log_table is not None and self.held.take(step, {name: rows}):
             log_table(name, columns=columns, data=rows, step=step)
 
     def close(self, failed: bool = False) -> None:
@@ -91,11 +93,16 @@ def _continue_mlflow_run(tracker, run_id: str, run_dir: str | Path) -> None:
         ) from None
 
 
-def mlflow_last_step(run_id: str) -> int:
-    """The last step mlflow's store holds a metric at for run `run_id` (-1: none): read from the store,
-    not from what a killed process logged, since mlflow may have queued some (its async logging)."""
+def mlflow_held(run_id: str) -> Held:
+    """What mlflow's store holds of run `run_id`: its last step and the metrics it holds there. Read
+    from the store, not from what a killed process logged, since mlflow may have queued some (its
+    async logging)."""
     from mlflow import MlflowClient
 
     client = MlflowClient()
-    keys = client.get_run(run_id).data.metrics
-    return max((m.step for key in keys for m in client.get_metric_history(run_id, key)), default=-1)
+    latest = {
+        key: max(m.step for m in client.get_metric_history(run_id, key))
+        for key in client.get_run(run_id).data.metrics
+    }
+    last = max(latest.values(), default=-1)
+    return Held(last, {key for key, step in latest.items() if step == last})

@@ -11,15 +11,19 @@ Callers open an httpx client per call rather than per object: a trainer's step i
 that opened it.
 
     python -m emoji_rl.io.endpoint http://127.0.0.1:8002 --server_wait_s 900   # wait for a server (launch/)
+    python -m emoji_rl.io.endpoint http://127.0.0.1:8002 --once   # does one answer there now? (exit 0/1)
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import errno
+import ipaddress
 import logging
 import os
 import re
+import socket
 import sys
 import time
 from collections.abc import Iterator, Mapping
@@ -47,6 +51,10 @@ SERVER_WAIT_S = 900.0
 """Its default: a large model takes minutes to load, and vLLM refuses connections until it has."""
 PROGRESS_S = 30.0
 """How often a wait says it is still waiting."""
+UNHELD_S = 120.0
+"""How long a stage waits for a server on this machine whose port no process holds: vLLM binds its
+port within seconds of its start, long before its model loads (and listens once it has), so a port
+nobody holds for this long is a server nobody started."""
 START_HINT = (
     "start it (make serve-judge / make serve-policy; launch/serve_judge.sh or launch/serve_policy.sh "
     "--dry-run prints its vllm serve command, host and port)"
@@ -228,6 +236,28 @@ def request_sync(
         time.sleep(wait)
 
 
+def port_held(url: str) -> bool | None:
+    """Whether a process of this machine holds the port of `url` (bound to it, listening or not), or
+    None where this cannot be told: a host that is not this machine's loopback. Told by binding it:
+    refused, someone holds it (vLLM binds its port when it starts, and listens once its model has
+    loaded, so until then it refuses connections as a port nobody holds does)."""
+    parts = httpx.URL(url)
+    port = parts.port or (443 if parts.scheme == "https" else 80)
+    try:
+        addresses = socket.getaddrinfo(parts.host, port, type=socket.SOCK_STREAM)
+    except (socket.gaierror, UnicodeError):
+        return None
+    if not addresses or not all(ipaddress.ip_address(a[4][0]).is_loopback for a in addresses):
+        return None
+    for family, kind, proto, _, address in addresses:
+        with socket.socket(family, kind, proto) as probe:
+            try:
+                probe.bind(address)
+            except OSError as err:
+                return True if err.errno == errno.EADDRINUSE else None
+    return False
+
+
 def wait_for_server(
     url: str,
     what: str = "the server",
@@ -236,6 +266,7 @@ def wait_for_server(
     *,
     poll_s: float = 2.0,
     progress_s: float = PROGRESS_S,
+    unheld_s: float | None = UNHELD_S,
 ) -> None:
     """Block until `what` (the judge server, the policy server) at `url` answers `/health`, saying at
     once what it waits for and where, then every `progress_s` how long it has waited: a server that
@@ -243,12 +274,15 @@ def wait_for_server(
 
     vLLM refuses connections until its model is loaded (there is no "loading" status), then answers
     200; a 503 means its engine died, which waiting will not fix. Any other answer also means the
-    server is listening: a generic OpenAI-compatible server may lack /health.
+    server is listening: a generic OpenAI-compatible server may lack /health. On this machine, a port
+    that no process has held for `unheld_s` (None: wait the whole `timeout_s`, as a launcher that has
+    just started the server does) is a server nobody started: the wait ends then (`port_held`).
     """
     health = Endpoint(url).url + "/health"
     start = time.monotonic()
     deadline, next_progress = start + timeout_s, start + progress_s
     last = "no answer yet"
+    held_at = start  # when a process last held the port, as far as this wait knows
     log.info("waiting for %s at %s (up to %g s: --%s)", what, health, timeout_s, WAIT_FIELD)
     with httpx.Client() as client:
         while True:
@@ -258,6 +292,14 @@ def wait_for_server(
                 response = client.get(health, timeout=min(max(poll_s, 5.0), max(remaining, 0.1)))
             except httpx.TransportError as err:
                 last = type(err).__name__
+                if port_held(health) is not False:
+                    held_at = time.monotonic()
+                elif unheld_s is not None and time.monotonic() - held_at >= unheld_s:
+                    raise UserError(
+                        f"{what} does not answer at {health} ({last}) and no process of this machine has held "
+                        f"its port for {time.monotonic() - start:.0f} s (a vLLM server holds it from its "
+                        f"start): {hint}"
+                    ) from None
             else:
                 if response.status_code == 503:
                     raise UserError(
@@ -289,9 +331,25 @@ def wait_for_server(
             time.sleep(max(min(poll_s, deadline - now, next_progress - now), 0.0))
 
 
+def answers_now(url: str, timeout_s: float = 5.0) -> bool:
+    """Whether a server answers `url`'s /health now: one request, no waiting for one that is starting
+    (the launchers ask before they start a server of their own on that address)."""
+    try:
+        with httpx.Client() as client:
+            client.get(Endpoint(url).url + "/health", timeout=timeout_s)
+    except httpx.TransportError:
+        return False
+    return True
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description="Wait until an OpenAI-compatible server answers /health.")
     parser.add_argument("url", help="base URL, e.g. http://127.0.0.1:8002")
+    parser.add_argument(
+        "--once",
+        action="store_true",
+        help="ask once, without waiting: exit 0 if a server answers now, else 1",
+    )
     parser.add_argument(
         f"--{WAIT_FIELD}",
         "--timeout",
@@ -301,9 +359,15 @@ def main(argv: list[str] | None = None) -> int:
         help=f"seconds to wait (default: {SERVER_WAIT_S:g}); progress is said every {PROGRESS_S:g} s",
     )
     args = parser.parse_args(argv)
+    if args.once:
+        up = answers_now(args.url)
+        print(f"{Endpoint(args.url).url} {'answers' if up else 'does not answer'}")
+        return 0 if up else 1
     logging.basicConfig(level=logging.INFO, format="wait: %(message)s")
     try:
-        wait_for_server(args.url, timeout_s=args.wait_s)
+        # Launchers wait here right after starting the server, whose port it holds only once vLLM has
+        # imported: the whole wait, whoever holds the port.
+        wait_for_server(args.url, timeout_s=args.wait_s, unheld_s=None)
     except UserError as err:
         print(f"wait: error: {err}", file=sys.stderr)
         return 1

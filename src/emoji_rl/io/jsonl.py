@@ -10,6 +10,7 @@
     drop_steps_after(path, k)           # a training log resumed at step k: later lines go, atomically
     last_step(path)                     # the last step a training log holds (before dropping any)
     keep_first_lines(path, n)           # the same, by count: a log that matches a checkpoint's history
+    rewrite_records(path, change)       # each record through `change`, atomically (a resumed old log)
 
 Errors: a missing or empty file is a `UserError` that says what makes the file (`hint`); a line that
 is not a JSON object is a `DataError` naming the file and the line. Only an append log may end in a
@@ -86,6 +87,8 @@ def read_jsonl(
     empty file."""
     path = Path(path)
     suffix = f": {hint}" if hint else ""
+    if path.is_dir():
+        raise UserError(f"{path} is a folder, not a file of records; name the JSONL file{suffix}")
     if not path.is_file():
         raise UserError(f"{path} does not exist{suffix}")
     numbered = _parse_lines(path, path.read_bytes())
@@ -156,12 +159,25 @@ def drop_steps_after(path: str | Path, step: int) -> int:
 def last_step(path: str | Path) -> int:
     """The last step a training log's whole lines hold (0: none, or no file): what a run that died
     after writing them had already reported elsewhere."""
+    return max(logged_steps(path), default=0)
+
+
+def logged_steps(path: str | Path) -> list[int]:
+    """The step of each whole line of a training log, in order (none: no file)."""
+    return [record["step"] for record in training_log(path)]
+
+
+def training_log(path: str | Path) -> list[Record]:
+    """The whole lines of a training log, in order (none: no file), each with an integer `step`: what
+    a run killed while it wrote the last had logged."""
     path = Path(path)
     if not path.is_file():
-        return 0
+        return []
     data = path.read_bytes()
     numbered = _parse_lines(path, data[: data.rfind(b"\n") + 1])
-    return max((_log_step(path, number, record) for number, record in numbered), default=0)
+    for number, record in numbered:
+        _log_step(path, number, record)
+    return [record for _, record in numbered]
 
 
 def _log_step(path: Path, number: int, record: Record) -> int:
@@ -194,6 +210,25 @@ def _keep_lines(path: Path, keep: Callable[[int, Record], bool], which: str) -> 
     if dropped:
         log.info("%s: dropped %d line(s) %s, which the resumed run redoes", path, dropped, which)
     return dropped
+
+
+def rewrite_records(path: str | Path, change: Callable[[Record], Record]) -> int:
+    """Pass each record of a JSONL file through `change` and rewrite the file, atomically, if any
+    changed; returns how many did. The other lines stay byte for byte."""
+    path = Path(path)
+    if not path.is_file():
+        return 0
+    data = path.read_bytes()
+    lines = data.decode("utf-8").split("\n")  # numbered as _parse_lines numbers them
+    changed = 0
+    for number, record in _parse_lines(path, data):
+        new = change(record)
+        if new != record:
+            lines[number - 1] = json.dumps(new, ensure_ascii=False)
+            changed += 1
+    if changed:
+        write_text(path, "\n".join(lines))
+    return changed
 
 
 class AppendLog:

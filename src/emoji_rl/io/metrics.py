@@ -10,67 +10,120 @@ from __future__ import annotations
 
 import json
 import math
+from collections.abc import Callable, Iterable
 from pathlib import Path
 from types import TracebackType
 
 from emoji_rl.config import to_dict
 from emoji_rl.io.accelerate_trackers import AccelerateWriter
-from emoji_rl.io.jsonl import drop_steps_after
-from emoji_rl.io.trackers import TrackerConfig, TrackerRun, TrackioWriter, WandbWriter, resolve, tracker_run
+from emoji_rl.io.jsonl import drop_steps_after, keep_first_lines, logged_steps, rewrite_records
+from emoji_rl.io.trackers import (
+    TrackerConfig,
+    TrackerRun,
+    TrackioWriter,
+    WandbWriter,
+    forget_mlflow_run,
+    resolve,
+    tracker_run,
+)
 
 
 class MetricsWriter:
     """Appends `{"step": n, **metrics}` lines; a resumed run keeps the lines of earlier steps only.
 
-    Every tracker ends with each step once, at metrics.jsonl's step numbers, whatever killed the run
-    before and wherever. TensorBoard forgets the redone steps (`purge_step`). wandb's and trackio's
-    histories only go forward, and a kill -9 can drop what they held in memory: each says the last
-    step it holds (`held`), and the lines of metrics.jsonl after it are sent again before the run goes
-    on; a step it holds past the checkpoint keeps the value the dead run gave it, and the redone step
-    is not sent twice. mlflow says the same from its store; accelerate's other trackers start a new
-    run, which gets every line."""
+    Every tracker ends with each metric of each step once, at metrics.jsonl's step numbers, whatever
+    killed the run before and wherever. TensorBoard forgets the redone steps (`purge_step`), from the
+    checkpoint's own when a line logged there is redone (sft's closing summary after its last
+    checkpoint), and is sent again the lines kept there. wandb's, trackio's and mlflow's histories only
+    go forward, and a kill -9 can drop what they held in memory: each says what it holds (`Held`: the
+    last step, and what of it), and what metrics.jsonl keeps beyond that is sent again before the run
+    goes on; what a tracker holds past the checkpoint keeps the value the dead run gave it, and is not
+    sent twice. accelerate's other trackers start a new run, which gets every line.
+
+    Metric names are checked as they come: none may be the folder of another (`eval/reward` beside
+    `eval/reward/contrast`), which mlflow's file store cannot keep (a metric is a file there)."""
 
     def __init__(
-        self, run_dir: str | Path, resume_from_step: int = 0, trackers: TrackerConfig | None = None
+        self,
+        run_dir: str | Path,
+        resume_from_step: int = 0,
+        trackers: TrackerConfig | None = None,
+        keep_lines: int | None = None,
+        rename: Callable[[dict], dict] | None = None,
     ) -> None:
+        """`keep_lines`: a resumed run keeps this many first lines (a Trainer's log history), not the
+        lines up to its checkpoint's step. `rename`: a kept line under the names logged now (a run from
+        before a rename); one renamed starts a new mlflow run, as the old one may hold an old name
+        that is a folder of a new one."""
         trackers = trackers or TrackerConfig()
         names = resolve(trackers.report_to)
         self.path = Path(run_dir) / "metrics.jsonl"
         self.path.parent.mkdir(parents=True, exist_ok=True)
+        logged_there = logged_steps(self.path).count(resume_from_step)
         # Steps after the checkpoint were logged by a run that then died: they are redone, so drop them.
-        drop_steps_after(self.path, resume_from_step)
+        if keep_lines is None:
+            drop_steps_after(self.path, resume_from_step)
+        else:
+            keep_first_lines(self.path, keep_lines)
+        if rename is not None and rewrite_records(self.path, rename):
+            forget_mlflow_run(run_dir)
+        kept = read_metrics(run_dir) if self.path.is_file() else []
+        self._names = {key for row in kept for key in row if key != "step"}
         self._tb = None
         if "tensorboard" in names:
             from torch.utils.tensorboard import SummaryWriter
 
-            self._tb = SummaryWriter(str(Path(run_dir) / "tensorboard"), purge_step=resume_from_step + 1)
+            there = [row for row in kept if row["step"] == resume_from_step]
+            # TensorBoard forgets whole steps: the checkpoint's too when a line of it is redone, and
+            # then it is sent the lines kept there again.
+            redone_there = len(there) < logged_there
+            purge = resume_from_step if redone_there else resume_from_step + 1
+            self._tb = SummaryWriter(str(Path(run_dir) / "tensorboard"), purge_step=purge)
+            for row in there if redone_there else []:
+                self._scalars_to_tensorboard(row["step"], _scalars(row))
         forwarded = [name for name in names if name != "tensorboard"]
         self._forward: list[WandbWriter | TrackioWriter | AccelerateWriter] = []
         if forwarded:
             run = tracker_run(run_dir, trackers)
             config = to_dict(trackers)
             self._forward = [_writer(name, run, run_dir, config) for name in forwarded]
-        kept = read_metrics(run_dir) if self._forward and self.path.is_file() else []
         for tracker in self._forward:
             for row in kept:
-                if row["step"] > tracker.held:
-                    tracker.write(row["step"], _scalars(row))
+                tracker.write(row["step"], _scalars(row))
         self._file = self.path.open("a")
 
     def write(self, step: int, metrics: dict) -> None:
         """One line: numbers as given (NaN and inf as null), anything else as JSON has it; the trackers
         get the finite numbers."""
         clean = {k: (None if _number(v) and not math.isfinite(v) else v) for k, v in metrics.items()}
+        self._check_names(clean)
         self._file.write(json.dumps({"step": step, **clean}) + "\n")
         self._file.flush()
         finite = _scalars(clean)
         if self._tb is not None:
-            for key, value in finite.items():
-                self._tb.add_scalar(key, value, step)
-            self._tb.flush()
+            self._scalars_to_tensorboard(step, finite)
         for tracker in self._forward:
-            if step > tracker.held:
-                tracker.write(step, finite)
+            tracker.write(step, finite)
+
+    def _scalars_to_tensorboard(self, step: int, scalars: dict[str, float]) -> None:
+        assert self._tb is not None
+        for key, value in scalars.items():
+            self._tb.add_scalar(key, value, step)
+        self._tb.flush()
+
+    def _check_names(self, metrics: dict) -> None:
+        new = metrics.keys() - self._names
+        if not new:
+            return
+        clashes = folder_clashes(self._names | new)
+        if clashes:
+            folder, name = clashes[0]
+            raise ValueError(
+                f"metric {folder!r} is also the folder of {name!r}: mlflow's file store keeps a metric "
+                f"as a file, so it cannot hold both; name it {folder}/mean, as reward/mean is beside "
+                "reward/contrast/mean"
+            )
+        self._names |= new
 
     def table(self, step: int, name: str, columns: list[str], rows: list[list]) -> None:
         """Rows of text and numbers to read, not plot: a table in wandb, trackio and clearml, markdown
@@ -80,8 +133,7 @@ class MetricsWriter:
             self._tb.add_text(name, markdown_table(columns, rows), step)
             self._tb.flush()
         for tracker in self._forward:
-            if step > tracker.held:
-                tracker.table(step, name, columns, rows)
+            tracker.table(step, name, columns, rows)
 
     def close(self, failed: bool = False) -> None:
         self._file.close()
@@ -107,6 +159,19 @@ def _writer(
     if name == "trackio":
         return TrackioWriter(run, config)
     return AccelerateWriter(name, run, run_dir, config)
+
+
+def folder_clashes(names: Iterable[str]) -> list[tuple[str, str]]:
+    """(folder, name) for each name of `names` that another of them has as a folder (`eval/reward`
+    of `eval/reward/contrast`), sorted: what mlflow's file store cannot keep, a metric being a file
+    there at its name's path."""
+    names = set(names)
+    return sorted(
+        (folder, name)
+        for name in names
+        for folder in ("/".join(name.split("/")[:depth]) for depth in range(1, name.count("/") + 1))
+        if folder in names
+    )
 
 
 def read_metrics(run_dir: str | Path) -> list[dict[str, float]]:

@@ -17,10 +17,10 @@ import importlib.util
 import json
 import os
 import secrets
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Literal, get_args
+from typing import Literal, TypeVar, get_args
 
 from emoji_rl.errors import UserError
 from emoji_rl.io.jsonl import write_json
@@ -51,6 +51,7 @@ INSTALL = {
     "swanlab": "pip install swanlab",
 }
 STATE_FILE = "trackers.json"
+V = TypeVar("V")
 
 
 @dataclass
@@ -77,12 +78,14 @@ class TrackerConfig:
 
 def check_trackers(trackers: TrackerConfig) -> None:
     """A training stage's trackers checked where its config is, before any work (its __post_init__):
-    each named one imports (`resolve`), and the names a run is logged under are ones they take."""
+    each named one imports (`resolve`), the names a run is logged under are ones they take, an online
+    wandb has credentials, and mlflow a store it can write."""
     if not trackers.project.strip():
         raise UserError("project is empty: the trackers' project a run is logged under needs a name")
     names = resolve(trackers.report_to)
     if "wandb" in names:
         _check_wandb_names(trackers.project, trackers.run_name)
+        _check_wandb_login()
     if "mlflow" in names:
         _check_mlflow_store()
 
@@ -99,6 +102,34 @@ def _check_wandb_names(project: str, run_name: str | None) -> None:
         raise UserError(f"project={project!r}: wandb refuses it ({err}); choose another --project") from None
 
 
+def _check_wandb_login() -> None:
+    """An online wandb run's credentials, looked for where wandb.init looks (WANDB_API_KEY, an identity
+    token file, ~/.netrc, its settings) and not sent anywhere: without them wandb.init asks at a
+    prompt, or stops without a terminal, after the model has loaded and the run directory is written."""
+    from wandb.errors import AuthenticationError
+    from wandb.sdk import wandb_setup
+    from wandb.sdk.lib import wbauth
+
+    try:
+        settings = wandb_setup.singleton().settings  # what wandb.init reads, from the environment
+    except ValueError as err:  # pydantic's: a WANDB_ variable of a value wandb refuses
+        raise UserError(f"report_to wandb: wandb refuses its settings: {str(err).splitlines()[0]}") from None
+    if settings.mode in ("offline", "dryrun", "disabled"):
+        return
+    try:
+        auth = wbauth.authenticate_session(
+            host=settings.base_url, source="emoji-rl", prompt=False, update_session=False
+        )
+    except AuthenticationError as err:
+        raise UserError(f"report_to wandb: {err}") from None
+    if auth is None:
+        raise UserError(
+            f"report_to wandb: wandb logs online (WANDB_MODE={settings.mode}) and finds no API key for "
+            f"{settings.base_url}: run `wandb login` or set WANDB_API_KEY, or set WANDB_MODE=offline to "
+            "keep the run in the run directory and `wandb sync` it later"
+        )
+
+
 def _mlflow_store_problem() -> str | None:
     """Why mlflow cannot keep runs at its tracking URI (None: it can), its stores built as its client
     builds them: mlflow-skinny has no database store for the default URI (sqlite), and mlflow refuses
@@ -109,7 +140,7 @@ def _mlflow_store_problem() -> str | None:
 
     try:
         mlflow.MlflowClient()
-    except (MlflowException, ImportError) as err:
+    except (MlflowException, ImportError, OSError) as err:  # OSError: a folder it cannot make
         return (
             f"mlflow cannot keep runs at its tracking URI {mlflow.get_tracking_uri()} ({err}); set "
             "MLFLOW_TRACKING_URI to your tracking server (http://HOST:PORT), or install mlflow itself "
@@ -209,14 +240,47 @@ def _keep(path: Path, run: TrackerRun) -> None:
     write_json(path, {key: value for key, value in dataclasses.asdict(run).items() if value is not None})
 
 
+def forget_mlflow_run(run_dir: str | Path) -> None:
+    """Start a new mlflow run at the next start, the one trackers.json keeps left as it is: for a run
+    whose metric names changed (a file store cannot keep a name beside a folder of the same name)."""
+    path = Path(run_dir) / STATE_FILE
+    if path.is_file():
+        run = tracker_run(run_dir, TrackerConfig())
+        if run.mlflow_run_id is not None:
+            _keep(path, dataclasses.replace(run, mlflow_run_id=None))
+
+
+@dataclass
+class Held:
+    """What a tracker holds of its run, so that it is sent only what it lacks: everything up to `step`,
+    and at `step` the names in `names` (None: all of that step's). Counted per name, not per step: sft
+    logs several lines at one step (the training line, the evaluation, the closing summary), and a kill
+    between two of them leaves the first in a tracker and not the others."""
+
+    step: int = -1
+    names: set[str] | None = field(default_factory=set)
+
+    def take(self, step: int, values: Mapping[str, V]) -> dict[str, V]:
+        """What of `values`, logged at `step`, the tracker lacks, counted as held from now: all of a
+        later step's, at `step` the names it does not hold yet, nothing of an earlier step."""
+        if step > self.step:
+            self.step, self.names = step, set()
+        if step < self.step or self.names is None:
+            return {}
+        lacking = {name: value for name, value in values.items() if name not in self.names}
+        self.names.update(lacking)
+        return lacking
+
+
 def wandb_dir(run_dir: str | Path) -> str:
     """Where wandb keeps its files (offline runs included): $WANDB_DIR, else the run directory."""
     return os.environ.get("WANDB_DIR") or str(run_dir)
 
 
 class WandbWriter:
-    """Metrics to wandb at our step numbers, in the run directory's wandb run. `held`: the last step
-    wandb already holds for it (-1: none; an SFT run logs a step 0), which a resumed run replays after."""
+    """Metrics to wandb at our step numbers, in the run directory's wandb run. `held`: what wandb
+    already holds of it (an SFT run logs a step 0), whole steps: wandb commits a step's row when the
+    next step starts or the run finishes, so a killed process's last step is all there or not at all."""
 
     def __init__(self, run: TrackerRun, run_dir: str | Path, config: dict) -> None:
         import wandb
@@ -232,18 +296,22 @@ class WandbWriter:
         if self._run.offline:
             # wandb holds in memory what it has not written yet, so a kill -9 drops the tail of the
             # dead process's file: read what every earlier file of this run kept.
-            self.held = offline_last_step(wandb_dir(run_dir), run.id, exclude=Path(self._run.dir).parent)
+            last = offline_last_step(wandb_dir(run_dir), run.id, exclude=Path(self._run.dir).parent)
         else:
             # The server's: the step a resumed run goes on from is the one after its history's last.
-            self.held = self._run.starting_step - 1
+            last = self._run.starting_step - 1
+        self.held = Held(last, None)
 
     def write(self, step: int, metrics: dict[str, float]) -> None:
-        self._run.log(metrics, step=step)
+        lacking = self.held.take(step, metrics)
+        if lacking:
+            self._run.log(lacking, step=step)
 
     def table(self, step: int, name: str, columns: list[str], rows: list[list]) -> None:
         import wandb
 
-        self._run.log({name: wandb.Table(columns=columns, data=rows)}, step=step)
+        if self.held.take(step, {name: rows}):
+            self._run.log({name: wandb.Table(columns=columns, data=rows)}, step=step)
 
     def close(self, failed: bool = False) -> None:
         self._run.finish(exit_code=int(failed))
@@ -251,7 +319,8 @@ class WandbWriter:
 
 class TrackioWriter:
     """Metrics to trackio (its local store, $TRACKIO_DIR, unless a Space is set up) at our step numbers.
-    `held`: the last step its store holds for the run (-1: none)."""
+    `held`: what its store holds of the run: each log is a row of its own, so a kill between two lines
+    of one step can leave the first there without the second."""
 
     def __init__(self, run: TrackerRun, config: dict) -> None:
         import trackio
@@ -260,14 +329,22 @@ class TrackioWriter:
         self._trackio = trackio
         self._run = trackio.init(project=run.project, name=run.name, resume="allow", config=config)
         last = SQLiteStorage.get_last_step(run.project, run=run.name)
-        self.held = -1 if last is None else last
+        self.held = Held()
+        if last is not None:
+            rows = SQLiteStorage.get_logs(run.project, run.name)
+            names = {key for row in rows if row["step"] == last for key in row} - {"step", "timestamp"}
+            self.held = Held(last, names)
 
     def write(self, step: int, metrics: dict[str, float]) -> None:
-        self._run.log(metrics, step=step)
+        lacking = self.held.take(step, metrics)
+        if lacking:
+            self._run.log(lacking, step=step)
 
     def table(self, step: int, name: str, columns: list[str], rows: list[list]) -> None:
         import pandas
 
+        if not self.held.take(step, {name: rows}):
+            return
         # trackio's Table ignores `columns` beside `data`: a DataFrame carries the names.
         frame = pandas.DataFrame(rows, columns=columns)
         self._run.log({name: self._trackio.Table(dataframe=frame)}, step=step)

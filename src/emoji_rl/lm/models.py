@@ -10,6 +10,7 @@ that ship inside PyPI packages, so the whole pipeline runs offline on a CPU:
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import fcntl
 import functools
@@ -21,6 +22,7 @@ import os
 import re
 import shutil
 import tempfile
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Literal
@@ -167,11 +169,23 @@ def resolve(spec: str | ModelSpec) -> str:
     return str(_embedded_smollm2_dir())
 
 
+@contextlib.contextmanager
+def loading(spec: str | ModelSpec) -> Iterator[None]:
+    """transformers' errors for a model it cannot load as one line naming the spec: no files here or
+    on the hub (or offline, none in the cache: OSError), a folder that holds no model (ValueError)."""
+    try:
+        yield
+    except (OSError, ValueError) as err:
+        reason = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+        raise UserError(f"model {spec}: transformers cannot load it: {reason}") from err
+
+
 def load_tokenizer(spec: str | ModelSpec) -> PreTrainedTokenizerBase:
     """The tokenizer of a causal LM; a tokenizer without a chat template is an error here, not later."""
     from transformers import AutoTokenizer
 
-    tokenizer = AutoTokenizer.from_pretrained(resolve(spec))
+    with loading(spec):
+        tokenizer = AutoTokenizer.from_pretrained(resolve(spec))
     if not tokenizer.chat_template:
         raise UserError(
             f"tokenizer of {spec} has no chat template: every stage talks to the model as a chat; "
@@ -255,9 +269,10 @@ def load_base_model(spec: str | ModelSpec, runtime: Runtime) -> PreTrainedModel:
     transformer layer class Qwen3_5VisionBlock" for a class the model does not have."""
     from transformers import AutoModelForCausalLM
 
-    model = AutoModelForCausalLM.from_pretrained(
-        resolve(spec), dtype=runtime.dtype, attn_implementation=runtime.attn_implementation
-    )
+    with loading(spec):
+        model = AutoModelForCausalLM.from_pretrained(
+            resolve(spec), dtype=runtime.dtype, attn_implementation=runtime.attn_implementation
+        )
     present = {type(module).__name__ for module in model.modules()}
     model._no_split_modules = {name for name in model._no_split_modules or () if name in present}
     return model

@@ -12,21 +12,19 @@ first resume. `check_shared_dir` finds it out at the start instead.
 from __future__ import annotations
 
 import contextlib
-import fcntl
 import logging
 import os
 import socket
-import struct
 import time
 import uuid
 from collections import Counter
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import timedelta
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from emoji_rl.errors import UserError
+from emoji_rl.errors import LostPeers, UserError
 from emoji_rl.lm.distributed import gather, without_cuda
 
 if TYPE_CHECKING:
@@ -41,11 +39,19 @@ COLLECTIVE_TIMEOUT_S = 1800
 # the run directory as it was before the main process wrote into it.
 SHARED_DIR_WAIT_S = 60
 _PROBE_RETRY_S = 1.0
-# ProcessGroupNCCL's CleanUpOnly: on a failed or timed-out collective its watchdog aborts the
-# communicators (which ends kernels stuck waiting for a lost peer) and leaves the process running, so
-# the next NCCL call raises DistBackendError in Python (torch/csrc/distributed/c10d/ProcessGroupNCCL.hpp,
-# ErrorHandlingMode).
-NCCL_CLEAN_UP_ONLY = "2"
+NCCL_ENV = {
+    # ProcessGroupNCCL's CleanUpOnly: on a failed or timed-out collective its watchdog aborts the
+    # communicators (which ends kernels stuck waiting for a lost peer) and leaves the process running,
+    # so the next NCCL call raises DistBackendError in Python (ProcessGroupNCCL.hpp, ErrorHandlingMode).
+    # torch's elastic agent exports 1 (TearDown): the watchdog kills the process, no exception.
+    "TORCH_NCCL_ASYNC_ERROR_HANDLING": "2",
+    # No flight-recorder dump on a failure: with one, PG 0's heartbeat monitor, once signalled, sleeps
+    # TORCH_NCCL_HEARTBEAT_TIMEOUT_SEC (480 s) after dumping and then aborts the process (SIGABRT,
+    # no message), and the process group's destructor joins it, holding up a clean exit as long;
+    # without one, the monitor waits on a condition the destructor wakes (ProcessGroupNCCL.cpp,
+    # HeartbeatMonitor::runLoop).
+    "TORCH_NCCL_DUMP_ON_TIMEOUT": "0",
+}
 
 
 @dataclass
@@ -101,11 +107,10 @@ def join_processes(timeout_s: int) -> PartialState:
 
     if timeout_s < 1:
         raise UserError(f"collective_timeout_s={timeout_s} must be at least 1 second")
-    # The process groups read these when they are made, so before PartialState makes the first.
-    # torch's elastic agent (torchrun, and accelerate launch through it) exports
-    # TORCH_NCCL_ASYNC_ERROR_HANDLING=1 to every worker: NCCL's watchdog then kills the process on a
-    # lost peer or a timeout, no exception reaches `peers_named`, and the trackers are never closed.
-    os.environ["TORCH_NCCL_ASYNC_ERROR_HANDLING"] = NCCL_CLEAN_UP_ONLY
+    # The process groups read these when they are made, so before PartialState makes the first: a lost
+    # peer or a timeout then raises in Python, where `peers_named` names the peers once the trackers
+    # are closed, and the process leaves (errors.LostPeers).
+    os.environ.update(NCCL_ENV)
     if interface := gloo_interface(os.environ):
         os.environ["GLOO_SOCKET_IFNAME"] = interface
     state = PartialState(cpu=without_cuda(), timeout=timedelta(seconds=timeout_s))
@@ -129,7 +134,7 @@ def gloo_interface(environ: Mapping[str, str]) -> str | None:
         log.warning(
             "no network interface of this node holds the address it reaches MASTER_ADDR=%s from: gloo "
             "binds to the address %s resolves to; set GLOO_SOCKET_IFNAME to the interface the nodes "
-            "share (`ip route get %s` names it)",
+            "share (the one holding the `src` address of `ip route get %s`: `ip -o addr show to SRC`)",
             master,
             socket.gethostname(),
             master,
@@ -139,24 +144,28 @@ def gloo_interface(environ: Mapping[str, str]) -> str | None:
 
 def interface_towards(host: str, port: int) -> str | None:
     """The network interface this machine sends to `host` from: the one that holds the source address
-    of its route there (IPv4). None when there is no such route or no interface holds it."""
+    of its route there (IPv4), a secondary address included. None when there is no such route or no
+    interface holds it."""
+    import psutil  # accelerate's dependency
+
     try:
         with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
             probe.connect((host, port))  # UDP: picks the route and the source address, sends nothing
             local = probe.getsockname()[0]
     except OSError:
         return None
-    return next((name for _, name in socket.if_nameindex() if _ipv4_address(name) == local), None)
+    addresses = {
+        name: [a.address for a in entries if a.family == socket.AF_INET]
+        for name, entries in psutil.net_if_addrs().items()
+    }
+    return interface_holding(addresses, local)
 
 
-def _ipv4_address(interface: str) -> str | None:
-    siocgifaddr = 0x8915  # linux/sockios.h: an interface's (first) IPv4 address
-    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as sock:
-        try:
-            request = fcntl.ioctl(sock.fileno(), siocgifaddr, struct.pack("256s", interface.encode()[:15]))
-        except OSError:  # no IPv4 address
-            return None
-    return socket.inet_ntoa(request[20:24])  # struct ifreq: the name, then a sockaddr_in
+def interface_holding(addresses: Mapping[str, Sequence[str]], local: str) -> str | None:
+    """The interface whose IPv4 addresses (getifaddrs', every one of them: an interface's first
+    address, SIOCGIFADDR's, misses a route whose source is a secondary one) include `local`. The
+    names are getifaddrs', as gloo looks GLOO_SOCKET_IFNAME up (a labelled address's label)."""
+    return next((name for name, held in addresses.items() if local in held), None)
 
 
 def _check_nodes_alike(peers: list[Peer]) -> None:
@@ -230,13 +239,24 @@ def peers_named(run_dir: Path, timeout_s: int) -> Iterator[None]:
         import torch.distributed as dist
 
         me = _PEERS[dist.get_rank()]
-        others = [peer for peer in _PEERS if peer.node != me.node] or [p for p in _PEERS if p != me]
-        cause = str(error).strip().splitlines()[0]
-        raise UserError(
-            f"{me} lost its peers in a collective ({cause}): a process of another node died or did not "
-            f"answer within collective_timeout_s={timeout_s}: {', '.join(map(str, others))}. Relaunch "
-            f"every node with --resume true: the run goes on from its last whole checkpoint in {run_dir}"
+        raise LostPeers(
+            f"{me} lost its peers in a collective ({str(error).strip().splitlines()[0]}): one of the "
+            f"job's other processes died or did not answer within collective_timeout_s={timeout_s}: "
+            f"{suspects(me, _PEERS)}. Relaunch every node with --resume true: the run goes on from its "
+            f"last whole checkpoint in {run_dir}"
         ) from error
+
+
+def suspects(me: Peer, peers: Sequence[Peer]) -> str:
+    """The processes `me` may have lost, other nodes' first and this node's said to be this node's:
+    the failure names no peer, and a rank that dies beside `me` breaks the collective as one on
+    another node does."""
+    others = [peer for peer in peers if peer.node != me.node]
+    here = [peer for peer in peers if peer.node == me.node and peer != me]
+    named = ", ".join(map(str, others))
+    if here:
+        named += ("; " if named else "") + f"on this node, {', '.join(map(str, here))}"
+    return named
 
 
 def _collective_failure(error: RuntimeError) -> bool:

@@ -42,16 +42,10 @@ def build_engine(cfg: TrainConfig, policy: PeftModel, tokenizer, constraint: Con
         decoding = cfg.decoding(constraint=constraint, batch_size=cfg.batch_size * cfg.group_size)
         return Engine(HFSampler(policy, tokenizer, decoding))
     from emoji_rl.decode.vllm import VLLMSampler
-    from emoji_rl.io.endpoint import Endpoint, wait_for_server
+    from emoji_rl.io.endpoint import Endpoint
     from emoji_rl.rl.rollout.vllm import AdapterSync
 
-    wait_for_server(
-        cfg.vllm_url,
-        "the policy server",
-        cfg.server_wait_s,
-        "start it with make serve-policy (launch/serve_policy.sh; --dry-run prints its vllm serve command, "
-        "POLICY_HOST and POLICY_PORT), or point --vllm_url at the one running",
-    )
+    wait_for_policy_server(cfg)
     endpoint = Endpoint(cfg.vllm_url, cfg.vllm_api_key_env, cfg.vllm_timeout_s)
     sampler = VLLMSampler(
         endpoint,
@@ -62,3 +56,17 @@ def build_engine(cfg: TrainConfig, policy: PeftModel, tokenizer, constraint: Con
     )
     asyncio.run(sampler.verify())
     return Engine(sampler, AdapterSync(sampler, cfg.output_dir, cfg.vllm_served_name, cfg.vllm_adapter_keep))
+
+
+def wait_for_policy_server(cfg: TrainConfig) -> None:
+    """Wait for the policy server `--engine vllm` samples on (`vllm_url`); the stage does it before any
+    model loads, so that a server that is not there costs no model load."""
+    from emoji_rl.io.endpoint import wait_for_server
+
+    wait_for_server(
+        cfg.vllm_url,
+        "the policy server",
+        cfg.server_wait_s,
+        "start it with make serve-policy (launch/serve_policy.sh; --dry-run prints its vllm serve command, "
+        "POLICY_HOST and POLICY_PORT), or point --vllm_url at the one running",
+    )

@@ -32,8 +32,8 @@ from emoji_rl.config import save_config
 from emoji_rl.decode.sampler import HFSampler, Sampler
 from emoji_rl.errors import UserError
 from emoji_rl.game import registry
-from emoji_rl.game.spec import game_config
-from emoji_rl.io.jsonl import AppendLog, drop_steps_after, read_jsonl
+from emoji_rl.game.spec import game_config, read_game_records
+from emoji_rl.io.jsonl import AppendLog, drop_steps_after
 from emoji_rl.io.metrics import MetricsWriter, read_metrics
 from emoji_rl.io.run_lock import holds_a_run
 from emoji_rl.lm import models
@@ -41,8 +41,8 @@ from emoji_rl.lm.distributed import gather
 from emoji_rl.lm.processes import check_shared_dir, join_processes, peers_named
 from emoji_rl.rl.batch import collate_groups
 from emoji_rl.rl.checkpoint import TrainState
-from emoji_rl.rl.engine import Engine, build_engine
-from emoji_rl.rl.held_out import HeldOut
+from emoji_rl.rl.engine import Engine, build_engine, wait_for_policy_server
+from emoji_rl.rl.held_out import HeldOut, current_names, held_out_records
 from emoji_rl.rl.policy import build_policy, checkpoint_layers
 from emoji_rl.rl.rollout.collect import StepGroups, prompts_per_process
 from emoji_rl.rl.rollout.metrics import (
@@ -129,7 +129,10 @@ def _loop(
         drop_steps_after(run_dir / ROLLOUTS_FILE, state.step)
     # Metrics (to metrics.jsonl and the trackers) and rollouts come from the main process, gathered from all.
     main_only = contextlib.nullcontext
-    metrics_log = MetricsWriter(run_dir, state.step, trackers=cfg) if is_main else main_only()
+    # A run from before the held-out names changed (#62) is resumed under the new ones.
+    metrics_log = (
+        MetricsWriter(run_dir, state.step, trackers=cfg, rename=current_names) if is_main else main_only()
+    )
     rollouts_log = AppendLog(run_dir / ROLLOUTS_FILE) if is_main else main_only()
     with metrics_log as writer, rollouts_log as rollout_log:
         if held_out is not None and state.step == 0 and held_out.due(0) and not _logged_at_start(run_dir):
@@ -195,14 +198,9 @@ def _held_out(
     """The held-out evaluation `eval_steps` and `eval_before_train` ask for (None: neither): greedy,
     in process on the weights being trained, whichever engine samples the rollouts, decoded in chunks
     of the rollouts' size."""
-    if not (cfg.eval_steps or cfg.eval_before_train):
+    records = held_out_records(cfg)
+    if records is None:
         return None
-    assert cfg.eval_data is not None  # TrainConfig checks it
-    if setup.read_records is None:
-        records = read_jsonl(cfg.eval_data, hint="the game's held-out records (eval_data)")
-    else:
-        records = setup.read_records(cfg.eval_data)
-    records = records[: cfg.eval_max_examples or None]
     decoding = cfg.decoding(
         constraint=setup.constraint, temperature=0.0, batch_size=cfg.batch_size * cfg.group_size
     )
@@ -263,6 +261,11 @@ def main(cfg: TrainConfig) -> None:
         raise UserError(
             f"{run_dir} already holds a run: pass --resume true to continue it, or another --output_dir"
         )
+    # The inputs, checked before any model loads and before anything is written.
+    records = read_game_records(rules, "train_data", cfg.train_data, cfg)
+    held_out_records(cfg)
+    if cfg.engine == "vllm":
+        wait_for_policy_server(cfg)
     runtime = models.pick_runtime()
     log.info("runtime: %s", runtime.describe())
     tokenizer = models.load_tokenizer(cfg.model)
@@ -277,7 +280,7 @@ def main(cfg: TrainConfig) -> None:
     )
     if cfg.gradient_checkpointing:
         checkpoint_layers(policy)
-    setup = spec.setup(rules, cfg.game_context(tokenizer, runtime))
+    setup = spec.setup(rules, cfg.game_context(tokenizer, runtime, records))
     engine = build_engine(cfg, policy, tokenizer, setup.constraint)
     log.info(
         "%s; %d prompts; B=%d G=%d", setup.description, len(setup.records), cfg.batch_size, cfg.group_size

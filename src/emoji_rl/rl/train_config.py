@@ -25,6 +25,7 @@ from emoji_rl.rl import grpo
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
 
+    from emoji_rl.game.types import Record
     from emoji_rl.lm.models import Runtime
     from emoji_rl.rl.update import UpdateSettings
 
@@ -39,14 +40,18 @@ class TrainConfig(SamplingConfig, ProcessConfig, ModelConfig, TrackerConfig, Ser
     # --- core ---
     game: str = field(default=registry.DEFAULT_GAME, metadata=GAME_HELP)
     init_adapter: str | None = field(
-        default=None, metadata={"help": "LoRA adapter to start from (the SFT output); none = a fresh adapter"}
+        default=None,
+        metadata={
+            "help": "LoRA adapter to start from (the SFT output); none = a fresh adapter",
+            "input": True,
+        },
     )
     reference: Literal["init", "base"] = field(
         default="init",
         metadata={"help": "KL reference: `init` = the starting adapter, frozen; `base` = the base model"},
     )
     train_data: str = field(
-        default="data/rl_train.jsonl", metadata={"help": "the game's training records, JSONL"}
+        default="data/rl_train.jsonl", metadata={"help": "the game's training records, JSONL", "input": True}
     )
     output_dir: str = field(
         default="runs/grpo", metadata={"help": "run directory: config, metrics, checkpoints"}
@@ -204,13 +209,18 @@ class TrainConfig(SamplingConfig, ProcessConfig, ModelConfig, TrackerConfig, Ser
         default="constant", metadata={"help": "learning-rate schedule over max_steps"}
     )
     warmup_steps: int = field(default=0, metadata={"help": "linear warm-up steps"})
-    save_steps: int = field(default=10, metadata={"help": "checkpoint every N steps (and at the end)"})
+    save_steps: int = field(
+        default=10, metadata={"help": "checkpoint every N steps (and at the end)", "min": 1}
+    )
     seed: int = field(default=0, metadata={"help": "random seed (prompt order, sampling, judge)"})
     resume: bool = field(default=False, metadata={"help": "continue from the last checkpoint in output_dir"})
     # Held-out evaluation as it trains (rl/held_out.py); TRL's eval_steps, SkyRL's eval_before_train.
     eval_data: str | None = field(
         default=None,
-        metadata={"help": "held-out records of the game, JSONL, for eval_steps and eval_before_train"},
+        metadata={
+            "help": "held-out records of the game, JSONL, for eval_steps and eval_before_train",
+            "input": True,
+        },
     )
     eval_steps: int = field(
         default=0,
@@ -290,10 +300,13 @@ class TrainConfig(SamplingConfig, ProcessConfig, ModelConfig, TrackerConfig, Ser
         if self.reference == "init" and self.init_adapter is None and self.beta > 0:
             self.reference = "base"  # a fresh adapter starts equal to the base model
 
-    def game_context(self, tokenizer: PreTrainedTokenizerBase, runtime: Runtime) -> GameContext:
-        """What the game may know of this run: it plays `train_data`; the policy server, with engine vllm."""
+    def game_context(
+        self, tokenizer: PreTrainedTokenizerBase, runtime: Runtime, records: list[Record]
+    ) -> GameContext:
+        """What the game may know of this run: it plays `records` (`train_data`'s); the policy server,
+        with engine vllm."""
         server = PolicyServer(self.vllm_url, self.vllm_served_name) if self.engine == "vllm" else None
-        return GameContext.of(self, tokenizer, runtime, self.train_data, server)
+        return GameContext.of(self, tokenizer, runtime, records, server)
 
     @property
     def clip_range(self) -> tuple[float, float]:

@@ -15,8 +15,7 @@ if TYPE_CHECKING:
 def metrics_callback(writer: MetricsWriter) -> TrainerCallback:
     """A callback that hands each Trainer log (train and eval) to the stage's `MetricsWriter`, on the
     main process: a line of metrics.jsonl and a point in each tracker, at the Trainer's global step.
-    On resume, the stage (`train.main`) first drops the lines the checkpoint does not know
-    (`keep_first_lines`)."""
+    On resume, the stage's writer first drops the lines the run redoes (`resume.logged_lines`)."""
     from transformers import TrainerCallback
     from transformers.integrations.integration_utils import rewrite_logs
 

@@ -62,12 +62,16 @@ class Config(JudgeConfig):
     """Base vs SFT on the SFT test split: compliance and emoji statistics, table + JSON + PNG."""
 
     # --- core ---
-    adapter: str | None = field(default=None, metadata={"help": "the SFT adapter directory (required)"})
+    adapter: str | None = field(
+        default=None, metadata={"help": "the SFT adapter directory (required)", "input": True}
+    )
     model: str | None = field(
         default=None,
         metadata={"help": "base model spec; none: the adapter's base_model_name_or_path"},
     )
-    data: str = field(default="data/sft_test.jsonl", metadata={"help": "held-out SFT chats, JSONL"})
+    data: str = field(
+        default="data/sft_test.jsonl", metadata={"help": "held-out SFT chats, JSONL", "input": True}
+    )
     limit: int | None = field(default=None, metadata={"help": "evaluate the first N chats only; none: all"})
     decodings: list[str] = field(
         default_factory=lambda: ["none", "grammar"],

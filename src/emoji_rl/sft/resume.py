@@ -1,6 +1,9 @@
 """Picking up a killed `sft` run: the checkpoint to go on from (a save cut short set aside), what of
 the run's counts the Trainer does not restore itself (metrics lines, TRL's token count, the loss before
-the checkpoint), and ending without a step more a run whose last checkpoint is its last step."""
+the checkpoint), and ending without a step more a run whose last checkpoint is its last step.
+
+metrics.jsonl's lines are the Trainer's logs (the metrics callback), several at one step: the
+training line, an evaluation, and at the end the closing summary and the final evaluation."""
 
 from __future__ import annotations
 
@@ -81,11 +84,29 @@ def checkpoint_to_resume(output_dir: Path, resume: bool, is_main: bool = True) -
     return str(last) if last is not None else None
 
 
-def logged_lines(saved: dict | None) -> int:
-    """How many metrics lines a run keeps: those its checkpoint's log history holds (`saved`: its
-    `trainer_state`; the JSONL callback writes one line per entry), or none for a fresh run (not even
-    the step-0 eval of an earlier attempt that died before its first checkpoint)."""
-    return 0 if saved is None else len(saved["log_history"])
+def logged_lines(saved: dict | None, logged: list[dict]) -> int:
+    """How many first lines of metrics.jsonl a resumed run keeps (`logged`: its whole lines; `saved`:
+    the checkpoint's `trainer_state`, None without one): those the checkpoint's log history holds (one
+    line per entry), and after them what the killed run logged that the resumed run would log again
+    the same, rather than redo it: with no checkpoint, the evaluation before training
+    (`evaluated_at_start`), and for a run that ended at its checkpoint, the closing summary, which
+    holds the time the training took (`finish_from` logs none then)."""
+    if saved is None:
+        return int(evaluated_at_start(logged))
+    count = len(saved["log_history"])
+    if count < len(logged) and is_summary(logged[count], saved["global_step"]):
+        count += 1
+    return count
+
+
+def evaluated_at_start(logged: list[dict]) -> bool:
+    """Whether metrics.jsonl's whole lines (`logged`) begin with the evaluation before training."""
+    return bool(logged) and logged[0]["step"] == 0 and "eval/loss" in logged[0]
+
+
+def is_summary(line: dict, step: int) -> bool:
+    """Whether a metrics.jsonl line is the Trainer's closing summary of a run that ended at `step`."""
+    return line["step"] == step and "train/train_runtime" in line
 
 
 def restore_token_count(trainer: SFTTrainer, saved: dict) -> None:
@@ -111,10 +132,12 @@ def planned_steps(trainer: SFTTrainer) -> int:
     return trainer.set_initial_training_values(trainer.args, trainer.get_train_dataloader())[-1]
 
 
-def finish_from(trainer: SFTTrainer, checkpoint: str) -> TrainOutput:
+def finish_from(trainer: SFTTrainer, checkpoint: str, summary: dict | None) -> TrainOutput:
     """Take a run whose last checkpoint is its last step to where `train()` would have left it: the
     checkpoint's adapter weights loaded and the closing summary logged, no step trained. (Resumed
-    there, the Trainer would train one step more before it looks at `max_steps`.)"""
+    there, the Trainer would train one step more before it looks at `max_steps`.) `summary`: the one
+    metrics.jsonl kept of the killed run (`logged_lines`), which is not logged again; without it the
+    summary holds no time, since this call trains nothing."""
     from peft import set_peft_model_state_dict
     from safetensors.torch import load_file
     from transformers import TrainerState
@@ -128,14 +151,10 @@ def finish_from(trainer: SFTTrainer, checkpoint: str) -> TrainOutput:
             f"{checkpoint}: adapter weights this model has no place for: {loaded.unexpected_keys[:3]}"
         )
     trainer.state = TrainerState.load_from_json(str(Path(checkpoint) / "trainer_state.json"))
-    # The keys of the Trainer's own summary; no step trained in this call, and `log` makes the loss
-    # the whole run's.
-    metrics = {
-        "train_runtime": 0.0,
-        "train_samples_per_second": 0.0,
-        "train_steps_per_second": 0.0,
-        "total_flos": trainer.state.total_flos,
-        "train_loss": 0.0,
-    }
-    trainer.log(metrics)
+    if summary is not None:
+        metrics = {key.removeprefix("train/"): value for key, value in summary.items() if key != "step"}
+    else:
+        # The keys of the Trainer's own summary but its speeds; `log` makes the loss the whole run's.
+        metrics = {"total_flos": trainer.state.total_flos, "train_loss": 0.0}
+        trainer.log(metrics)
     return TrainOutput(trainer.state.global_step, metrics["train_loss"], metrics)

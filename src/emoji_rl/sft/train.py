@@ -27,7 +27,7 @@ import time
 from pathlib import Path
 
 from emoji_rl.config import save_config
-from emoji_rl.io.jsonl import keep_first_lines
+from emoji_rl.io.jsonl import training_log
 from emoji_rl.io.metrics import MetricsWriter
 from emoji_rl.lm import models
 from emoji_rl.lm.distributed import warn_if_fsdp_ignored
@@ -37,7 +37,9 @@ from emoji_rl.sft.data import encode_file, to_dataset
 from emoji_rl.sft.loss import answer_loss_trainer, own_loss_blocker
 from emoji_rl.sft.resume import (
     checkpoint_to_resume,
+    evaluated_at_start,
     finish_from,
+    is_summary,
     logged_lines,
     planned_steps,
     restore_token_count,
@@ -60,8 +62,11 @@ def main(cfg: Config) -> None:
     check_shared_dir(output_dir, processes, cfg.shared_dir_wait_s)
     checkpoint = checkpoint_to_resume(output_dir, cfg.resume, is_main)
     saved = trainer_state(checkpoint) if checkpoint is not None else None
+    # What the run logged before (a fresh run starts metrics.jsonl over).
+    logged = training_log(output_dir / METRICS_FILE) if cfg.resume else []
     runtime = models.pick_runtime(dtype=cfg.dtype)
-    args = build_sft_config(cfg, runtime, world_size)
+    evaluate_first = checkpoint is None and not evaluated_at_start(logged)
+    args = build_sft_config(cfg, runtime, world_size, evaluate_first)
     if runtime.device.startswith("cuda") and runtime.attn_implementation != "flash_attention_2":
         logger.info(
             "flash-attn 2 does not import (see the warning above) or dtype is fp32: attention runs on sdpa"
@@ -87,11 +92,11 @@ def main(cfg: Config) -> None:
     # (run_lock removes one it made), and the corrected rerun is not taken for a run to resume.
     if is_main:
         save_config(cfg, output_dir)
-        # The steps after the checkpoint are redone, so the lines a dead run logged after it go.
-        keep_first_lines(output_dir / METRICS_FILE, logged_lines(saved))
 
     resumed_at = saved["global_step"] if saved is not None else 0
-    metrics = MetricsWriter(output_dir, resumed_at, cfg) if is_main else contextlib.nullcontext()
+    # The steps after the checkpoint are redone, so the lines a dead run logged after it go.
+    kept = logged_lines(saved, logged)
+    metrics = MetricsWriter(output_dir, resumed_at, cfg, kept) if is_main else contextlib.nullcontext()
     with metrics:
         # --- model: left on the CPU; the Trainer places it on this process's device (DDP, FSDP)
         model = models.load_base_model(cfg.model, runtime)
@@ -136,11 +141,12 @@ def main(cfg: Config) -> None:
         adapter_dir = output_dir / ADAPTER_DIR
         with peers_named(output_dir, cfg.collective_timeout_s):
             if checkpoint is not None and trainer.resumed[0] >= planned_steps(trainer):
-                result = finish_from(trainer, checkpoint)
+                summary = logged[kept - 1] if kept and is_summary(logged[kept - 1], resumed_at) else None
+                result = finish_from(trainer, checkpoint, summary)
             else:
                 result = trainer.train(resume_from_checkpoint=checkpoint)
             seconds = time.monotonic() - start
-            eval_loss = trainer.evaluate()["eval_loss"] if eval_set is not None else float("nan")
+            eval_loss = final_eval_loss(trainer) if eval_set is not None else float("nan")
             # Every rank calls it: FSDP gathers the shards, rank 0 writes.
             trainer.save_model(str(adapter_dir))
         if is_main:
@@ -152,3 +158,11 @@ def main(cfg: Config) -> None:
                 eval_loss,
                 adapter_dir,
             )
+
+
+def final_eval_loss(trainer) -> float:
+    """The eval loss at the run's last step: the Trainer's own evaluation there when `eval_steps` had
+    it evaluate at that step (a second would log the same line twice), else a final evaluation."""
+    step = trainer.state.global_step
+    there = [e["eval_loss"] for e in trainer.state.log_history if e.get("step") == step and "eval_loss" in e]
+    return there[-1] if there else trainer.evaluate()["eval_loss"]

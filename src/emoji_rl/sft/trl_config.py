@@ -31,10 +31,12 @@ class Config(ProcessConfig, models.ModelConfig, TrackerConfig):
     """LoRA SFT of the sender with TRL's SFTTrainer; field names follow TRL's SFTConfig."""
 
     # --- core ---
-    train_data: str = field(default="data/sft_train.jsonl", metadata={"help": "SFT chats, JSONL"})
+    train_data: str = field(
+        default="data/sft_train.jsonl", metadata={"help": "SFT chats, JSONL", "input": True}
+    )
     eval_data: str | None = field(
         default="data/sft_test.jsonl",
-        metadata={"help": "held-out chats for the eval loss, JSONL; none to skip evaluation"},
+        metadata={"help": "held-out chats for the eval loss, JSONL; none to skip evaluation", "input": True},
     )
     output_dir: str = field(
         default="runs/sft", metadata={"help": "run directory: config, metrics, checkpoints, adapter/"}
@@ -120,7 +122,9 @@ class Config(ProcessConfig, models.ModelConfig, TrackerConfig):
     eval_steps: int | None = field(
         default=None, metadata={"help": "optimizer steps between eval-loss runs; none: at start and end only"}
     )
-    save_steps: int = field(default=200, metadata={"help": "optimizer steps between checkpoints"})
+    # TRL's save_steps below 1 is a fraction of the run, which an int field cannot hold; no saving is
+    # TRL's save_strategy no, which a resumable stage does not offer.
+    save_steps: int = field(default=200, metadata={"help": "optimizer steps between checkpoints", "min": 1})
     save_total_limit: int | None = field(
         default=2, metadata={"help": "checkpoints kept (oldest deleted first); none keeps all"}
     )
@@ -188,7 +192,11 @@ def parse_sft_overrides(items: Sequence[str], managed: Collection[str]) -> dict[
     return parsed
 
 
-def build_sft_config(cfg: Config, runtime: models.Runtime, world_size: int) -> SFTConfig:
+def build_sft_config(
+    cfg: Config, runtime: models.Runtime, world_size: int, evaluate_first: bool = True
+) -> SFTConfig:
+    """TRL's SFTConfig for this run; `evaluate_first`: evaluate before the first step (with eval_data),
+    false for a resume from a checkpoint, or of a run that already logged that evaluation."""
     import torch
     from trl import SFTConfig
 
@@ -220,9 +228,9 @@ def build_sft_config(cfg: Config, runtime: models.Runtime, world_size: int) -> S
         "logging_steps": cfg.logging_steps,
         "eval_strategy": "steps" if has_eval and cfg.eval_steps else "no",
         "eval_steps": cfg.eval_steps,
-        # A fresh run only: on resume the Trainer would evaluate again at the checkpoint's step, a line
-        # the uninterrupted run does not have.
-        "eval_on_start": has_eval and not cfg.resume,
+        # Not from a checkpoint: the Trainer would evaluate again at the checkpoint's step, a line the
+        # uninterrupted run does not have.
+        "eval_on_start": has_eval and evaluate_first,
         "save_strategy": "steps",
         "save_steps": cfg.save_steps,
         "save_total_limit": cfg.save_total_limit,

@@ -5,6 +5,7 @@ gets its own reward (docs/DESIGN.md §15)."""
 from __future__ import annotations
 
 import asyncio
+import json
 
 import pytest
 from tests.games.scripted import ScriptedSampler
@@ -14,7 +15,7 @@ from emoji_rl.game.guessing import Guess, JudgeInput, judge_messages
 from emoji_rl.game.judge import Judge
 from emoji_rl.game.play import play
 from emoji_rl.game.reward import RewardWeights, reader_reward, terminal_reward
-from emoji_rl.games.both_seats.game import BothSeatsBuilder, BothSeatsRules, reads_teacher
+from emoji_rl.games.both_seats.game import TEACHER, BothSeatsBuilder, BothSeatsRules, reads_teacher
 from emoji_rl.lm import template
 
 TARGET = "Let's get pizza and watch a movie tonight"
@@ -49,10 +50,9 @@ class Scores:
         return SCORES[pair[1]]
 
 
-def build(tokenizer, judge_guesses, teacher=None, share=0.0, **rules):
+def build(tokenizer, judge_guesses, share=0.0, **rules):
     rules = BothSeatsRules(**{"tau": 0.85, "judge_weight": 0.75, **rules})
-    teacher = {TARGET: teacher} if teacher else {}
-    return BothSeatsBuilder(tokenizer, ScriptedJudge(judge_guesses), Scores(), rules, teacher, share, seed=0)
+    return BothSeatsBuilder(tokenizer, ScriptedJudge(judge_guesses), Scores(), rules, share, seed=0)
 
 
 def test_the_sender_writes_the_reader_reads_and_the_judges_guess_decides(smollm2_tokenizer):
@@ -93,9 +93,9 @@ def test_the_sender_writes_the_reader_reads_and_the_judges_guess_decides(smollm2
 def test_on_a_teacher_record_the_reader_reads_the_teachers_emoji_and_the_judge_alone_pays_the_sender(
     smollm2_tokenizer,
 ):
-    builder = build(smollm2_tokenizer, ["Pizza."], teacher=("🎬", "🌙"), share=1.0, max_turns=1)
+    builder = build(smollm2_tokenizer, ["Pizza."], share=1.0, max_turns=1)
     policy = ScriptedSampler(smollm2_tokenizer, ["🍕 🍕", "A movie."])
-    [episode] = asyncio.run(play([builder(RECORD)], policy))
+    [episode] = asyncio.run(play([builder({**RECORD, TEACHER: ["🎬", "🌙"]})], policy))
     reader_chat = judge_messages(JudgeInput((("🎬", "🌙"),)), "gloss")
     assert policy.prompts[1][0] == tuple(template.chat_ids(smollm2_tokenizer, reader_chat))
     assert [e.turns for e in builder.judge.asked] == [(("🍕", "🍕"),)]  # the judge reads the sender's
@@ -138,3 +138,27 @@ def test_a_teacher_record_is_drawn_once_by_its_id():
     assert drawn == [reads_teacher(r, 0.25, seed=3) for r in records]
     assert 0.18 < sum(drawn) / len(drawn) < 0.32
     assert drawn != [reads_teacher(r, 0.25, seed=4) for r in records]
+
+
+def test_the_records_carry_the_teachers_emoji_read_before_any_model(tmp_path):
+    """grpo and eval read a game's records before any model loads: both seats' join the teacher's
+    emoji (an SFT split, by target) to theirs there, and a broken teacher_data is named."""
+    from types import SimpleNamespace
+
+    from emoji_rl.errors import UserError
+    from emoji_rl.games.both_seats.spec import Config
+
+    records, split = tmp_path / "rl_train.jsonl", tmp_path / "sft_train.jsonl"
+    records.write_text('{"id": "m0", "target": "pizza"}\n{"id": "m1", "target": "rain"}\n')
+    answer = [{"role": "user", "content": "pizza"}, {"role": "assistant", "content": "🍕 🎬"}]
+    split.write_text(json.dumps({"target": "pizza", "messages": answer}) + "\n")
+    stage = SimpleNamespace(min_emoji=2, max_emoji=8)
+    read = Config(teacher_data=str(split)).read_records(str(records), stage)
+    assert read == [{"id": "m0", "target": "pizza", TEACHER: ["🍕", "🎬"]}, {"id": "m1", "target": "rain"}]
+    assert Config().read_records(str(records), stage) == [
+        {"id": "m0", "target": "pizza"},
+        {"id": "m1", "target": "rain"},
+    ]
+    split.write_text('{"target": "pizza"}\n')
+    with pytest.raises(UserError, match=f"teacher_data={split}: .*sft_train.jsonl:1"):
+        Config(teacher_data=str(split)).read_records(str(records), stage)

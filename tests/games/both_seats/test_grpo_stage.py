@@ -7,6 +7,7 @@ import json
 import pytest
 from tests.fakes.fake_lm import FakeLM
 from tests.fakes.vllm_server import FakeVLLMServer
+from tests.trackers import assert_mlflow_keeps_every_name
 
 from emoji_rl import cli
 from emoji_rl.emoji.sender_prompts import sender_messages
@@ -56,12 +57,6 @@ def grpo(data, out, *extra):
     return read_metrics(out), episodes
 
 
-def no_folders(metrics):
-    """No metric name is the folder of another's: mlflow's file store keeps each in a file of its name."""
-    names = {key for line in metrics for key in line}
-    return not [a for a in names for b in names if b.startswith(a + "/")]
-
-
 def test_both_seats_train_in_process_and_evaluate(data, tmp_path):
     held_out = ("--eval_data", data[0], "--eval_before_train", "true", "--eval_steps", "1")
     held_out += ("--eval_max_examples", "4")
@@ -69,14 +64,15 @@ def test_both_seats_train_in_process_and_evaluate(data, tmp_path):
     assert [m["step"] for m in metrics] == [0, 1]
     for line in metrics:  # the held-out evaluation: both seats' rewards, every reading
         assert {
-            "eval/sender/reward",
-            "eval/reader/reward",
+            "eval/reward/sender/mean",
+            "eval/reward/reader/mean",
             "eval/judge_similarity",
             "eval/drift",
         } <= line.keys()
         assert "eval/teacher_similarity" in line and "eval/pair_similarity" in line
     keys = {"reward/sender/mean", "reward/reader/mean", "group/reader/frac_zero_std", "game/judge_similarity"}
-    assert keys <= metrics[1].keys() and "reward/mean" not in metrics[1] and no_folders(metrics)
+    assert keys <= metrics[1].keys() and "reward/mean" not in metrics[1]
+    assert_mlflow_keeps_every_name(tmp_path / "run")  # each seat's names, the evaluation's beside them
     assert sorted(e["seat"] for e in episodes) == ["reader"] * 4 + ["sender"] * 4
     assert all(len(e["turns"]) == 1 for e in episodes)  # each record its seat's turns
     adapter = tmp_path / "run" / "adapter"

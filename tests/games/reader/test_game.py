@@ -142,3 +142,29 @@ def test_a_missing_adapter_is_named_before_the_sender_loads(tmp_path):
             max_emoji=8,
             wait_s=1,
         )
+
+
+def test_a_partner_model_that_is_no_spec_or_no_model_is_one_line_naming_it(tmp_path):
+    """Refused where the config is read when it is no model spec, and where it loads when transformers
+    cannot load it (a folder that holds no model, or a config without weights): not a traceback."""
+    with pytest.raises(UserError, match=r"^partner_model: model spec 'not a model' is not a hub id"):
+        PartnerConfig(partner_model="not a model")
+    empty, unweighted = tmp_path / "empty", tmp_path / "unweighted"
+    empty.mkdir()
+    unweighted.mkdir()
+    (unweighted / "config.json").write_text('{"model_type": "llama"}')
+    for spec, reason in [
+        (empty, "Unrecognized model in"),
+        (unweighted, "Error no file named model.safetensors"),
+    ]:
+        with pytest.raises(
+            UserError, match=rf"^partner_model: model {spec}: transformers cannot load it: {reason}"
+        ):
+            PartnerConfig(partner_model=str(spec)).build_partner(
+                models.pick_runtime("cpu"),
+                model=models.SMOLLM2,
+                url="",
+                served_name="",
+                min_emoji=2,
+                max_emoji=8,
+            )

@@ -7,6 +7,7 @@ import json
 import pytest
 from tests.fakes.fake_lm import FakeLM
 from tests.fakes.vllm_server import FakeVLLMServer
+from tests.trackers import assert_mlflow_keeps_every_name
 
 from emoji_rl import cli
 from emoji_rl.emoji.alphabet import parse_message
@@ -67,6 +68,7 @@ def test_the_reader_trains_from_the_command_line_with_the_sender_in_process(spli
     assert any(len(e["turns"]) == 2 for e in episodes)
     assert (tmp_path / "run" / "adapter" / "adapter_model.safetensors").is_file()
     assert "game: reader" in (tmp_path / "run" / "config.yaml").read_text()
+    assert_mlflow_keeps_every_name(tmp_path / "run")
 
 
 def test_the_sender_can_be_the_policy_servers_base_one_version_behind(split, tmp_path, monkeypatch):
@@ -93,3 +95,4 @@ def test_the_sender_can_be_the_policy_servers_base_one_version_behind(split, tmp
     assert len(chats) == sum(
         len(e["turns"]) > 1 or e["turns"][0].get("partner_failed") == 1.0 for e in episodes
     )
+    assert_mlflow_keeps_every_name(tmp_path / "run")  # with the servers' own metrics (server/)

@@ -478,6 +478,63 @@ def test_a_wait_says_what_it_waits_for_and_where_at_once_then_how_long_it_has_wa
     assert len(waited) == 3 and all(0.3 * i <= w < 0.3 * i + 0.25 for i, w in enumerate(waited, 1)), waited
 
 
+def test_a_port_no_process_holds_on_this_machine_ends_the_wait_early_and_one_held_does_not():
+    """vLLM binds its port at its start and listens once its model has loaded, refusing connections
+    until then as a port nobody holds does: a port held is a server loading, one not held for the
+    grace is a server nobody started."""
+    import socket
+
+    from tests.launching import free_port
+
+    from emoji_rl.io.endpoint import port_held
+
+    url = f"http://127.0.0.1:{free_port()}"
+    assert port_held(url) is False and port_held("http://10.255.255.1:8002") is None  # not this machine's
+    start = time.monotonic()
+    with pytest.raises(
+        UserError,
+        match=r"the policy server does not answer at .* and no process of this machine has held its port for \d+ s .*: point --vllm_url",
+    ):
+        wait_for_server(url, "the policy server", 5, "point --vllm_url", poll_s=0.05, unheld_s=0.3)
+    assert time.monotonic() - start < 4
+    with socket.socket() as loading:  # bound, not listening: vLLM while its model loads
+        loading.bind(("127.0.0.1", int(url.rsplit(":", 1)[1])))
+        assert port_held(url) is True
+        with pytest.raises(UserError, match=r"did not answer at .* within 0\.6 s \(ConnectError\)"):
+            wait_for_server(url, "the policy server", 0.6, "HINT", poll_s=0.05, unheld_s=0.1)
+
+
+def test_grpo_waits_for_its_policy_server_before_any_model_loads(monkeypatch, tmp_path, capsys):
+    from tests.launching import free_port
+
+    from emoji_rl import cli
+    from emoji_rl.rl import train as grpo_train
+
+    def must_not_load(*args, **kwargs):
+        raise AssertionError("a model loaded before the policy server answered")
+
+    monkeypatch.setattr(grpo_train.models, "load_tokenizer", must_not_load)
+    data = tmp_path / "rl.jsonl"
+    data.write_text('{"target": "the cat sleeps"}\n')
+    url = f"http://127.0.0.1:{free_port()}"
+    argv = [
+        "grpo",
+        "--engine",
+        "vllm",
+        "--vllm_url",
+        url,
+        "--server_wait_s",
+        "0.5",
+        "--train_data",
+        str(data),
+    ]
+    assert cli.main([*argv, "--judge", "lexicon", "--output_dir", str(tmp_path / "run")]) == 2
+    err = capsys.readouterr().err
+    assert f"the policy server did not answer at {url}/health within 0.5 s" in err
+    assert "point --vllm_url at the one running" in err
+    assert not (tmp_path / "run").exists()
+
+
 def test_wait_for_server_stops_at_a_dead_engine(server):
     server.fail_next("/health", 503)
     with pytest.raises(UserError, match="engine is dead"):

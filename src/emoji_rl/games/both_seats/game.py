@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import random
 import time
-from collections.abc import Awaitable, Callable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
@@ -41,6 +41,8 @@ if TYPE_CHECKING:
 
 SENDER = Seat("sender", "grammar")
 READER = Seat("reader", "none")
+TEACHER = "teacher_emoji"
+"""A record's field holding the teacher's emoji for its target, a list (spec.py's read_records adds it)."""
 MAX_TURNS = 5
 TAU = 0.85
 SUCCESS_THRESHOLDS = (0.5, 0.65, 0.7, TAU)
@@ -73,7 +75,8 @@ class BothSeatsConfig(GameConfig):
         default=None,
         metadata={
             "help": "an SFT split (`emoji-rl teacher`'s sft_train.jsonl) whose teacher emoji are looked up by "
-            "target; none: every reading is of the sender's emoji"
+            "target; none: every reading is of the sender's emoji",
+            "input": True,
         },
     )
 
@@ -265,12 +268,11 @@ class BothSeatsBuilder:
         judge: Judge,
         score: GuessScorer,
         rules: BothSeatsRules,
-        teacher: Mapping[str, tuple[str, ...]],
         teacher_share: float,
         seed: int,
     ) -> None:
         self.tokenizer, self.judge, self.score, self.rules = tokenizer, judge, score, rules
-        self.teacher, self.teacher_share, self.seed = teacher, teacher_share, seed
+        self.teacher_share, self.seed = teacher_share, seed
         self.judge_seconds = 0.0
         self._ask_judge: MicroBatcher[JudgeInput, Guess] = MicroBatcher(self._judge_batch)
 
@@ -286,11 +288,11 @@ class BothSeatsBuilder:
         return guesses
 
     def teacher_for(self, record: Record, share: float) -> tuple[str, ...] | None:
-        """The teacher's emoji the record's reader reads first, or None (the sender's)."""
-        emoji = self.teacher.get(record["target"])
+        """The teacher's emoji the record's reader reads first (its TEACHER field), or None (the sender's)."""
+        emoji = record.get(TEACHER)
         if emoji is None or not reads_teacher(record, share, self.seed):
             return None
-        return emoji
+        return tuple(emoji)
 
     def reading(self, share: float) -> Callable[[Record], BothSeatsGame]:
         """A builder of the games on the same services, the teacher's emoji read on `share` of the

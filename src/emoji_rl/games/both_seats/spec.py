@@ -13,14 +13,17 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from emoji_rl.decode.senders import teacher_answer_map
+from emoji_rl.emoji.alphabet import parse_message
+from emoji_rl.errors import UserError
 from emoji_rl.game.guessing import ReaderViewConfig
 from emoji_rl.game.judge_config import JudgeFields
 from emoji_rl.game.reward import SenderRewardConfig
 from emoji_rl.game.similarity import ContrastConfig, SimilarityConfig
-from emoji_rl.game.spec import GameContext, GameSpec
+from emoji_rl.game.spec import GameContext, GameSpec, RunSettings
 from emoji_rl.game.types import GameSetup, Record
 from emoji_rl.games.both_seats.evaluation import EVALUATION
-from emoji_rl.games.both_seats.game import BothSeatsConfig
+from emoji_rl.games.both_seats.game import TEACHER, BothSeatsConfig
 from emoji_rl.io.jsonl import read_records
 
 
@@ -31,22 +34,26 @@ class Config(
     """Both seats' fields: its records hold `target` (emoji-rl rl-prompts), the teacher's emoji come
     from `teacher_data`."""
 
+    def read_records(self, path: str, stage: RunSettings) -> list[Record]:
+        """The records at `path`, each the teacher has emoji for (`teacher_data`) holding them as
+        TEACHER: both files read before any model loads, and a record carries its teacher's emoji to
+        every process and every evaluation that plays it."""
+        records = read_records(
+            path, "target", "make it with `emoji-rl rl-prompts` (it writes the held-out split too)"
+        )
+        try:
+            teacher = teacher_emoji(self.teacher_data, stage.min_emoji, stage.max_emoji)
+        except UserError as err:
+            raise UserError(f"teacher_data={self.teacher_data}: {err}") from None
+        return [{**r, TEACHER: list(teacher[r["target"]])} if r["target"] in teacher else r for r in records]
+
     def wait_for_servers(self, wait_s: float) -> None:
         self.wait_for_judge_server(wait_s)
-
-
-def read(path: str) -> list[Record]:
-    return read_records(
-        path, "target", "make it with `emoji-rl rl-prompts` (it writes the held-out split too)"
-    )
 
 
 def teacher_emoji(path: str | None, min_emoji: int, max_emoji: int) -> dict[str, tuple[str, ...]]:
     """The teacher's emoji message of every target of the SFT split at `path` (none: no file), those
     that are one under the grammar's bounds."""
-    from emoji_rl.decode.senders import teacher_answer_map
-    from emoji_rl.emoji.alphabet import parse_message
-
     answers = teacher_answer_map(path) if path is not None else {}
     parsed = {
         target: parse_message(answer.strip(), min_emoji, max_emoji) for target, answer in answers.items()
@@ -58,8 +65,7 @@ def setup(cfg: Config, context: GameContext) -> GameSetup:
     from emoji_rl.game.similarity import GuessScorer
     from emoji_rl.games.both_seats.game import READER, SENDER, BothSeatsBuilder, BothSeatsRules
 
-    records = read(context.records)
-    teacher = teacher_emoji(cfg.teacher_data, context.min_emoji, context.max_emoji)
+    records = context.records
     judge = cfg.make_judge(context.runtime, context.server_wait_s)
     similarity = cfg.load_similarity(context.runtime)
     background = cfg.background(similarity, [r["target"] for r in records], context.seed)
@@ -73,11 +79,10 @@ def setup(cfg: Config, context: GameContext) -> GameSetup:
         cfg.reward_weights(cfg.contrast),
     )
     score = GuessScorer(similarity, background)
-    builder = BothSeatsBuilder(
-        context.tokenizer, judge, score, rules, teacher, cfg.teacher_share, context.seed
-    )
+    builder = BothSeatsBuilder(context.tokenizer, judge, score, rules, cfg.teacher_share, context.seed)
     # The evaluation reads every record both ways, side by side: the pair alone, the teacher's emoji.
-    modes = {"pair": builder.reading(0.0), **({"teacher": builder.reading(1.0)} if teacher else {})}
+    taught = any(TEACHER in r for r in records)
+    modes = {"pair": builder.reading(0.0), **({"teacher": builder.reading(1.0)} if taught else {})}
     return GameSetup(
         builder,
         records,
@@ -86,7 +91,6 @@ def setup(cfg: Config, context: GameContext) -> GameSetup:
         target=lambda record: record["target"],
         headline=("judge", "game/judge_similarity"),
         seconds=lambda: builder.seconds,
-        read_records=read,
         servers={"judge": judge.endpoint} if judge.endpoint else {},
         modes=modes,
     )

@@ -53,7 +53,13 @@ class ReaderConfig(GameConfig, ReaderViewConfig):
 
     max_turns: int = override(GameConfig, "max_turns", MAX_TURNS, help="reader guesses before the game ends")
     tau: float = field(
-        default=TAU, metadata={"help": "similarity that ends the game: the sender has nothing to correct"}
+        default=TAU,
+        metadata={
+            "help": "similarity that ends the game: the sender has nothing to correct (a cosine "
+            "similarity, so in [-1, 1]: above 1 no guess ends a game)",
+            "min": -1.0,
+            "max": 1.0,
+        },
     )
 
 

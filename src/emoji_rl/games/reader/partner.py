@@ -114,6 +114,13 @@ class PartnerConfig(Checked):
 
     def __post_init__(self) -> None:
         super().__post_init__()
+        if self.partner == "hf" and self.partner_model is not None:
+            from emoji_rl.lm.models import ModelSpec
+
+            try:
+                ModelSpec.parse(self.partner_model)
+            except UserError as err:
+                raise UserError(f"partner_model: {err}") from None
         if self.partner == "openai" and self.partner_adapter is not None:
             raise UserError(
                 f"partner_adapter={self.partner_adapter} applies to partner=hf: on a server an adapter is "
@@ -145,9 +152,13 @@ class PartnerConfig(Checked):
             spec = self.partner_model or model
             if self.partner_adapter is not None:
                 adapter_config(self.partner_adapter)  # a wrong directory is named before the model loads
-            loaded = models.load_causal_lm(spec, runtime, self.partner_adapter)
+            try:
+                loaded = models.load_causal_lm(spec, runtime, self.partner_adapter)
+                tokenizer = models.load_tokenizer(spec)
+            except UserError as err:
+                raise UserError(f"partner_model: {err}") from None
             name = spec if self.partner_adapter is None else f"{spec}+{self.partner_adapter}"
-            return Partner(HFCompleter(loaded, models.load_tokenizer(spec), name, settings))
+            return Partner(HFCompleter(loaded, tokenizer, name, settings))
         from emoji_rl.game.completer import OpenAICompleter
         from emoji_rl.io.endpoint import Endpoint, wait_for_server
 

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 
 from emoji_rl.errors import UserError
 from emoji_rl.game.similarity import ContrastConfig, SimilarityConfig
-from emoji_rl.game.spec import GameContext, GameSpec
+from emoji_rl.game.spec import GameContext, GameSpec, RunSettings
 from emoji_rl.game.types import GameSetup, Record
 from emoji_rl.games.reader.evaluation import EVALUATION
 from emoji_rl.games.reader.game import ReaderConfig
@@ -24,15 +24,15 @@ class Config(ReaderConfig, PartnerConfig, SimilarityConfig, ContrastConfig):
     """The reader game's fields: its records are an SFT split (`target`, and the teacher's emoji as
     the last assistant turn of `messages`)."""
 
+    def read_records(self, path: str, stage: RunSettings) -> list[Record]:
+        return read_reader_records(path, stage.min_emoji, stage.max_emoji)
+
 
 def setup(cfg: Config, context: GameContext) -> GameSetup:
     from emoji_rl.game.similarity import GuessScorer
     from emoji_rl.games.reader.game import ReaderBuilder, ReaderRules
 
-    def read(path: str) -> list[Record]:
-        return read_reader_records(path, context.min_emoji, context.max_emoji)
-
-    records = read(context.records)
+    records = context.records
     server = context.policy_server
     if cfg.partner == "openai" and server is None and (cfg.partner_url is None or cfg.partner_model is None):
         raise UserError(
@@ -60,7 +60,6 @@ def setup(cfg: Config, context: GameContext) -> GameSetup:
         target=lambda record: record["target"],
         headline=("sim", "game/similarity"),
         seconds=lambda: builder.seconds,
-        read_records=read,
         servers={"partner": partner.completer.endpoint} if partner.completer.endpoint else {},
     )
 

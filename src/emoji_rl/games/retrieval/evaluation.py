@@ -278,7 +278,8 @@ class Options(EvalOptions):
         default_factory=lambda: ["base"],
         metadata={
             "help": "systems to compare: `base`, NAME=ADAPTER_DIR (e.g. sft=runs/sft/adapter), "
-            "teacher=FILE.jsonl (SFT split records: the teacher's answers) and `random`"
+            "teacher=FILE.jsonl (SFT split records: the teacher's answers) and `random`",
+            "input": True,
         },
     )
     data: str = override(

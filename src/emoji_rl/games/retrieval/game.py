@@ -36,7 +36,15 @@ class RetrievalConfig(GameConfig):
     """The retrieval game's length and success threshold, in every stage that plays it."""
 
     max_turns: int = override(GameConfig, "max_turns", MAX_TURNS, help="sender turns before the game ends")
-    tau: float = field(default=TAU, metadata={"help": "similarity that ends the game as a success"})
+    tau: float = field(
+        default=TAU,
+        metadata={
+            "help": "similarity that ends the game as a success (a cosine similarity, so in [-1, 1]: "
+            "above 1 no game succeeds)",
+            "min": -1.0,
+            "max": 1.0,
+        },
+    )
 
 
 AskJudge = Callable[[JudgeInput], Awaitable[Guess]]

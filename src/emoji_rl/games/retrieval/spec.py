@@ -11,7 +11,7 @@ from dataclasses import dataclass, replace
 from emoji_rl.game.judge_config import JudgeFields
 from emoji_rl.game.reward import SenderRewardConfig
 from emoji_rl.game.similarity import ContrastConfig, SimilarityConfig
-from emoji_rl.game.spec import GameContext, GameSpec
+from emoji_rl.game.spec import GameContext, GameSpec, RunSettings
 from emoji_rl.game.types import GameSetup, Record
 from emoji_rl.games.retrieval.evaluation import EVALUATION, held_out_metrics
 from emoji_rl.games.retrieval.game import RetrievalConfig
@@ -22,20 +22,19 @@ from emoji_rl.io.jsonl import read_records
 class Config(RetrievalConfig, JudgeFields, SimilarityConfig, ContrastConfig, SenderRewardConfig):
     """The retrieval game's fields: its records hold `target` (emoji-rl rl-prompts)."""
 
+    def read_records(self, path: str, stage: RunSettings) -> list[Record]:
+        return read_records(
+            path, "target", "make it with `emoji-rl rl-prompts` (it writes the held-out split too)"
+        )
+
     def wait_for_servers(self, wait_s: float) -> None:
         self.wait_for_judge_server(wait_s)
-
-
-def read(path: str) -> list[Record]:
-    return read_records(
-        path, "target", "make it with `emoji-rl rl-prompts` (it writes the held-out split too)"
-    )
 
 
 def setup(cfg: Config, context: GameContext) -> GameSetup:
     from emoji_rl.games.retrieval.game import RetrievalBuilder, RetrievalRules
 
-    records = read(context.records)
+    records = context.records
     judge = cfg.make_judge(context.runtime, context.server_wait_s)
     similarity = cfg.load_similarity(context.runtime)
     weights = cfg.reward_weights(cfg.contrast)
@@ -52,7 +51,6 @@ def setup(cfg: Config, context: GameContext) -> GameSetup:
         headline=("sim", "game/similarity"),
         seconds=lambda: dict(builder.seconds),
         held_out_metrics=held_out_metrics(similarity, context.seed),
-        read_records=read,
         servers={"judge": judge.endpoint} if judge.endpoint else {},
         modes={"single": single, "multi": builder},
     )

@@ -10,7 +10,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from emoji_rl.config import override
-from emoji_rl.game.spec import GameConfig, GameContext, GameSpec
+from emoji_rl.game.spec import GameConfig, GameContext, GameSpec, RunSettings
 from emoji_rl.game.types import EpisodeGroup, GameSetup, Record
 from emoji_rl.games.wordle.evaluation import EVALUATION, game_record
 from emoji_rl.games.wordle.game import MAX_TURNS
@@ -30,6 +30,9 @@ class Config(GameConfig):
     )
     curriculum_window: int = field(default=64, metadata={"help": "episodes the format rate is taken over"})
 
+    def read_records(self, path: str, stage: RunSettings) -> list[Record]:
+        return read_records(path, "answer", "make it with `emoji-rl wordle-data`")
+
     def off_policy_blocker(self) -> str | None:
         if self.curriculum:
             return (
@@ -43,10 +46,7 @@ def setup(cfg: Config, context: GameContext) -> GameSetup:
     from emoji_rl.games.wordle.game import WordleBuilder, WordleRules
     from emoji_rl.games.wordle.reward import Curriculum, CurriculumTracker
 
-    def read(path: str) -> list[Record]:
-        return read_records(path, "answer", "make it with `emoji-rl wordle-data`")
-
-    records = read(context.records)
+    records = context.records
     curriculum = Curriculum(threshold=cfg.curriculum_threshold, window=cfg.curriculum_window)
     tracker = CurriculumTracker(curriculum) if cfg.curriculum else None
     builder = WordleBuilder(context.tokenizer, WordleRules(max_turns=cfg.max_turns), tracker)
@@ -61,7 +61,6 @@ def setup(cfg: Config, context: GameContext) -> GameSetup:
         held_out_metrics=lambda records, indices, episodes: [
             EVALUATION.values(game_record(e)) for e in episodes
         ],
-        read_records=read,
     )
     if tracker is None:
         return game
