@@ -9,7 +9,7 @@ intervals.
 
 The reward and its terms are named as the training line names them (`reward/mean` beside
 `reward/contrast/mean`): `eval/reward/mean` beside `eval/reward/contrast/mean`. Until #62 they were
-`eval/reward` beside `eval/reward/contrast`, which mlflow's file store cannot keep both of (a metric is
+`eval/reward` beside `eval/reward/contrast`, which mlflow's file store cannot hold together (a metric is
 a file there, and the second needs a folder of the same name); `current_names` reads such a line.
 
 An evaluation belongs to the step after whose update it runs (0: before the first), in that step's

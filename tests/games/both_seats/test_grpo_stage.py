@@ -1,4 +1,4 @@
-"""`emoji-rl grpo --game both` and `emoji-rl eval --game both` end to end on the embedded SmolLM2 with the
+"""`emoji-rl grpo --game both_seats` and `emoji-rl eval --game both_seats` end to end on the embedded SmolLM2 with the
 lexicon judge: in process with the held-out evaluation, and one version behind the fake vLLM server,
 whose one adapter per version plays both seats (the gpu profile's shape: configs/gpu/grpo.both.yaml)."""
 
@@ -50,7 +50,7 @@ SMALL |= {"judge": "lexicon", "teacher_share": 0.5, "per_device_train_batch_size
 
 def grpo(data, out, *extra):
     records, split = data
-    args = ["--game", "both", "--train_data", records, "--teacher_data", split, "--output_dir", str(out)]
+    args = ["--game", "both_seats", "--train_data", records, "--teacher_data", split, "--output_dir", str(out)]
     args += [word for name, value in SMALL.items() for word in (f"--{name}", str(value))]
     assert cli.main(["grpo", *args, *extra]) == 0
     episodes = [json.loads(line) for line in (out / "rollouts.jsonl").read_text().splitlines()]
@@ -79,11 +79,11 @@ def test_both_seats_train_in_process_and_evaluate(data, tmp_path):
     assert (adapter / "adapter_model.safetensors").is_file()
 
     report = tmp_path / "report"
-    args = ["eval", "--game", "both", "--data", data[0], "--teacher_data", data[1], "--judge", "lexicon"]
+    args = ["eval", "--game", "both_seats", "--data", data[0], "--teacher_data", data[1], "--judge", "lexicon"]
     args += ["--systems", "base", f"both={adapter}", "--max_new_tokens", "32", "--max_emoji", "3"]
     args += ["--max_examples", "2", "--output_dir", str(report)]
     assert cli.main(args) == 0
-    evaluated = json.loads((report / "both.json").read_text())
+    evaluated = json.loads((report / "both_seats.json").read_text())
     rows = {(r["system"], r["mode"]): r for r in evaluated["rows"]}
     assert set(rows) == {(s, m) for s in ("base", "both") for m in ("pair", "teacher")}
     assert "drift_lo" in rows["both", "pair"] and "drift" not in rows["both", "teacher"]

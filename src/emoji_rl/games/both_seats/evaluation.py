@@ -1,4 +1,4 @@
-"""How `emoji-rl eval --game both` reports both seats: each system (the base, or an adapter switched
+"""How `emoji-rl eval --game both_seats` reports both seats: each system (the base, or an adapter switched
 under it) writes emoji for every held-out target and reads them back, the frozen judge reading the same
 emoji, greedy by default, as GRPO plays the game (spec.py). Two modes: `pair`, every reading of the
 system's own emoji, and `teacher`, the first reading of the teacher's emoji (on the records
@@ -10,7 +10,7 @@ and the reader's (in `pair` the system reading its own emoji; in `teacher` the s
 teacher's). A row adds the drift, the reader's similarity less the judge's on the same emoji, with its
 interval over the messages (`pair` only: in `teacher` the two read different emoji).
 
-    emoji-rl eval --game both --data data/sft_test.jsonl --teacher_data data/sft_test.jsonl \\
+    emoji-rl eval --game both_seats --data data/sft_test.jsonl --teacher_data data/sft_test.jsonl \\
         --systems base alone=runs/grpo/adapter both=runs/both/adapter --compare both:alone both:base
 """
 

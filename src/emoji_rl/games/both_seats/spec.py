@@ -1,4 +1,4 @@
-"""Both seats (docs/DESIGN.md §15), as `emoji-rl grpo --game both` trains it and `emoji-rl eval --game
+"""Both seats (docs/DESIGN.md §15), as `emoji-rl grpo --game both_seats` trains it and `emoji-rl eval --game
 both` reports it: the policy writes emoji for each target under the grammar and reads them back in
 the judge's guessing chat, while the frozen judge reads the same emoji. Its records are the retrieval
 game's (`emoji-rl rl-prompts`: `target`); the teacher's emoji, for the readings of `teacher_share` of
@@ -97,7 +97,7 @@ def setup(cfg: Config, context: GameContext) -> GameSetup:
 
 
 GAME = GameSpec(
-    "both",
+    "both_seats",
     "the policy writes emoji for a message and reads them back, the frozen judge reading the same emoji; "
     "each seat rewarded on its own",
     Config,
