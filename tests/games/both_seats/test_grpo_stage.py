@@ -50,7 +50,8 @@ SMALL |= {"judge": "lexicon", "teacher_share": 0.5, "per_device_train_batch_size
 
 def grpo(data, out, *extra):
     records, split = data
-    args = ["--game", "both_seats", "--train_data", records, "--teacher_data", split, "--output_dir", str(out)]
+    args = ["--game", "both_seats", "--train_data", records, "--teacher_data", split]
+    args += ["--output_dir", str(out)]
     args += [word for name, value in SMALL.items() for word in (f"--{name}", str(value))]
     assert cli.main(["grpo", *args, *extra]) == 0
     episodes = [json.loads(line) for line in (out / "rollouts.jsonl").read_text().splitlines()]
@@ -79,7 +80,8 @@ def test_both_seats_train_in_process_and_evaluate(data, tmp_path):
     assert (adapter / "adapter_model.safetensors").is_file()
 
     report = tmp_path / "report"
-    args = ["eval", "--game", "both_seats", "--data", data[0], "--teacher_data", data[1], "--judge", "lexicon"]
+    args = ["eval", "--game", "both_seats", "--data", data[0], "--teacher_data", data[1]]
+    args += ["--judge", "lexicon"]
     args += ["--systems", "base", f"both={adapter}", "--max_new_tokens", "32", "--max_emoji", "3"]
     args += ["--max_examples", "2", "--output_dir", str(report)]
     assert cli.main(args) == 0

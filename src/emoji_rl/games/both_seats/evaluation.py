@@ -24,7 +24,7 @@ from emoji_rl.config import override
 from emoji_rl.game.compare import LEVEL, Metric
 from emoji_rl.game.evaluation import EvalConfig, EvalOptions, EvalPlan, Evaluation, Report, game_record
 from emoji_rl.game.intervals import bootstrap_mean
-from emoji_rl.game.judge_config import JudgeFields
+from emoji_rl.game.judge_config import greedy_judge_temperature
 from emoji_rl.io.jsonl import Record
 
 if TYPE_CHECKING:
@@ -92,13 +92,7 @@ class Options(EvalOptions):
         help="held-out records with `target`: an SFT split (held out from SFT and GRPO), or rl-prompts' eval split",
     )
     output_dir: str = override(EvalConfig, "output_dir", "reports/both")
-    # Greedy: every system's emoji read the same way, so a difference between systems is theirs.
-    judge_temperature: float = override(
-        JudgeFields,
-        "judge_temperature",
-        0.0,
-        help="the judge's sampling temperature; 0 = greedy, deterministic",
-    )
+    judge_temperature: float = greedy_judge_temperature()
 
     result_fields = (
         "model",
