@@ -10,9 +10,9 @@ import pytest
 from tests.game.test_seats import READER, SENDER
 
 from emoji_rl.decode.sampler import Sample
-from emoji_rl.game.types import Game, GameSetup, StepResult
 from emoji_rl.io.jsonl import AppendLog, read_jsonl
 from emoji_rl.io.metrics import folder_clashes
+from emoji_rl.play.types import Env, GameSetup, StepResult
 from emoji_rl.rl import grpo
 from emoji_rl.rl.batch import collate_groups
 from emoji_rl.rl.checkpoint import TrainState
@@ -21,7 +21,7 @@ from emoji_rl.rl.rollout.collect import Baselines, PromptStream, collect
 from emoji_rl.rl.rollout.metrics import episode_table, log_rollouts, rollout_metrics
 
 
-class SendThenRead(Game):
+class SendThenRead(Env):
     """One round: the sender's turn (rewarded its token / 10), then the reader's (rewarded 10 x its
     token): two reward scales a hundred-fold apart."""
 

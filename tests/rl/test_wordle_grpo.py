@@ -5,11 +5,11 @@ import torch
 
 from emoji_rl.decode.generate import Decoding
 from emoji_rl.decode.sampler import HFSampler
-from emoji_rl.game import registry
-from emoji_rl.game.spec import game_config
 from emoji_rl.games.wordle.reward import TERMS
 from emoji_rl.io.metrics import read_metrics
 from emoji_rl.lm import models
+from emoji_rl.play import registry
+from emoji_rl.play.spec import game_config
 from emoji_rl.rl import train as grpo_train
 from emoji_rl.rl.checkpoint import latest_checkpoint
 from emoji_rl.rl.policy import build_policy

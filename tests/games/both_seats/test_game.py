@@ -11,12 +11,12 @@ import pytest
 from tests.games.scripted import ScriptedSampler
 
 from emoji_rl.emoji.sender_prompts import correction_message, sender_messages
-from emoji_rl.game.guessing import Guess, JudgeInput, judge_messages
-from emoji_rl.game.judge import Judge
-from emoji_rl.game.play import play
-from emoji_rl.game.reward import RewardWeights, reader_reward, terminal_reward
 from emoji_rl.games.both_seats.game import TEACHER, BothSeatsBuilder, BothSeatsRules, reads_teacher
 from emoji_rl.lm import template
+from emoji_rl.play.guessing import Guess, JudgeInput, judge_messages
+from emoji_rl.play.judge import Judge
+from emoji_rl.play.loop import play
+from emoji_rl.play.reward import RewardWeights, reader_reward, terminal_reward
 
 TARGET = "Let's get pizza and watch a movie tonight"
 RECORD = {"id": "m0", "target": TARGET}

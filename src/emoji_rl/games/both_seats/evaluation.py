@@ -21,16 +21,16 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from emoji_rl.config import override
-from emoji_rl.game.compare import LEVEL, Metric
-from emoji_rl.game.evaluation import EvalConfig, EvalOptions, EvalPlan, Evaluation, Report, game_record
-from emoji_rl.game.intervals import bootstrap_mean
-from emoji_rl.game.judge_config import greedy_judge_temperature
 from emoji_rl.io.jsonl import Record
+from emoji_rl.play.compare import LEVEL, Metric
+from emoji_rl.play.evaluation import EvalConfig, EvalOptions, EvalPlan, Evaluation, Report, game_record
+from emoji_rl.play.intervals import bootstrap_mean
+from emoji_rl.play.judge_config import greedy_judge_temperature
 
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
 
-    from emoji_rl.game.types import GameSetup
+    from emoji_rl.play.types import GameSetup
 
 COMPARED: dict[str, Metric] = {
     "judge_similarity": lambda record: record["metrics"]["judge_similarity"],

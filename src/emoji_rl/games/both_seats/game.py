@@ -27,14 +27,14 @@ from typing import TYPE_CHECKING
 from emoji_rl.config import override
 from emoji_rl.emoji.alphabet import SEPARATOR, parse_message
 from emoji_rl.emoji.sender_prompts import correction_message, sender_messages
-from emoji_rl.game.batching import MicroBatcher
-from emoji_rl.game.chat import Chat
-from emoji_rl.game.guessing import Guess, JudgeInput, JudgeView, clean_guess, judge_messages
-from emoji_rl.game.judge import Judge
-from emoji_rl.game.reward import RewardWeights, reader_reward, terminal_reward
-from emoji_rl.game.similarity import GuessScorer
-from emoji_rl.game.spec import GameConfig
-from emoji_rl.game.types import Game, Record, Seat, StepResult
+from emoji_rl.play.batching import MicroBatcher
+from emoji_rl.play.chat import Chat
+from emoji_rl.play.guessing import Guess, JudgeInput, JudgeView, clean_guess, judge_messages
+from emoji_rl.play.judge import Judge
+from emoji_rl.play.reward import RewardWeights, reader_reward, terminal_reward
+from emoji_rl.play.similarity import GuessScorer
+from emoji_rl.play.spec import GameConfig
+from emoji_rl.play.types import Env, Record, Seat, StepResult
 
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
@@ -113,7 +113,7 @@ class Reading:
     background: float
 
 
-class BothSeatsGame(Game):
+class BothSeatsEnv(Env):
     """One episode for one message; `teacher`: the emoji the reader reads first instead of the
     sender's (None: the sender's). `ask_judge` and `score` are shared, batched services."""
 
@@ -294,17 +294,17 @@ class BothSeatsBuilder:
             return None
         return tuple(emoji)
 
-    def reading(self, share: float) -> Callable[[Record], BothSeatsGame]:
+    def reading(self, share: float) -> Callable[[Record], BothSeatsEnv]:
         """A builder of the games on the same services, the teacher's emoji read on `share` of the
         records (0: none, 1: every record the teacher has emoji for)."""
 
-        def build(record: Record) -> BothSeatsGame:
+        def build(record: Record) -> BothSeatsEnv:
             teacher = self.teacher_for(record, share)
-            return BothSeatsGame(
+            return BothSeatsEnv(
                 record["target"], self.tokenizer, self._ask_judge, self.score, self.rules, teacher
             )
 
         return build
 
-    def __call__(self, record: Record) -> BothSeatsGame:
+    def __call__(self, record: Record) -> BothSeatsEnv:
         return self.reading(self.teacher_share)(record)

@@ -16,15 +16,15 @@ from dataclasses import dataclass
 from emoji_rl.decode.senders import teacher_answer_map
 from emoji_rl.emoji.alphabet import parse_message
 from emoji_rl.errors import UserError
-from emoji_rl.game.guessing import ReaderViewConfig
-from emoji_rl.game.judge_config import JudgeFields
-from emoji_rl.game.reward import SenderRewardConfig
-from emoji_rl.game.similarity import ContrastConfig, SimilarityConfig
-from emoji_rl.game.spec import GameContext, GameSpec, RunSettings
-from emoji_rl.game.types import GameSetup, Record
 from emoji_rl.games.both_seats.evaluation import EVALUATION
 from emoji_rl.games.both_seats.game import TEACHER, BothSeatsConfig
 from emoji_rl.io.jsonl import read_records
+from emoji_rl.play.guessing import ReaderViewConfig
+from emoji_rl.play.judge_config import JudgeFields
+from emoji_rl.play.reward import SenderRewardConfig
+from emoji_rl.play.similarity import ContrastConfig, SimilarityConfig
+from emoji_rl.play.spec import GameContext, GameSpec, RunSettings
+from emoji_rl.play.types import GameSetup, Record
 
 
 @dataclass
@@ -62,8 +62,8 @@ def teacher_emoji(path: str | None, min_emoji: int, max_emoji: int) -> dict[str,
 
 
 def setup(cfg: Config, context: GameContext) -> GameSetup:
-    from emoji_rl.game.similarity import GuessScorer
     from emoji_rl.games.both_seats.game import READER, SENDER, BothSeatsBuilder, BothSeatsRules
+    from emoji_rl.play.similarity import GuessScorer
 
     records = context.records
     judge = cfg.make_judge(context.runtime, context.server_wait_s)

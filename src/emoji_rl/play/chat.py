@@ -9,8 +9,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from emoji_rl.game.types import Game
 from emoji_rl.lm.template import chat_ids, continuation_ids, end_of_turn_ids
+from emoji_rl.play.types import Env
 
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
@@ -20,7 +20,7 @@ Message = dict[str, str]
 
 class Chat:
     """One chat on token ids: its opening, the policy's turns read as text, and the next messages
-    as the ids that extend it. A game holds one (`ChatGame`), or one per seat it gives the policy."""
+    as the ids that extend it. A game holds one (`ChatEnv`), or one per seat it gives the policy."""
 
     def __init__(self, tokenizer: PreTrainedTokenizerBase, opening: list[Message]) -> None:
         self.tokenizer = tokenizer
@@ -47,7 +47,7 @@ class Chat:
         return tuple(observation)
 
 
-class ChatGame(Chat, Game):
+class ChatEnv(Chat, Env):
     """The opening chat, the policy's turns read as text, and the game's replies as token ids. A
     subclass decides what each turn means in `step`."""
 

@@ -1,7 +1,7 @@
 """The turn loop: any games, played to the end by any sampler. The trainer's rollouts, the evaluation
 and play-game all play through it, so a game behaves the same wherever it is played.
 
-A game may seat the policy in several chats (`Game.seat`, docs/DESIGN.md §14): each seat's turns
+A game may seat the policy in several chats (`Env.seat`, docs/DESIGN.md §14): each seat's turns
 extend that seat's own token sequence, and the games whose turn is one seat's are sampled together,
 under that seat's constraint, one sampler call per seat and pass."""
 
@@ -11,13 +11,13 @@ import asyncio
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
-from emoji_rl.game.types import POLICY, Episode, Game, Seat, StepResult, Turn
+from emoji_rl.play.types import POLICY, Env, Episode, Seat, StepResult, Turn
 
 if TYPE_CHECKING:
     from emoji_rl.decode.sampler import Sample, Sampler
 
 
-async def play(games: Sequence[Game], sampler: Sampler) -> list[Episode]:
+async def play(games: Sequence[Env], sampler: Sampler) -> list[Episode]:
     """Play every game to the end. Each turn, all live episodes are sampled in one call per seat and
     stepped concurrently, so their judge calls and similarities batch too."""
     observations = list(await asyncio.gather(*(game.start() for game in games)))

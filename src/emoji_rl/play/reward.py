@@ -56,7 +56,7 @@ def terminal_reward(
 @dataclass
 class SenderRewardConfig:
     """The weights of the sender's reward (`terminal_reward`) as a game's fields; `contrast` is
-    `ContrastConfig`'s (game/similarity.py)."""
+    `ContrastConfig`'s (play/similarity.py)."""
 
     success_bonus: float = field(default=0.5, metadata={"help": "reward added when similarity >= tau"})
     turn_cost: float = field(default=0.1, metadata={"help": "reward subtracted per turn used"})

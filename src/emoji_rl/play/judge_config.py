@@ -8,8 +8,10 @@ from dataclasses import dataclass, field
 
 from emoji_rl.config import Checked, override
 from emoji_rl.errors import UserError
-from emoji_rl.game.guessing import JudgeView
-from emoji_rl.game.judge import (
+from emoji_rl.io.endpoint import SERVER_WAIT_S, Endpoint, ServerWaitConfig, wait_for_server
+from emoji_rl.lm import models
+from emoji_rl.play.guessing import JudgeView
+from emoji_rl.play.judge import (
     BATCH_SIZE,
     TEMPERATURE,
     HFJudge,
@@ -18,8 +20,6 @@ from emoji_rl.game.judge import (
     LexiconJudge,
     OpenAIJudge,
 )
-from emoji_rl.io.endpoint import SERVER_WAIT_S, Endpoint, ServerWaitConfig, wait_for_server
-from emoji_rl.lm import models
 
 JUDGE_URL = "http://127.0.0.1:8001"  # launch/serve_judge.sh's default host and port
 JUDGE_API_KEY_ENV = "JUDGE_API_KEY"

@@ -9,14 +9,14 @@ import asyncio
 import pytest
 
 from emoji_rl.decode.sampler import Sample
-from emoji_rl.game.play import play
-from emoji_rl.game.types import POLICY, Episode, Game, GameSetup, Seat, StepResult, Turn
+from emoji_rl.play.loop import play
+from emoji_rl.play.types import POLICY, Env, Episode, GameSetup, Seat, StepResult, Turn
 
 SENDER = Seat("sender", "grammar")
 READER = Seat("reader", "none")
 
 
-class TwoChats(Game):
+class TwoChats(Env):
     """Rounds of the sender's turn then the reader's, each in its chat: the sender's chat opens with
     (1, 2) and each later round adds (5,); the reader's opens with (3, 4), each later round adds (6,).
     The reader's reward is its last token, the sender's the round count."""
@@ -73,7 +73,7 @@ def test_each_seat_plays_in_its_own_token_sequence_under_its_constraint():
     assert episode.rewards == {"sender": 2.0, "reader": 7.0}
 
 
-class OneSeat(Game):
+class OneSeat(Env):
     async def start(self):
         return (1,)
 

@@ -9,7 +9,7 @@ built once by the game's setup and passed into each game's constructor.
 
 Seats (docs/DESIGN.md §14). The policy may play several seats of one game, each in a chat of its own
 (the sender's, under the emoji grammar; the reader's, in free text): a game declares its `Seat`s, says
-before each turn whose it is (`Game.seat`), and gives each seat its terminal reward
+before each turn whose it is (`Env.seat`), and gives each seat its terminal reward
 (`StepResult.seat_rewards`). Each turn records its seat, each seat's turns form that seat's own token
 sequence (`Episode.of`), and the trainer takes advantages per (group, seat): one seat's reward scale
 never moves the other's. A game that declares none has one seat, `POLICY`, and is played as before.
@@ -59,7 +59,7 @@ class StepResult:
     repeats its first seat's). Empty in a game of one seat, whose reward is `reward`."""
 
 
-class Game(ABC):
+class Env(ABC):
     """One episode of a turn-based game against a fixed environment."""
 
     seat: Seat | None = None
@@ -89,7 +89,7 @@ class Turn:
     """The adapter version that sampled this turn (`Sample.version`): the trainer step that published
     it; None: the weights being trained."""
     seat: str = POLICY
-    """The seat that played it (`Game.seat`'s name)."""
+    """The seat that played it (`Env.seat`'s name)."""
 
 
 @dataclass(frozen=True)
@@ -197,7 +197,7 @@ class GameSetup:
     games on the same services (the retrieval game's `single` turn beside its `multi`-turn game);
     none: the game itself, as `multi`."""
 
-    make_game: Callable[[Record], Game]
+    make_env: Callable[[Record], Env]
     records: list[Record]
     seats: tuple[Seat, ...] | Constraint
     """After construction always the `Seat`s: a constraint alone is the one seat `POLICY`'s."""
@@ -209,7 +209,7 @@ class GameSetup:
     observe: Callable[[Sequence[EpisodeGroup]], None] = lambda groups: None
     held_out_metrics: HeldOutMetrics = lambda records, indices, episodes: [{} for _ in episodes]
     servers: dict[str, Endpoint] = field(default_factory=dict)
-    modes: dict[str, Callable[[Record], Game]] = field(default_factory=dict)
+    modes: dict[str, Callable[[Record], Env]] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         if isinstance(self.seats, str):
@@ -222,7 +222,7 @@ class GameSetup:
 
     @property
     def constraint(self) -> Constraint:
-        """How the policy samples where a game's seat does not say (`Game.seat` None): the first seat's."""
+        """How the policy samples where a game's seat does not say (`Env.seat` None): the first seat's."""
         return self.seats[0].constraint
 
     @property
@@ -230,6 +230,6 @@ class GameSetup:
         """Whether the policy plays several seats: then rows, advantages and metrics are per seat."""
         return len(self.seats) > 1
 
-    def games(self) -> dict[str, Callable[[Record], Game]]:
+    def games(self) -> dict[str, Callable[[Record], Env]]:
         """The game's modes by name, in the order a report shows them (`modes`, or the game itself)."""
-        return self.modes or {"multi": self.make_game}
+        return self.modes or {"multi": self.make_env}
