@@ -72,7 +72,7 @@ def test_every_stage_config_file_parses():
 @pytest.mark.parametrize("game", ["retrieval", "wordle", "reader"])
 def test_an_eval_alias_is_eval_with_its_game_and_takes_no_other(game, capsys):
     from emoji_rl.config import parse_config, to_dict
-    from emoji_rl.game import evaluate
+    from emoji_rl.play import evaluate
 
     flags = ["--seed", "3", "--max_examples", "2"]
     alias = cli.stage_argv(f"eval-{game}", flags)

@@ -11,7 +11,7 @@ import pytest
 from emoji_rl import chat, play_game
 from emoji_rl.config import parse_config
 from emoji_rl.errors import UserError
-from emoji_rl.game.evaluate import config_class
+from emoji_rl.play.evaluate import config_class
 from emoji_rl.rl import train_config
 from emoji_rl.sft import trl_config as sft
 

@@ -38,7 +38,7 @@ def import_graph(src: Path = SRC) -> dict[str, set[str]]:
                 else:
                     module = node.module or ""
                 targets.add(module)
-                # `from emoji_rl.game import judge` imports the module emoji_rl.game.judge
+                # `from emoji_rl.play import judge` imports the module emoji_rl.play.judge
                 targets.update(f"{module}.{alias.name}" for alias in node.names)
         graph[name] = {t for t in targets if t in files and t != name}
     return graph
@@ -118,12 +118,12 @@ def test_no_emoji_rl_modules_import_each_other():
 
 
 def test_games_know_the_tokenizer_and_their_partner_not_the_samplers_or_the_trainer():
-    """A game is the environment: the player (the turn loop, `game/play.py`, and the evaluation path
-    that drives it, `game/evaluate.py`) samples, the game never does. Partners that decode (the hf
+    """A game is the environment: the player (the turn loop, `play/loop.py`, and the evaluation path
+    that drives it, `play/evaluate.py`) samples, the game never does. Partners that decode (the hf
     judge) reach `decode/generate.py`, below the samplers."""
     from emoji_rl import cli
 
-    players = {"emoji_rl.game.play", "emoji_rl.game.evaluate"} | {
+    players = {"emoji_rl.play.loop", "emoji_rl.play.evaluate"} | {
         module for module, _ in cli.STAGES.values()
     }  # a game's stages play it
     graph = import_graph()
@@ -131,7 +131,7 @@ def test_games_know_the_tokenizer_and_their_partner_not_the_samplers_or_the_trai
     reaching_up = {
         game: sorted(t for t in targets if t.startswith(higher))
         for game, targets in graph.items()
-        if game.startswith(("emoji_rl.game.", "emoji_rl.games.")) and game not in players
+        if game.startswith(("emoji_rl.play.", "emoji_rl.games.")) and game not in players
     }
     assert not any(reaching_up.values()), {game: up for game, up in reaching_up.items() if up}
 
@@ -143,7 +143,7 @@ def game_of(module: str) -> str | None:
 
 
 def test_no_game_imports_another_and_what_games_share_imports_none():
-    """What two games share (the guessing chat, similarity, the partners) lives in game/, which every
+    """What two games share (the guessing chat, similarity, the partners) lives in play/, which every
     game imports and which imports no game: a game removed, or installed on its own, takes nothing
     of another with it."""
     graph = import_graph()
@@ -151,14 +151,14 @@ def test_no_game_imports_another_and_what_games_share_imports_none():
         f"{m} -> {t}"
         for m, targets in graph.items()
         for t in targets
-        if game_of(t) is not None and (game_of(m) not in (None, game_of(t)) or m.startswith("emoji_rl.game."))
+        if game_of(t) is not None and (game_of(m) not in (None, game_of(t)) or m.startswith("emoji_rl.play."))
     )
     assert not crossing, "a game reached from another game, or from what games share:\n" + "\n".join(crossing)
 
 
 def lines_naming_a_game(paths) -> list[str]:
     """Each line of `paths` that names a registered game as a whole word, in code or in words."""
-    from emoji_rl.game import registry
+    from emoji_rl.play import registry
 
     games = re.compile(rf"\b({'|'.join(map(re.escape, registry.names()))})\b", re.IGNORECASE)
     assert {"retrieval", "wordle"} <= set(registry.names())
@@ -171,7 +171,7 @@ def lines_naming_a_game(paths) -> list[str]:
 
 
 def test_the_trainer_and_the_decoders_name_no_game():
-    """rl/ and decode/ hold any game (`game/registry.py`): no module there names one, in code or in
+    """rl/ and decode/ hold any game (`play/registry.py`): no module there names one, in code or in
     words, so that a new game needs no edit there and none reads as special."""
     naming = lines_naming_a_game(
         path for folder in ("rl", "decode") for path in sorted((SRC / folder).rglob("*.py"))
@@ -183,7 +183,7 @@ def test_the_evaluation_path_names_no_game():
     """The evaluation path plays any game through its hooks (`GameSpec.evaluation`): a game's
     evaluation is in its own folder, and the path reads as the same for every game."""
     path = ("evaluate", "evaluation", "eval_records", "compare", "intervals")
-    naming = lines_naming_a_game(SRC / "game" / f"{module}.py" for module in path)
+    naming = lines_naming_a_game(SRC / "play" / f"{module}.py" for module in path)
     assert not naming, "a game named in the evaluation path:\n" + "\n".join(naming)
 
 
@@ -194,7 +194,7 @@ RANKS = {
     "lm": 1,
     "emoji": 2,
     "decode": 3,
-    "game": 4, "games": 4,
+    "play": 4, "games": 4,
     "rl": 5,
     "data": 6, "sft": 6, "web": 6, "chat": 6, "play_game": 6, "pipeline": 6,
     "eval": 7,

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from emoji_rl import cli
-from emoji_rl.game import registry
+from emoji_rl.play import registry
 
 pytestmark = pytest.mark.slow
 

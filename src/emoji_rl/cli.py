@@ -50,11 +50,11 @@ STAGES: dict[str, tuple[str, str]] = {
     "debug-rollout": ("emoji_rl.rl.debug_rollout", "pretty-print logged GRPO episodes"),
     "play-game": ("emoji_rl.play_game", "play the retrieval game against the model, as sender or judge"),
     "eval": (
-        "emoji_rl.game.evaluate",
+        "emoji_rl.play.evaluate",
         "any game on held-out records (--game NAME): systems side by side, paired intervals: table, JSON, PNG",
     ),
     "eval-retrieval": (
-        "emoji_rl.game.evaluate",
+        "emoji_rl.play.evaluate",
         "eval --game retrieval: base vs SFT vs RL (vs teacher, random) on held-out targets",
     ),
     "experiment-report": (
@@ -68,11 +68,11 @@ STAGES: dict[str, tuple[str, str]] = {
         "Wordle SFT traces from the entropy solver + RL answer splits",
     ),
     "eval-wordle": (
-        "emoji_rl.game.evaluate",
+        "emoji_rl.play.evaluate",
         "eval --game wordle: base vs SFT vs RL (vs the entropy solver) on held-out answers",
     ),
     "eval-reader": (
-        "emoji_rl.game.evaluate",
+        "emoji_rl.play.evaluate",
         "eval --game reader: the reader's seat, base vs RL readers on held-out messages",
     ),
     "chat": ("emoji_rl.chat", "talk to a model; emoji-constrained by default"),

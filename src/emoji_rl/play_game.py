@@ -20,15 +20,15 @@ from typing import Literal
 from emoji_rl.decode.generate import Decoding
 from emoji_rl.decode.sampler import HFSampler, Sample
 from emoji_rl.emoji.alphabet import MAX_EMOJI, MIN_EMOJI, parse_message
-from emoji_rl.game.guessing import Guess, JudgeInput, clean_guess, render_turn
-from emoji_rl.game.play import play
-from emoji_rl.game.similarity import load_similarity
 from emoji_rl.games.retrieval.game import RetrievalBuilder, RetrievalConfig, RetrievalRules
 from emoji_rl.games.retrieval.judge import Judge
 from emoji_rl.games.retrieval.judge_config import JudgeConfig
 from emoji_rl.io.jsonl import read_jsonl
 from emoji_rl.lm import models
 from emoji_rl.lm.template import stop_token_id
+from emoji_rl.play.guessing import Guess, JudgeInput, clean_guess, render_turn
+from emoji_rl.play.loop import play
+from emoji_rl.play.similarity import load_similarity
 
 
 @dataclass

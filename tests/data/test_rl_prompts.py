@@ -7,9 +7,9 @@ from emoji_rl.data.prompts import Prompt
 from emoji_rl.data.rl_prompts import Config, RoundTrip, candidates, round_trips, write_outputs
 from emoji_rl.decode.generate import Reply
 from emoji_rl.errors import UserError
-from emoji_rl.game.similarity import Similarity
 from emoji_rl.games.retrieval.judge import LexiconJudge
 from emoji_rl.io.jsonl import read_jsonl
+from emoji_rl.play.similarity import Similarity
 
 
 def prompt(i: int, text: str) -> Prompt:

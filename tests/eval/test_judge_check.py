@@ -10,8 +10,8 @@ import pytest
 from emoji_rl import cli
 from emoji_rl.errors import DataError, UserError
 from emoji_rl.eval.judge_check import DEFAULT_MESSAGES, read_messages
-from emoji_rl.game.guessing import NAMES_CAVEAT
 from emoji_rl.lm import models
+from emoji_rl.play.guessing import NAMES_CAVEAT
 
 SAMPLES = Path(__file__).resolve().parents[2] / DEFAULT_MESSAGES
 

@@ -1,8 +1,8 @@
 """A scripted policy and a scripted partner for games' tests: no model samples."""
 
 from emoji_rl.decode.sampler import Sample
-from emoji_rl.game.completer import Completer, Completion
 from emoji_rl.lm import template
+from emoji_rl.play.completer import Completer, Completion
 
 
 class ScriptedSampler:

@@ -16,13 +16,13 @@ from tests.fakes.vllm_server import FakeVLLMServer
 
 from emoji_rl import cli
 from emoji_rl.config import override
-from emoji_rl.game import registry
-from emoji_rl.game.chat import ChatGame
-from emoji_rl.game.evaluation import Evaluation
-from emoji_rl.game.spec import GameConfig, GameContext, GameSpec
-from emoji_rl.game.types import GameSetup, StepResult
 from emoji_rl.io.jsonl import read_records
 from emoji_rl.io.metrics import read_metrics
+from emoji_rl.play import registry
+from emoji_rl.play.chat import ChatEnv
+from emoji_rl.play.evaluation import Evaluation
+from emoji_rl.play.spec import GameConfig, GameContext, GameSpec
+from emoji_rl.play.types import GameSetup, StepResult
 
 pytestmark = pytest.mark.slow
 
@@ -48,7 +48,7 @@ def answer(word: str, question: str) -> str:
     return "yes" if word in words or words & PROPERTIES[word] else "no"
 
 
-class TwentyQuestions(ChatGame):
+class TwentyQuestions(ChatEnv):
     """The policy asks; a question earns 0.1, a yes 0.3, naming the word 1 and ends the game."""
 
     def __init__(self, tokenizer, word: str, max_turns: int) -> None:

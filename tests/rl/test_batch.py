@@ -15,8 +15,8 @@ from emoji_rl.decode.shared_prefix import kept_logits
 from emoji_rl.emoji.alphabet import ALPHABET
 from emoji_rl.emoji.constraint import compile_emoji_grammar, replay_masks
 from emoji_rl.emoji.sender_prompts import sender_messages
-from emoji_rl.game.types import Episode, StepResult, Turn
 from emoji_rl.lm import template
+from emoji_rl.play.types import Episode, StepResult, Turn
 from emoji_rl.rl import grpo
 from emoji_rl.rl.batch import collate, support_columns, token_logprobs
 

@@ -10,14 +10,14 @@ import pytest
 
 from emoji_rl import cli
 from emoji_rl.decode.sampler import Sample
-from emoji_rl.game.types import Game, GameSetup, StepResult
 from emoji_rl.io.jsonl import AppendLog
+from emoji_rl.play.types import Env, GameSetup, StepResult
 from emoji_rl.rl.checkpoint import TrainState
 from emoji_rl.rl.rollout.collect import PromptStream, collect
 from emoji_rl.rl.rollout.metrics import log_rollouts, rollout_metrics
 
 
-class OneTurnGame(Game):
+class OneTurnEnv(Env):
     """Rewards the sender's first token id, logs it as the emoji: no model, no judge."""
 
     async def start(self):
@@ -29,7 +29,7 @@ class OneTurnGame(Game):
 
 def run_collect(stream, sampler, **kwargs):
     """collect() of the one-turn game; a record's target is its `target` or its `answer`."""
-    game = GameSetup(lambda record: OneTurnGame(), list(stream.records), "none", "one turn", target=_target)
+    game = GameSetup(lambda record: OneTurnEnv(), list(stream.records), "none", "one turn", target=_target)
     return asyncio.run(collect(stream, game, sampler, **kwargs))
 
 

@@ -14,10 +14,10 @@ from emoji_rl.decode.generate import Decoding
 from emoji_rl.decode.sampler import HFSampler
 from emoji_rl.emoji.alphabet import parse_message
 from emoji_rl.emoji.sender_prompts import sender_messages
-from emoji_rl.game.play import play
-from emoji_rl.game.types import Game, GameSetup, StepResult
 from emoji_rl.io.metrics import read_metrics
 from emoji_rl.lm import models, template
+from emoji_rl.play.loop import play
+from emoji_rl.play.types import Env, GameSetup, StepResult
 from emoji_rl.rl import train as grpo_train
 from emoji_rl.rl import trainer as grpo_trainer
 from emoji_rl.rl.policy import build_policy
@@ -34,7 +34,7 @@ def favorite_share(emoji):
     return emoji.count(FAVORITE) / len(emoji)
 
 
-class FavoriteEmojiGame(Game):
+class FavoriteEmojiEnv(Env):
     """One turn; the reward is `score(emoji)`, by default the share of FAVORITE (0 if invalid)."""
 
     def __init__(self, tokenizer, max_emoji, score=favorite_share):
@@ -53,7 +53,7 @@ class FavoriteEmojiGame(Game):
 
 
 def favorite_setup(tokenizer, records, score=favorite_share):
-    return GameSetup(lambda r: FavoriteEmojiGame(tokenizer, 4, score), records, "grammar", "favorite emoji")
+    return GameSetup(lambda r: FavoriteEmojiEnv(tokenizer, 4, score), records, "grammar", "favorite emoji")
 
 
 def _toy_setup(tmp_path, **overrides):
@@ -85,7 +85,7 @@ def _toy_setup(tmp_path, **overrides):
 
 def _mean_reward(tokenizer, sampler, n=24, seed=123):
     torch.manual_seed(seed)
-    episodes = asyncio.run(play([FavoriteEmojiGame(tokenizer, 4) for _ in range(n)], sampler))
+    episodes = asyncio.run(play([FavoriteEmojiEnv(tokenizer, 4) for _ in range(n)], sampler))
     return sum(e.reward for e in episodes) / n
 
 
@@ -160,7 +160,7 @@ def test_resume_after_a_crash_repeats_the_uninterrupted_run(tmp_path, monkeypatc
 
         def game(record):
             built.count += 1
-            return FavoriteEmojiGame(tokenizer, 4)
+            return FavoriteEmojiEnv(tokenizer, 4)
 
         if cfg.resume:
             torch.manual_seed(999)  # resuming restores the RNG: this seed must not matter
@@ -202,7 +202,7 @@ def test_wandb_and_trackio_get_each_step_once_in_one_run_across_a_resume(tmp_pat
 
     def run(**overrides):
         cfg, tokenizer, policy, sampler = _toy_setup(tmp_path, **{**common, **overrides})
-        setup = GameSetup(lambda r: FavoriteEmojiGame(tokenizer, 4), records, "grammar", "favorite emoji")
+        setup = GameSetup(lambda r: FavoriteEmojiEnv(tokenizer, 4), records, "grammar", "favorite emoji")
         return grpo_train.train(cfg, policy, tokenizer, setup, sampler)
 
     # The first attempt logs steps 1-3 and dies saving step 3's checkpoint: the last one is step 2's.
@@ -378,7 +378,7 @@ def test_the_held_out_evaluation_is_greedy_play_at_its_steps_and_a_resume_keeps_
     greedy = HFSampler(
         policy, tokenizer, Decoding(temperature=0.0, max_new_tokens=cfg.max_new_tokens, max_emoji=4)
     )
-    episodes = asyncio.run(play([FavoriteEmojiGame(tokenizer, 4) for _ in range(2)], greedy))
+    episodes = asyncio.run(play([FavoriteEmojiEnv(tokenizer, 4) for _ in range(2)], greedy))
     assert evaluated[2] == pytest.approx(sum(e.reward for e in episodes) / 2)
 
     cfg, tokenizer, policy, sampler = _toy_setup(tmp_path, **{**held, "max_steps": 3}, resume=True)

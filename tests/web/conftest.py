@@ -15,7 +15,7 @@ from collections.abc import Iterator
 import httpx
 import pytest
 
-from emoji_rl.game.guessing import Guess, JudgeInput
+from emoji_rl.play.guessing import Guess, JudgeInput
 from emoji_rl.web.rounds import Rounds
 from emoji_rl.web.server import make_server
 from emoji_rl.web.store import Store

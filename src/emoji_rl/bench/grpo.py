@@ -26,9 +26,9 @@ from emoji_rl.decode.generate import Decoding
 from emoji_rl.decode.sampler import HFSampler
 from emoji_rl.emoji.alphabet import ALPHABET
 from emoji_rl.emoji.sender_prompts import sender_messages
-from emoji_rl.game.play import play
-from emoji_rl.game.types import Episode, GameSetup, StepResult, Turn
 from emoji_rl.lm import models, template
+from emoji_rl.play.loop import play
+from emoji_rl.play.types import Episode, GameSetup, StepResult, Turn
 from emoji_rl.rl import grpo
 from emoji_rl.rl.batch import collate
 from emoji_rl.rl.checkpoint import TrainState
@@ -88,9 +88,9 @@ def bench_rollout_throughput(
     (`emoji_rl.decode.generate.decode`: 3.8x), and turn 2 goes on from each row's KV cache of turn 1
     instead of reading the episode again: 4.19-4.62x in four runs on a quiet machine, once both
     paths are warmed up."""
-    from emoji_rl.game.similarity import load_similarity
     from emoji_rl.games.retrieval.game import RetrievalBuilder, RetrievalRules
     from emoji_rl.games.retrieval.judge import LexiconJudge
+    from emoji_rl.play.similarity import load_similarity
 
     tokenizer = models.load_tokenizer(models.SMOLLM2)
     policy = fresh_policy()

@@ -31,8 +31,8 @@ from emoji_rl.bench.row import Row
 from emoji_rl.decode.generate import Decoding
 from emoji_rl.decode.sampler import HFSampler
 from emoji_rl.emoji.sender_prompts import sender_messages
-from emoji_rl.game.types import Game, GameSetup, StepResult
 from emoji_rl.lm import models, template
+from emoji_rl.play.types import Env, GameSetup, StepResult
 from emoji_rl.rl.batch import collate_groups
 from emoji_rl.rl.checkpoint import TrainState
 from emoji_rl.rl.rollout.collect import PromptStream, collect
@@ -51,7 +51,7 @@ def distinct_share(text: str) -> float:
     return len(set(text)) / len(text) if text else 0.0
 
 
-class OneTurnGame(Game):
+class OneTurnEnv(Env):
     """One sender turn on `target`, rewarded by `distinct_share` of what it wrote."""
 
     def __init__(self, tokenizer: PreTrainedTokenizerBase, target: str) -> None:
@@ -107,7 +107,7 @@ class _OurStep:
             collect(
                 self.stream,
                 GameSetup(
-                    lambda r: OneTurnGame(self.tokenizer, r["target"]),
+                    lambda r: OneTurnEnv(self.tokenizer, r["target"]),
                     self.stream.records,
                     "none",
                     "one turn",

@@ -55,9 +55,9 @@ from emoji_rl.bench.step_times import (
 )
 from emoji_rl.emoji.alphabet import parse_message
 from emoji_rl.emoji.sender_prompts import sender_messages
-from emoji_rl.game.types import Game, GameSetup, StepResult
 from emoji_rl.io.metrics import read_metrics
 from emoji_rl.lm import models, template
+from emoji_rl.play.types import Env, GameSetup, StepResult
 from emoji_rl.rl import train as grpo_train
 from emoji_rl.rl.engine import build_engine
 from emoji_rl.rl.policy import build_policy, checkpoint_layers
@@ -194,7 +194,7 @@ def hash_reward(emoji: Sequence[str]) -> float:
     return zlib.crc32(" ".join(emoji).encode()) / 2**32
 
 
-class HashEmojiGame(Game):
+class HashEmojiEnv(Env):
     """One emoji turn on `target`, rewarded by `hash_reward` (0 if invalid or cut off)."""
 
     def __init__(self, tokenizer, target: str, min_emoji: int, max_emoji: int) -> None:
@@ -242,7 +242,7 @@ def _toy_run(server: Server, out: Path, shape: Shape, max_off_policy_steps: int,
         checkpoint_layers(policy)
     records = [{"id": f"t{i}", "target": t} for i, t in enumerate(shape.targets())]
     game = GameSetup(
-        lambda r: HashEmojiGame(tokenizer, r["target"], cfg.min_emoji, cfg.max_emoji),
+        lambda r: HashEmojiEnv(tokenizer, r["target"], cfg.min_emoji, cfg.max_emoji),
         records,
         "grammar",
         "hash of the emoji",

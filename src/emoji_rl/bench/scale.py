@@ -37,8 +37,8 @@ from emoji_rl.bench.shapes import (
     qwen_grammar,
     step_episodes,
 )
-from emoji_rl.game.types import Episode
 from emoji_rl.lm.lora import DEFAULT_TARGETS
+from emoji_rl.play.types import Episode
 
 if TYPE_CHECKING:
     from emoji_rl.emoji.constraint import EmojiConstraint

@@ -14,7 +14,7 @@ import torch
 
 from emoji_rl.emoji.alphabet import ALPHABET
 from emoji_rl.emoji.sender_prompts import correction_message, sender_messages
-from emoji_rl.game.types import Episode, StepResult, Turn
+from emoji_rl.play.types import Episode, StepResult, Turn
 
 if TYPE_CHECKING:
     from transformers import Qwen3_5ForCausalLM

@@ -28,12 +28,12 @@ from pathlib import Path
 
 from emoji_rl.emoji.stats import compliant_emoji, most_common_share, repeat_share
 from emoji_rl.errors import UserError
-from emoji_rl.game.compare import comparisons
-from emoji_rl.game.intervals import verdict
 from emoji_rl.games.retrieval.evaluation import COMPARED, final_guess, sent_texts
 from emoji_rl.io.jsonl import Record, read_jsonl, write_text
 from emoji_rl.io.report import line_figure
 from emoji_rl.pipeline import read_marker
+from emoji_rl.play.compare import comparisons
+from emoji_rl.play.intervals import verdict
 from emoji_rl.rl.held_out import current_names
 
 RETRIEVAL = "reports/retrieval/retrieval.json"

@@ -24,9 +24,9 @@ from pathlib import Path
 import numpy as np
 
 from emoji_rl.errors import UserError
-from emoji_rl.game.intervals import bootstrap_mean
 from emoji_rl.io.jsonl import Record, write_json
 from emoji_rl.io.report import bar_figure, format_table
+from emoji_rl.play.intervals import bootstrap_mean
 from emoji_rl.web.store import Store, judge_scores_by_sender
 
 THRESHOLDS = (0.5, 0.7)

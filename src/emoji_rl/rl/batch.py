@@ -15,7 +15,7 @@ import torch
 
 from emoji_rl.decode.shared_prefix import kept_hidden, kept_logits
 from emoji_rl.emoji.constraint import EmojiConstraint, support_masks
-from emoji_rl.game.types import Episode, EpisodeGroup
+from emoji_rl.play.types import Episode, EpisodeGroup
 from emoji_rl.rl import grpo
 
 if TYPE_CHECKING:

@@ -29,7 +29,7 @@ from emoji_rl.lm.distributed import adapter_state_dict, follow_schedule, gather
 if TYPE_CHECKING:
     from peft import PeftModel
 
-    from emoji_rl.game.types import Stateful
+    from emoji_rl.play.types import Stateful
 
 log = logging.getLogger(__name__)
 

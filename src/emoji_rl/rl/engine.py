@@ -1,7 +1,7 @@
 """How a GRPO run's rollouts are sampled (`engine`: hf | vllm): in process, by the weights being
 trained, or on a vLLM server that an adapter sync keeps current. The loop in `rl/train.py` receives
 the `Engine` built here and asks it only `on_server`; the game comes from the registry
-(`game/registry.py`), and when each step is played is the schedule's (`rl/rollout/schedule.py`)."""
+(`play/registry.py`), and when each step is played is the schedule's (`rl/rollout/schedule.py`)."""
 
 from __future__ import annotations
 

@@ -3,7 +3,7 @@ its game greedily on held-out records, in process, every process its share, and 
 metrics.jsonl gets the mean over the records of the game's own final metrics as `eval/...`
 (`eval/reward/mean`, `eval/turns`, each key the game's last turn reports) and of what its eval stage
 compares beyond them (`GameSetup.held_out_metrics`: a rank among distractors, a win rate). The eval
-stages (game/evaluate.py) add what needs more than the training game: baselines, other systems,
+stages (play/evaluate.py) add what needs more than the training game: baselines, other systems,
 intervals.
 
 The reward and its terms are named as the training line names them (`reward/mean` beside
@@ -23,10 +23,10 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from emoji_rl.decode.sampler import Sampler
-from emoji_rl.game.play import play
-from emoji_rl.game.spec import read_game_records
-from emoji_rl.game.types import GameSetup, Record
 from emoji_rl.lm.distributed import gather
+from emoji_rl.play.loop import play
+from emoji_rl.play.spec import read_game_records
+from emoji_rl.play.types import GameSetup, Record
 
 if TYPE_CHECKING:
     from emoji_rl.rl.train_config import TrainConfig
@@ -70,7 +70,7 @@ class HeldOut:
         indices = list(range(len(self.records)))
         indices += indices[-1:] * (-len(indices) % self.world)
         mine = indices[self.rank :: self.world]
-        episodes = asyncio.run(play([self.setup.make_game(self.records[i]) for i in mine], self.sampler))
+        episodes = asyncio.run(play([self.setup.make_env(self.records[i]) for i in mine], self.sampler))
         compared = self.setup.held_out_metrics(self.records, mine, episodes)
         scored = [
             (i, {"reward": e.reward, "turns": float(len(e.turns)), **e.turns[-1].result.metrics, **more})

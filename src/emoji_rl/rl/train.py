@@ -1,5 +1,5 @@
 """`emoji-rl grpo`: multi-turn GRPO of a LoRA policy on a game (docs/DESIGN.md §6): the emoji sender on
-its default game, any game the registry knows with `--game NAME` (game/registry.py).
+its default game, any game the registry knows with `--game NAME` (play/registry.py).
 
 Each step plays B prompts x G rollouts to the end (every turn emoji-constrained), scores them with
 the terminal reward, turns rewards into group advantages, drops groups with no spread (they carry
@@ -8,7 +8,7 @@ step on the LoRA adapter, with a KL to the reference (in the loss, or in the adv
 original had it: docs/SEED_RECIPE.md): the starting (SFT) adapter kept frozen as a second PEFT adapter,
 or the base model via `disable_adapter()`, never a second copy of the weights.
 Here: the loop (its settings are `rl/train_config.py`). The game comes from the registry
-(`game/registry.py`), the sampler is wired in `rl/engine.py`; which adapter version plays which step is
+(`play/registry.py`), the sampler is wired in `rl/engine.py`; which adapter version plays which step is
 the schedule's (`rl/rollout/schedule.py`), the update and the checkpoints the trainer's (`rl/trainer.py`),
 and what a step's rollouts report is in `rl/rollout/metrics.py`.
 
@@ -31,14 +31,14 @@ from tqdm.auto import tqdm
 from emoji_rl.config import save_config
 from emoji_rl.decode.sampler import HFSampler, Sampler
 from emoji_rl.errors import UserError
-from emoji_rl.game import registry
-from emoji_rl.game.spec import game_config, read_game_records
 from emoji_rl.io.jsonl import AppendLog, drop_steps_after
 from emoji_rl.io.metrics import MetricsWriter, read_metrics
 from emoji_rl.io.run_lock import holds_a_run
 from emoji_rl.lm import models
 from emoji_rl.lm.distributed import gather
 from emoji_rl.lm.processes import check_shared_dir, join_processes, peers_named
+from emoji_rl.play import registry
+from emoji_rl.play.spec import game_config, read_game_records
 from emoji_rl.rl.batch import collate_groups
 from emoji_rl.rl.checkpoint import TrainState
 from emoji_rl.rl.engine import Engine, build_engine, wait_for_policy_server
@@ -63,7 +63,7 @@ if TYPE_CHECKING:
     from peft import PeftModel
 
     from emoji_rl.emoji.constraint import EmojiConstraint
-    from emoji_rl.game.types import GameSetup
+    from emoji_rl.play.types import GameSetup
     from emoji_rl.rl.rollout.vllm import AdapterSync
 
 log = logging.getLogger("emoji_rl.grpo")

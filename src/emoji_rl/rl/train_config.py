@@ -14,19 +14,19 @@ from typing import TYPE_CHECKING, Any, Literal
 
 from emoji_rl.config import override, peek
 from emoji_rl.decode.generate import SamplingConfig
-from emoji_rl.game import registry
-from emoji_rl.game.spec import GAME_HELP, GameContext, PolicyServer, stage_config
 from emoji_rl.io.endpoint import ServerWaitConfig
 from emoji_rl.io.trackers import TrackerConfig, check_trackers
 from emoji_rl.lm.models import ModelConfig
 from emoji_rl.lm.processes import ProcessConfig
+from emoji_rl.play import registry
+from emoji_rl.play.spec import GAME_HELP, GameContext, PolicyServer, stage_config
 from emoji_rl.rl import grpo
 
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
 
-    from emoji_rl.game.types import Record
     from emoji_rl.lm.models import Runtime
+    from emoji_rl.play.types import Record
     from emoji_rl.rl.update import UpdateSettings
 
 

@@ -39,7 +39,7 @@ if TYPE_CHECKING:
     from accelerate import Accelerator
     from peft import PeftModel
 
-    from emoji_rl.game.types import Stateful
+    from emoji_rl.play.types import Stateful
     from emoji_rl.rl.batch import Batch
     from emoji_rl.rl.train_config import TrainConfig
 

@@ -92,7 +92,7 @@ class Plan:
 def gpu_plans() -> list[Plan]:
     """configs/gpu/grpo.yaml (episodes as bench-scale writes them) and sft.yaml (sequences of
     max_length tokens, an upper bound), their unset fields at the stages' defaults."""
-    from emoji_rl.game.registry import DEFAULT_GAME
+    from emoji_rl.play.registry import DEFAULT_GAME
     from emoji_rl.rl.train_config import config_class
     from emoji_rl.sft.trl_config import Config as SftConfig
 

@@ -28,16 +28,16 @@ from emoji_rl.config import to_dict
 from emoji_rl.decode.generate import MAX_NEW_TOKENS, Constraint, Decoding, generate_replies
 from emoji_rl.emoji.stats import compliant_emoji, reply_stats
 from emoji_rl.errors import UserError
-from emoji_rl.game.guessing import NAMES_CAVEAT, JudgeInput
 from emoji_rl.games.retrieval.judge import Judge, JudgeKind
 from emoji_rl.games.retrieval.judge_config import JudgeConfig
 from emoji_rl.io.jsonl import write_json
 from emoji_rl.io.report import bar_figure, format_table
 from emoji_rl.lm import models
+from emoji_rl.play.guessing import NAMES_CAVEAT, JudgeInput
 from emoji_rl.sft.data import ChatRecord, load_chat_records
 
 if TYPE_CHECKING:
-    from emoji_rl.game.similarity import Similarity
+    from emoji_rl.play.similarity import Similarity
 
 logger = logging.getLogger(__name__)
 
@@ -158,7 +158,7 @@ def main(cfg: Config) -> None:
     logger.info("eval-sft: %d chats from %s; %s; %s", len(records), cfg.data, model_spec, runtime.describe())
     judged: tuple[Judge, Similarity, list[str]] | None = None
     if cfg.judge is not None:
-        from emoji_rl.game.similarity import load_similarity  # imports torch: only when a judge is asked for
+        from emoji_rl.play.similarity import load_similarity  # imports torch: only when a judge is asked for
 
         targets = targets_of(records, cfg.data)
         judge = cfg.build_judge(runtime, cfg.batch_size)

@@ -22,9 +22,9 @@ from emoji_rl.data.dedup import normalize
 from emoji_rl.emoji.alphabet import parse_message
 from emoji_rl.emoji.sender_prompts import correction_message, sender_messages
 from emoji_rl.errors import UserError
-from emoji_rl.game.guessing import JudgeInput
 from emoji_rl.io.jsonl import Record
 from emoji_rl.lm.adapters import adapter_hash
+from emoji_rl.play.guessing import JudgeInput
 from emoji_rl.web.jobs import BadInput, Jobs
 from emoji_rl.web.runners import Models
 from emoji_rl.web.store import (
@@ -90,7 +90,7 @@ def split_targets(targets: Sequence[tuple[str, str]]) -> tuple[dict[str, str], d
 
 class Rounds:
     """Every round of both modes, over the answer store: started, answered turn by turn, scored, and
-    the leaderboard. (`game.types.Game` is the RL game; this is what a browser page plays.)"""
+    the leaderboard. (`play.types.Env` is the RL game; this is what a browser page plays.)"""
 
     def __init__(
         self,

@@ -1,7 +1,7 @@
 """`emoji-rl eval-reader` end to end on the embedded models: the base and an adapter read the teacher's
 emoji for three held-out messages, the base model adds emoji after a guess below tau; rows, paired
 comparisons against the base, records, the PNG; a bad record is named. (A rerun's reuse of the log is
-the shared path's, tested in tests/game/test_evaluate.py.)"""
+the shared path's, tested in tests/play/test_evaluate.py.)"""
 
 import json
 
@@ -10,8 +10,8 @@ import pytest
 from emoji_rl import cli
 from emoji_rl.emoji.sender_prompts import sender_messages
 from emoji_rl.errors import DataError
-from emoji_rl.game.evaluate import config_class
-from emoji_rl.game.registry import load
+from emoji_rl.play.evaluate import config_class
+from emoji_rl.play.registry import load
 
 MESSAGES = {
     "Let's get pizza and watch a movie tonight": "🍕 🎬 🌃",

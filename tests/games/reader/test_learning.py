@@ -9,13 +9,13 @@ from tests.games.scripted import ScriptedSender
 
 from emoji_rl.decode.generate import Decoding
 from emoji_rl.decode.sampler import HFSampler
-from emoji_rl.game.play import play
-from emoji_rl.game.similarity import GuessScorer, Similarity
-from emoji_rl.game.types import GameSetup
 from emoji_rl.games.reader.game import ReaderBuilder, ReaderRules
 from emoji_rl.games.reader.partner import Partner
 from emoji_rl.io.metrics import read_metrics
 from emoji_rl.lm import models
+from emoji_rl.play.loop import play
+from emoji_rl.play.similarity import GuessScorer, Similarity
+from emoji_rl.play.types import GameSetup
 from emoji_rl.rl import train as grpo_train
 from emoji_rl.rl.policy import build_policy
 from emoji_rl.rl.train_config import grpo_config

@@ -7,12 +7,12 @@ from tests.floats import F64
 from tests.games.scripted import ScriptedSampler
 
 from emoji_rl.emoji.sender_prompts import sender_messages
-from emoji_rl.game.play import play
-from emoji_rl.game.similarity import Background, Similarity
 from emoji_rl.games.retrieval.game import RetrievalBuilder, RetrievalRules
 from emoji_rl.games.retrieval.judge import LexiconJudge
 from emoji_rl.games.retrieval.reward import RewardWeights, terminal_reward
 from emoji_rl.lm import models, template
+from emoji_rl.play.loop import play
+from emoji_rl.play.similarity import Background, Similarity
 
 
 @pytest.fixture(scope="module")

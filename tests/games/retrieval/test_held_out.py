@@ -3,9 +3,9 @@ what eval-retrieval compares, retrieval@1 among distractors drawn from the held-
 
 import pytest
 
-from emoji_rl.game.similarity import Similarity
-from emoji_rl.game.types import Episode, StepResult, Turn
 from emoji_rl.games.retrieval.evaluation import DISTRACTORS, held_out_metrics
+from emoji_rl.play.similarity import Similarity
+from emoji_rl.play.types import Episode, StepResult, Turn
 
 TARGETS = ["I love pizza", "the car broke down", "my cat is asleep", "we won the football match"]
 

@@ -7,12 +7,12 @@ import json
 import pytest
 
 from emoji_rl import cli
-from emoji_rl.game.evaluate import ScriptedSender
-from emoji_rl.game.play import play
-from emoji_rl.game.types import StepResult
 from emoji_rl.games.wordle.evaluation import intervals, solver_replies, summarize
 from emoji_rl.games.wordle.game import WordleBuilder, WordleRules
 from emoji_rl.io.jsonl import write_jsonl
+from emoji_rl.play.evaluate import ScriptedSender
+from emoji_rl.play.loop import play
+from emoji_rl.play.types import StepResult
 
 
 def final(won, turns, format_rate, consistency, reward=1.0):

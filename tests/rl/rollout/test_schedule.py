@@ -11,7 +11,7 @@ import time
 
 import pytest
 
-from emoji_rl.game.types import Episode, EpisodeGroup, StepResult, Turn
+from emoji_rl.play.types import Episode, EpisodeGroup, StepResult, Turn
 from emoji_rl.rl.rollout.collect import StepGroups
 from emoji_rl.rl.rollout.schedule import RolloutsAhead, StepRollouts, drop_stale, version_for, without_stale
 

@@ -22,11 +22,11 @@ from emoji_rl.decode.vllm import VLLMSampler, request_seed
 from emoji_rl.emoji.constraint import compile_emoji_grammar, grammar_ebnf, replay_masks
 from emoji_rl.emoji.sender_prompts import sender_messages
 from emoji_rl.errors import UserError
-from emoji_rl.game.play import play
 from emoji_rl.games.retrieval.game import RetrievalBuilder, RetrievalRules
 from emoji_rl.games.retrieval.judge import LexiconJudge
 from emoji_rl.io.endpoint import Endpoint, wait_for_server
 from emoji_rl.lm import template
+from emoji_rl.play.loop import play
 from emoji_rl.rl import grpo
 from emoji_rl.rl.rollout.vllm import AdapterSync
 

@@ -26,17 +26,17 @@ from emoji_rl.config import override
 from emoji_rl.decode.generate import SamplingConfig
 from emoji_rl.decode.senders import parse_systems
 from emoji_rl.errors import UserError
-from emoji_rl.game.compare import LEVEL, Metric
-from emoji_rl.game.evaluation import EvalConfig, EvalOptions, EvalPlan, Evaluation, ModelSender, Report
-from emoji_rl.game.intervals import bootstrap_mean
-from emoji_rl.game.similarity import ContrastConfig
 from emoji_rl.games.reader.game import SUCCESS_THRESHOLDS
 from emoji_rl.io.jsonl import Record
+from emoji_rl.play.compare import LEVEL, Metric
+from emoji_rl.play.evaluation import EvalConfig, EvalOptions, EvalPlan, Evaluation, ModelSender, Report
+from emoji_rl.play.intervals import bootstrap_mean
+from emoji_rl.play.similarity import ContrastConfig
 
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
 
-    from emoji_rl.game.types import Episode, GameSetup
+    from emoji_rl.play.types import Episode, GameSetup
 
 SHARES = ("unknown", "cut_off", "partner_failed")
 """A game's final metrics the row gives as shares of games."""
@@ -85,7 +85,7 @@ def plan(
     from emoji_rl.decode.generate import Decoding
     from emoji_rl.games.reader.game import ReaderBuilder
 
-    builder = game.make_game
+    builder = game.make_env
     assert isinstance(builder, ReaderBuilder), builder
     sender = builder.partner.describe()
     report = Report(

@@ -18,19 +18,19 @@ from typing import TYPE_CHECKING
 
 from emoji_rl.config import override
 from emoji_rl.emoji.alphabet import SEPARATOR
-from emoji_rl.game.batching import MicroBatcher
-from emoji_rl.game.chat import ChatGame
-from emoji_rl.game.guessing import UNKNOWN, Guess, JudgeInput, JudgeView, clean_guess, judge_messages
-from emoji_rl.game.similarity import GuessScorer
-from emoji_rl.game.spec import GameConfig
-from emoji_rl.game.types import StepResult
 from emoji_rl.games.reader.partner import Partner, PartnerInput
 from emoji_rl.games.reader.reward import reader_reward
+from emoji_rl.play.batching import MicroBatcher
+from emoji_rl.play.chat import ChatEnv
+from emoji_rl.play.guessing import UNKNOWN, Guess, JudgeInput, JudgeView, clean_guess, judge_messages
+from emoji_rl.play.similarity import GuessScorer
+from emoji_rl.play.spec import GameConfig
+from emoji_rl.play.types import StepResult
 
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
 
-    from emoji_rl.game.types import Record
+    from emoji_rl.play.types import Record
 
 MAX_TURNS = 3
 TAU = 0.85
@@ -72,7 +72,7 @@ class ReaderRules:
     contrast: float = 0.0
 
 
-class ReaderGame(ChatGame):
+class ReaderEnv(ChatEnv):
     """One episode for one message and the teacher's emoji for it. `add_emoji` and `score` are shared,
     batched services."""
 
@@ -164,6 +164,6 @@ class ReaderBuilder:
         self.partner_seconds += time.perf_counter() - start
         return added
 
-    def __call__(self, record: Record) -> ReaderGame:
+    def __call__(self, record: Record) -> ReaderEnv:
         emoji = tuple(record["emoji"].split(SEPARATOR))
-        return ReaderGame(record["target"], emoji, self.tokenizer, self._add_emoji, self.score, self.rules)
+        return ReaderEnv(record["target"], emoji, self.tokenizer, self._add_emoji, self.score, self.rules)

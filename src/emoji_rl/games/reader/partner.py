@@ -3,7 +3,7 @@ emoji, under the grammar. It is shown exactly what the retrieval game's sender i
 guess (`emoji/sender_prompts.py`): the sender prompt, its earlier emoji as its own turns, and the
 correction turn; so the SFT sender, or the base model, plays here the seat it plays there.
 
-It answers through a `Completer` (`game/completer.py`): the base model or an adapter in this process
+It answers through a `Completer` (`play/completer.py`): the base model or an adapter in this process
 (`hf`), or a model an OpenAI-compatible server serves (`openai`), by default the policy server's base.
 """
 
@@ -18,7 +18,7 @@ from emoji_rl.decode.generate import MAX_NEW_TOKENS
 from emoji_rl.emoji.alphabet import SEPARATOR, parse_message
 from emoji_rl.emoji.sender_prompts import correction_message, sender_messages
 from emoji_rl.errors import UserError
-from emoji_rl.game.completer import Completer, Completion
+from emoji_rl.play.completer import Completer, Completion
 
 if TYPE_CHECKING:
     from emoji_rl.lm.models import Runtime
@@ -145,9 +145,9 @@ class PartnerConfig(Checked):
             self.partner_temperature, self.partner_max_new_tokens, True, min_emoji, max_emoji
         )
         if self.partner == "hf":
-            from emoji_rl.game.completer import HFCompleter
             from emoji_rl.lm import models
             from emoji_rl.lm.adapters import adapter_config
+            from emoji_rl.play.completer import HFCompleter
 
             spec = self.partner_model or model
             if self.partner_adapter is not None:
@@ -159,8 +159,8 @@ class PartnerConfig(Checked):
                 raise UserError(f"partner_model: {err}") from None
             name = spec if self.partner_adapter is None else f"{spec}+{self.partner_adapter}"
             return Partner(HFCompleter(loaded, tokenizer, name, settings))
-        from emoji_rl.game.completer import OpenAICompleter
         from emoji_rl.io.endpoint import Endpoint, wait_for_server
+        from emoji_rl.play.completer import OpenAICompleter
 
         where = self.partner_url or url
         wait_for_server(

@@ -5,8 +5,8 @@ the held-out evaluation (evaluation.py) alike."""
 from __future__ import annotations
 
 from emoji_rl.emoji.alphabet import SEPARATOR, parse_message
-from emoji_rl.game.types import Record
 from emoji_rl.io.jsonl import read_jsonl
+from emoji_rl.play.types import Record
 
 DATA_HINT = "an SFT split of the teacher's answers: make it with `emoji-rl teacher` (data/sft_train.jsonl)"
 

@@ -1,5 +1,5 @@
 """The reader's terminal reward: how close its final guess comes to the message (MiniLM similarity),
-less `contrast` times how well that guess would fit other messages (`game/similarity.Background`), so
+less `contrast` times how well that guess would fit other messages (`play/similarity.Background`), so
 that a bland guess that fits every message earns nothing."""
 
 from __future__ import annotations

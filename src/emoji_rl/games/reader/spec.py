@@ -10,13 +10,13 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from emoji_rl.errors import UserError
-from emoji_rl.game.similarity import ContrastConfig, SimilarityConfig
-from emoji_rl.game.spec import GameContext, GameSpec, RunSettings
-from emoji_rl.game.types import GameSetup, Record
 from emoji_rl.games.reader.evaluation import EVALUATION
 from emoji_rl.games.reader.game import ReaderConfig
 from emoji_rl.games.reader.partner import PartnerConfig
 from emoji_rl.games.reader.records import read_reader_records
+from emoji_rl.play.similarity import ContrastConfig, SimilarityConfig
+from emoji_rl.play.spec import GameContext, GameSpec, RunSettings
+from emoji_rl.play.types import GameSetup, Record
 
 
 @dataclass
@@ -29,8 +29,8 @@ class Config(ReaderConfig, PartnerConfig, SimilarityConfig, ContrastConfig):
 
 
 def setup(cfg: Config, context: GameContext) -> GameSetup:
-    from emoji_rl.game.similarity import GuessScorer
     from emoji_rl.games.reader.game import ReaderBuilder, ReaderRules
+    from emoji_rl.play.similarity import GuessScorer
 
     records = context.records
     server = context.policy_server

@@ -46,8 +46,11 @@ from emoji_rl.decode.generate import SamplingConfig
 from emoji_rl.decode.senders import eval_systems
 from emoji_rl.emoji.stats import reply_stats
 from emoji_rl.errors import UserError
-from emoji_rl.game.compare import LEVEL, Metric
-from emoji_rl.game.evaluation import (
+from emoji_rl.games.retrieval.game import SUCCESS_THRESHOLDS
+from emoji_rl.games.retrieval.judge_config import JudgeFields
+from emoji_rl.io.jsonl import Record
+from emoji_rl.play.compare import LEVEL, Metric
+from emoji_rl.play.evaluation import (
     EvalConfig,
     EvalOptions,
     EvalPlan,
@@ -56,16 +59,13 @@ from emoji_rl.game.evaluation import (
     Report,
     Scripted,
 )
-from emoji_rl.game.intervals import bootstrap_mean
-from emoji_rl.games.retrieval.game import SUCCESS_THRESHOLDS
-from emoji_rl.games.retrieval.judge_config import JudgeFields
-from emoji_rl.io.jsonl import Record
+from emoji_rl.play.intervals import bootstrap_mean
 
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
 
-    from emoji_rl.game.similarity import Similarity
-    from emoji_rl.game.types import Episode, GameSetup, HeldOutMetrics
+    from emoji_rl.play.similarity import Similarity
+    from emoji_rl.play.types import Episode, GameSetup, HeldOutMetrics
 
 DISTRACTORS = 10
 """K of retrieval@1 unless told: the target ranked among K-1 other held-out targets."""
@@ -200,9 +200,9 @@ def plan(
 ) -> EvalPlan:
     from emoji_rl.decode.senders import fixed_answers, teacher_emoji
     from emoji_rl.emoji.sender_prompts import sender_messages
-    from emoji_rl.game.guessing import NAMES_CAVEAT
     from emoji_rl.games.retrieval.game import RetrievalBuilder
     from emoji_rl.lm import template
+    from emoji_rl.play.guessing import NAMES_CAVEAT
 
     targets = [r["target"] for r in records]
     systems = eval_systems(cfg.systems)
@@ -210,7 +210,7 @@ def plan(
     fixed = fixed_answers(
         systems, targets, cfg.data, cfg.min_emoji, cfg.max_emoji, cfg.random_length, cfg.seed
     )
-    builder = game.make_game
+    builder = game.make_env
     assert isinstance(builder, RetrievalBuilder), builder
     sender = ModelSender(
         cfg.decoding(

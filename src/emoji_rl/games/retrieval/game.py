@@ -14,14 +14,14 @@ from typing import TYPE_CHECKING
 from emoji_rl.config import override
 from emoji_rl.emoji.alphabet import MAX_EMOJI, MIN_EMOJI, parse_message
 from emoji_rl.emoji.sender_prompts import correction_message, sender_messages
-from emoji_rl.game.batching import MicroBatcher
-from emoji_rl.game.chat import ChatGame
-from emoji_rl.game.guessing import Guess, JudgeInput
-from emoji_rl.game.similarity import Background, GuessScorer, Similarity
-from emoji_rl.game.spec import GameConfig
-from emoji_rl.game.types import StepResult
 from emoji_rl.games.retrieval.judge import Judge
 from emoji_rl.games.retrieval.reward import RewardWeights, terminal_reward
+from emoji_rl.play.batching import MicroBatcher
+from emoji_rl.play.chat import ChatEnv
+from emoji_rl.play.guessing import Guess, JudgeInput
+from emoji_rl.play.similarity import Background, GuessScorer, Similarity
+from emoji_rl.play.spec import GameConfig
+from emoji_rl.play.types import StepResult
 
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
@@ -63,7 +63,7 @@ class RetrievalRules:
     weights: RewardWeights = field(default_factory=RewardWeights)
 
 
-class RetrievalGame(ChatGame):
+class RetrievalEnv(ChatEnv):
     """One episode for one target message. `ask_judge` and `score` are shared, batched services."""
 
     def __init__(
@@ -162,5 +162,5 @@ class RetrievalBuilder:
         self.judge_seconds += time.perf_counter() - start
         return guesses
 
-    def __call__(self, record: dict[str, str]) -> RetrievalGame:
-        return RetrievalGame(record["target"], self.tokenizer, self._ask_judge, self._score, self.rules)
+    def __call__(self, record: dict[str, str]) -> RetrievalEnv:
+        return RetrievalEnv(record["target"], self.tokenizer, self._ask_judge, self._score, self.rules)

@@ -10,7 +10,7 @@ Kinds:
   per episode (`game.completer.OpenAICompleter`).
 Both LLM judges send `judge_messages(...)` with the sampling settings below and pass each answer
 through `clean_guess`; `Judge.guess` is async for the server's sake. The chat itself, the views (`raw`,
-`gloss`) and the reading of an answer are the guessing chat every guessing game shares (game/guessing.py).
+`gloss`) and the reading of an answer are the guessing chat every guessing game shares (play/guessing.py).
 """
 
 from __future__ import annotations
@@ -19,8 +19,8 @@ from abc import ABC, abstractmethod
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Literal
 
-from emoji_rl.game.completer import THINKING_OFF, Completer, Completion, HFCompleter, OpenAICompleter
-from emoji_rl.game.guessing import (
+from emoji_rl.play.completer import THINKING_OFF, Completer, Completion, HFCompleter, OpenAICompleter
+from emoji_rl.play.guessing import (
     UNKNOWN,
     Guess,
     JudgeInput,

@@ -8,7 +8,6 @@ from dataclasses import dataclass, field
 
 from emoji_rl.config import Checked
 from emoji_rl.errors import UserError
-from emoji_rl.game.guessing import JudgeView
 from emoji_rl.games.retrieval.judge import (
     BATCH_SIZE,
     TEMPERATURE,
@@ -20,6 +19,7 @@ from emoji_rl.games.retrieval.judge import (
 )
 from emoji_rl.io.endpoint import SERVER_WAIT_S, Endpoint, ServerWaitConfig, wait_for_server
 from emoji_rl.lm import models
+from emoji_rl.play.guessing import JudgeView
 
 JUDGE_URL = "http://127.0.0.1:8001"  # launch/serve_judge.sh's default host and port
 JUDGE_API_KEY_ENV = "JUDGE_API_KEY"

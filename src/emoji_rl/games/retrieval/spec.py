@@ -8,13 +8,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
 
-from emoji_rl.game.similarity import ContrastConfig, SimilarityConfig
-from emoji_rl.game.spec import GameContext, GameSpec, RunSettings
-from emoji_rl.game.types import GameSetup, Record
 from emoji_rl.games.retrieval.evaluation import EVALUATION, held_out_metrics
 from emoji_rl.games.retrieval.game import RetrievalConfig
 from emoji_rl.games.retrieval.judge_config import JudgeFields
 from emoji_rl.io.jsonl import read_records
+from emoji_rl.play.similarity import ContrastConfig, SimilarityConfig
+from emoji_rl.play.spec import GameContext, GameSpec, RunSettings
+from emoji_rl.play.types import GameSetup, Record
 
 
 @dataclass

@@ -24,7 +24,8 @@ import numpy as np
 from emoji_rl.config import override
 from emoji_rl.decode.generate import SamplingConfig
 from emoji_rl.decode.senders import parse_systems
-from emoji_rl.game.evaluation import (
+from emoji_rl.io.jsonl import Record
+from emoji_rl.play.evaluation import (
     EvalConfig,
     EvalOptions,
     EvalPlan,
@@ -33,14 +34,13 @@ from emoji_rl.game.evaluation import (
     Report,
     Scripted,
 )
-from emoji_rl.game.types import StepResult
-from emoji_rl.io.jsonl import Record
+from emoji_rl.play.types import StepResult
 
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
 
-    from emoji_rl.game.types import Episode, GameSetup
     from emoji_rl.games.wordle.game import WordleBuilder
+    from emoji_rl.play.types import Episode, GameSetup
 
 COLUMNS = (
     "system",
@@ -130,7 +130,7 @@ def plan(
     from emoji_rl.decode.generate import Decoding
     from emoji_rl.games.wordle.game import WordleBuilder
 
-    builder = game.make_game
+    builder = game.make_env
     assert isinstance(builder, WordleBuilder), builder
     report = Report(
         header={"model": cfg.model, "data": cfg.data, "games": len(records)},

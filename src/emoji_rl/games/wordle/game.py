@@ -13,8 +13,6 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from emoji_rl.errors import UserError
-from emoji_rl.game.chat import ChatGame
-from emoji_rl.game.types import StepResult
 from emoji_rl.games.wordle.reward import CurriculumTracker, TurnScore, WordleWeights, episode_terms
 from emoji_rl.games.wordle.rules import (
     SYMBOLS,
@@ -33,6 +31,8 @@ from emoji_rl.games.wordle.rules import (
     pattern_matrix,
     render_marks,
 )
+from emoji_rl.play.chat import ChatEnv
+from emoji_rl.play.types import StepResult
 
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
@@ -81,7 +81,7 @@ class WordleRules:
     weights: WordleWeights = field(default_factory=WordleWeights)
 
 
-class WordleGame(ChatGame):
+class WordleEnv(ChatEnv):
     """One episode for one secret word. Word lists and the encoded answer list are shared."""
 
     def __init__(
@@ -183,10 +183,10 @@ class WordleBuilder:
         self.words = load_word_lists()
         self.answers_array = encode(self.words.answers)
 
-    def __call__(self, record: dict[str, str]) -> WordleGame:
+    def __call__(self, record: dict[str, str]) -> WordleEnv:
         answer = str(record.get("answer", "")).lower()
         if answer not in self.words.answers:
             raise UserError(
                 f"record {record!r}: `answer` must be one of the {len(self.words.answers)} answers"
             )
-        return WordleGame(answer, self.tokenizer, self.words, self.answers_array, self.rules, self.tracker)
+        return WordleEnv(answer, self.tokenizer, self.words, self.answers_array, self.rules, self.tracker)

@@ -10,11 +10,11 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from emoji_rl.config import override
-from emoji_rl.game.spec import GameConfig, GameContext, GameSpec, RunSettings
-from emoji_rl.game.types import EpisodeGroup, GameSetup, Record
 from emoji_rl.games.wordle.evaluation import EVALUATION, game_record
 from emoji_rl.games.wordle.game import MAX_TURNS
 from emoji_rl.io.jsonl import read_records
+from emoji_rl.play.spec import GameConfig, GameContext, GameSpec, RunSettings
+from emoji_rl.play.types import EpisodeGroup, GameSetup, Record
 
 
 @dataclass

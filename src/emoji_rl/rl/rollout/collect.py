@@ -15,9 +15,9 @@ import torch
 
 from emoji_rl.decode.sampler import Sampler
 from emoji_rl.errors import UserError
-from emoji_rl.game.play import play
-from emoji_rl.game.types import EpisodeGroup, GameSetup
 from emoji_rl.lm.distributed import gather
+from emoji_rl.play.loop import play
+from emoji_rl.play.types import EpisodeGroup, GameSetup
 from emoji_rl.rl import grpo
 from emoji_rl.rl.checkpoint import TrainState
 
@@ -106,7 +106,7 @@ async def collect(
         records = stream.take(batch_size - len(kept_at))
         if not records:
             continue
-        games = [setup.make_game(record) for record in records for _ in range(group_size)]
+        games = [setup.make_env(record) for record in records for _ in range(group_size)]
         episodes = await play(games, sampler)
         for p, record in enumerate(records):
             group = EpisodeGroup(

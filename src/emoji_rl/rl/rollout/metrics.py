@@ -10,8 +10,8 @@ from collections.abc import Sequence
 import torch
 
 from emoji_rl.emoji.stats import reply_stats
-from emoji_rl.game.types import EpisodeGroup, Turn
 from emoji_rl.io.jsonl import AppendLog
+from emoji_rl.play.types import EpisodeGroup, Turn
 from emoji_rl.rl.rollout.collect import StepGroups
 
 ROLLOUTS_FILE = "rollouts.jsonl"

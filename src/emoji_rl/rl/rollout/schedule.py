@@ -28,8 +28,8 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from emoji_rl.game.types import EpisodeGroup
 from emoji_rl.lm.distributed import adapter_state_dict, gather, save_adapter, whole_weights
+from emoji_rl.play.types import EpisodeGroup
 from emoji_rl.rl.checkpoint import TrainState, behaviour_adapters
 from emoji_rl.rl.rollout.collect import PromptStream, StepGroups, collect, prompts_per_process
 from emoji_rl.rl.rollout.servers import ServerWatch, watched
@@ -38,7 +38,7 @@ if TYPE_CHECKING:
     import torch
     from accelerate import Accelerator
 
-    from emoji_rl.game.types import GameSetup
+    from emoji_rl.play.types import GameSetup
     from emoji_rl.rl.engine import Engine
     from emoji_rl.rl.rollout.vllm import AdapterSync
     from emoji_rl.rl.train_config import TrainConfig

@@ -19,8 +19,8 @@ from typing import TYPE_CHECKING
 import torch
 
 from emoji_rl.config import Checked
-from emoji_rl.game.batching import MicroBatcher
 from emoji_rl.lm.models import MINILM
+from emoji_rl.play.batching import MicroBatcher
 
 if TYPE_CHECKING:
     from sentence_transformers import SentenceTransformer

@@ -1,5 +1,5 @@
 """How a game's evaluation reports (`Evaluation`, on its `GameSpec`), and the fields every evaluation
-has (`EvalConfig`): what `emoji-rl eval --game NAME` (game/evaluate.py) reads of a game beside what
+has (`EvalConfig`): what `emoji-rl eval --game NAME` (play/evaluate.py) reads of a game beside what
 the game's setup builds, the same setup as training's.
 
 The path plays systems x held-out records through the game, in each of the game's modes, keeps one
@@ -21,16 +21,16 @@ from typing import TYPE_CHECKING, ClassVar
 from emoji_rl.config import Checked, override
 from emoji_rl.decode.generate import SamplingConfig
 from emoji_rl.decode.senders import parse_systems
-from emoji_rl.game.compare import Metric, compare_pairs
 from emoji_rl.io.endpoint import ServerWaitConfig
 from emoji_rl.io.jsonl import Record
 from emoji_rl.lm.models import ModelConfig
+from emoji_rl.play.compare import Metric, compare_pairs
 
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
 
     from emoji_rl.decode.generate import Decoding
-    from emoji_rl.game.types import Episode, GameSetup
+    from emoji_rl.play.types import Episode, GameSetup
 
 
 @dataclass

@@ -6,7 +6,7 @@ import pytest
 import torch
 from tests.floats import F64
 
-from emoji_rl.game.similarity import Background, Similarity, mean_similarity, retrieval_at_1
+from emoji_rl.play.similarity import Background, Similarity, mean_similarity, retrieval_at_1
 
 
 @pytest.fixture(scope="module")

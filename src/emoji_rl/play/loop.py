@@ -7,25 +7,25 @@ import asyncio
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
-from emoji_rl.game.types import Episode, Game, StepResult, Turn
+from emoji_rl.play.types import Env, Episode, StepResult, Turn
 
 if TYPE_CHECKING:
     from emoji_rl.decode.sampler import Sample, Sampler
 
 
-async def play(games: Sequence[Game], sampler: Sampler) -> list[Episode]:
-    """Play every game to the end. Each turn, all live episodes are sampled in one call and stepped
+async def play(envs: Sequence[Env], sampler: Sampler) -> list[Episode]:
+    """Play every episode to the end. Each turn, all live episodes are sampled in one call and stepped
     concurrently, so their judge calls and similarities batch too."""
-    observations = list(await asyncio.gather(*(game.start() for game in games)))
+    observations = list(await asyncio.gather(*(env.start() for env in envs)))
     sequences = [tuple(obs) for obs in observations]
-    turns: list[list[Turn]] = [[] for _ in games]
-    live = list(range(len(games)))
+    turns: list[list[Turn]] = [[] for _ in envs]
+    live = list(range(len(envs)))
     previous: dict[int, Sample] = {}
     while live:
         samples = await sampler.sample([sequences[i] for i in live], [previous.get(i) for i in live])
         previous = {}
         results: list[StepResult] = list(
-            await asyncio.gather(*(games[i].step(s.token_ids) for i, s in zip(live, samples, strict=True)))
+            await asyncio.gather(*(envs[i].step(s.token_ids) for i, s in zip(live, samples, strict=True)))
         )
         still_live = []
         for i, sample, result in zip(live, samples, results, strict=True):

@@ -2,7 +2,7 @@
 mode and metric over the records both systems played with its paired bootstrap interval, and how a
 line of them reads.
 
-Apart from the evaluation path (`game/evaluate.py`) because experiment-report compares the records
+Apart from the evaluation path (`play/evaluate.py`) because experiment-report compares the records
 of a finished evaluation the same way: it imports these, not the path that plays the games."""
 
 from __future__ import annotations
@@ -10,8 +10,8 @@ from __future__ import annotations
 from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import asdict
 
-from emoji_rl.game.intervals import paired_bootstrap, verdict
 from emoji_rl.io.jsonl import Record
+from emoji_rl.play.intervals import paired_bootstrap, verdict
 
 LEVEL = 0.95
 

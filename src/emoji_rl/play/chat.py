@@ -8,8 +8,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from emoji_rl.game.types import Game
 from emoji_rl.lm.template import chat_ids, continuation_ids, end_of_turn_ids
+from emoji_rl.play.types import Env
 
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
@@ -17,7 +17,7 @@ if TYPE_CHECKING:
 Message = dict[str, str]
 
 
-class ChatGame(Game):
+class ChatEnv(Env):
     """The opening chat, the policy's turns read as text, and the game's replies as token ids. A
     subclass decides what each turn means in `step`."""
 

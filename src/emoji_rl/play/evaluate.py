@@ -1,14 +1,14 @@
 """`emoji-rl eval --game NAME`: any game the registry finds on held-out records, systems side by side
 (the built-in games keep their `eval-NAME` spellings: `cli.ALIASES`). Systems x
-held-out records, played through the game in each of its modes (`game/play.py`), each system's row of
+held-out records, played through the game in each of its modes (`play/loop.py`), each system's row of
 the game's own final metrics, and the differences between systems as paired bootstrap intervals; a
 table, NAME.json and NAME.png (io/report.py). The game is built by its own setup, the one grpo trains
 on (the same judge, similarity and reward weights), from its records in `--data`; its evaluation
-(`GameSpec.evaluation`, game/evaluation.py) says how a model system samples and how the report reads.
+(`GameSpec.evaluation`, play/evaluation.py) says how a model system samples and how the report reads.
 
 Differences can be believed because every system plays the same records, in the same batches, each
 batch's draws seeded by its first record. Each game is appended to NAME_records.jsonl as its batch
-ends, under a first line holding what the games depend on (game/eval_records.py): a rerun with the
+ends, under a first line holding what the games depend on (play/eval_records.py): a rerun with the
 same config plays only the games missing there, and one with another config is refused.
 
     emoji-rl eval --game NAME --help     # the game's fields and its evaluation's
@@ -33,9 +33,13 @@ from emoji_rl.config import peek
 from emoji_rl.decode.sampler import HFSampler, Sample, Sampler
 from emoji_rl.decode.senders import System, parse_systems
 from emoji_rl.errors import UserError
-from emoji_rl.game import registry
-from emoji_rl.game.compare import LEVEL, compare_pairs, comparisons, format_comparisons
-from emoji_rl.game.eval_records import (
+from emoji_rl.io.jsonl import AppendLog, Record, write_json
+from emoji_rl.io.report import bar_figure, format_table
+from emoji_rl.lm import models, template
+from emoji_rl.lm.adapters import active_system, load_systems
+from emoji_rl.play import registry
+from emoji_rl.play.compare import LEVEL, compare_pairs, comparisons, format_comparisons
+from emoji_rl.play.eval_records import (
     batch_seed,
     fingerprint,
     logged_records,
@@ -44,14 +48,10 @@ from emoji_rl.game.eval_records import (
     system_fingerprint,
     unplayed_batches,
 )
-from emoji_rl.game.evaluation import EvalConfig, EvalPlan, Evaluation, ModelSender, Report, Scripted
-from emoji_rl.game.play import play
-from emoji_rl.game.spec import GameContext, GameSpec, game_config, read_game_records, stage_config
-from emoji_rl.game.types import Game
-from emoji_rl.io.jsonl import AppendLog, Record, write_json
-from emoji_rl.io.report import bar_figure, format_table
-from emoji_rl.lm import models, template
-from emoji_rl.lm.adapters import active_system, load_systems
+from emoji_rl.play.evaluation import EvalConfig, EvalPlan, Evaluation, ModelSender, Report, Scripted
+from emoji_rl.play.loop import play
+from emoji_rl.play.spec import GameContext, GameSpec, game_config, read_game_records, stage_config
+from emoji_rl.play.types import Env
 
 
 @functools.cache
@@ -213,7 +213,7 @@ class Run:
     cfg: EvalConfig
     hooks: Evaluation
     plan: EvalPlan
-    games: Mapping[str, Callable[[Record], Game]]
+    games: Mapping[str, Callable[[Record], Env]]
     records: Sequence[Record]
     ids: Sequence[str]
     log: AppendLog

@@ -1,7 +1,7 @@
 """One game as every stage finds it: a `GameSpec` is its name, its own typed config (`GameConfig`),
 the one `setup` that builds what it plays from that config and what it may know of the run
 (`GameContext`), for training and evaluation alike, and how its evaluation reports (`Evaluation`,
-game/evaluation.py), or None.
+play/evaluation.py), or None.
 
 A stage's command line and YAML stay flat (`--tau 0.8`, as TRL's): `stage_config` makes one
 dataclass of the stage's fields and the game's, and refuses a game field the stage also has, naming
@@ -24,9 +24,9 @@ from emoji_rl.io.jsonl import read_jsonl
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
 
-    from emoji_rl.game.evaluation import Evaluation
-    from emoji_rl.game.types import GameSetup, Record
     from emoji_rl.lm.models import Runtime
+    from emoji_rl.play.evaluation import Evaluation
+    from emoji_rl.play.types import GameSetup, Record
 
 
 @dataclass

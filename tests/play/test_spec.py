@@ -1,4 +1,4 @@
-"""The game contract (game/spec.py): a stage's flat Config of its fields and the game's, a game field
+"""The game contract (play/spec.py): a stage's flat Config of its fields and the game's, a game field
 the stage also has refused when the Config is built, naming both, and the game's own typed config
 taken back out for its setup."""
 
@@ -11,9 +11,9 @@ import pytest
 from emoji_rl import cli
 from emoji_rl.config import parse_config
 from emoji_rl.errors import UserError
-from emoji_rl.game import registry
-from emoji_rl.game.evaluation import EvalConfig
-from emoji_rl.game.spec import GameConfig, GameSpec, game_config, stage_config
+from emoji_rl.play import registry
+from emoji_rl.play.evaluation import EvalConfig
+from emoji_rl.play.spec import GameConfig, GameSpec, game_config, stage_config
 from emoji_rl.rl.train_config import TrainConfig
 
 
@@ -61,7 +61,7 @@ def test_grpo_refuses_the_clash_as_its_config_is_built(monkeypatch, capsys):
 
 
 def test_every_installed_game_builds_its_grpo_and_eval_configs():
-    from emoji_rl.game import evaluate
+    from emoji_rl.play import evaluate
     from emoji_rl.rl.train_config import config_class
 
     for name in ("retrieval", "wordle", "reader"):

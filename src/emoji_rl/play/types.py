@@ -36,8 +36,9 @@ class StepResult:
     """Text for the rollout log (the judge's guess, the parsed emoji), never aggregated."""
 
 
-class Game(ABC):
-    """One episode of a turn-based game against a fixed environment."""
+class Env(ABC):
+    """One episode of a game being played (tinker's `Env`): it gives the first prompt and scores each
+    action against the game's fixed environment. A finished one is an `Episode`."""
 
     @abstractmethod
     async def start(self) -> tuple[int, ...]:
@@ -146,7 +147,7 @@ class GameSetup:
     games on the same services (the retrieval game's `single` turn beside its `multi`-turn game);
     none: the game itself, as `multi`."""
 
-    make_game: Callable[[Record], Game]
+    make_env: Callable[[Record], Env]
     records: list[Record]
     constraint: Constraint
     description: str
@@ -157,8 +158,8 @@ class GameSetup:
     observe: Callable[[Sequence[EpisodeGroup]], None] = lambda groups: None
     held_out_metrics: HeldOutMetrics = lambda records, indices, episodes: [{} for _ in episodes]
     servers: dict[str, Endpoint] = field(default_factory=dict)
-    modes: dict[str, Callable[[Record], Game]] = field(default_factory=dict)
+    modes: dict[str, Callable[[Record], Env]] = field(default_factory=dict)
 
-    def games(self) -> dict[str, Callable[[Record], Game]]:
+    def games(self) -> dict[str, Callable[[Record], Env]]:
         """The game's modes by name, in the order a report shows them (`modes`, or the game itself)."""
-        return self.modes or {"multi": self.make_game}
+        return self.modes or {"multi": self.make_env}

@@ -5,7 +5,7 @@ import asyncio
 
 from emoji_rl.emoji.alphabet import parse_message
 from emoji_rl.emoji.sender_prompts import sender_messages
-from emoji_rl.game.completer import Completion, HFCompleter
+from emoji_rl.play.completer import Completion, HFCompleter
 
 
 def test_an_emoji_partner_without_stop_text_answers_emoji_messages(smollm2_model, smollm2_tokenizer):

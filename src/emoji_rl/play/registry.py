@@ -1,6 +1,6 @@
 """The games a stage can play, found by name: `emoji-rl grpo --game NAME`, `emoji-rl eval --game NAME`.
 
-A game is a `GameSpec` (game/spec.py). The trainer, the decoders and the evaluation name no game:
+A game is a `GameSpec` (play/spec.py). The trainer, the decoders and the evaluation name no game:
 they hold a `GameSpec`.
 
 The registry reads the entry-point group `emoji_rl.games` (each entry point names a `GameSpec`), so an
@@ -14,7 +14,7 @@ from __future__ import annotations
 from importlib.metadata import EntryPoint, entry_points
 
 from emoji_rl.errors import UserError
-from emoji_rl.game.spec import GameSpec
+from emoji_rl.play.spec import GameSpec
 
 ENTRY_POINTS = "emoji_rl.games"
 DEFAULT_GAME = "retrieval"

@@ -3,7 +3,7 @@ are appended to as each batch of games ends (`NAME_records.jsonl`), headed by th
 they depend on, so a rerun plays only the games it lacks and one of another config is refused; which
 records a system plays, cut into the batches a whole run cuts, and each batch's seed.
 
-Apart from the path (`game/evaluate.py`), which plays the games and writes the report: this is what
+Apart from the path (`play/evaluate.py`), which plays the games and writes the report: this is what
 a game leaves on disk. A record is keyed by (system, mode, id); its other fields are the game's."""
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ from emoji_rl.lm.adapters import adapter_hash, require_adapter
 
 if TYPE_CHECKING:
     from emoji_rl.decode.senders import System
-    from emoji_rl.game.evaluation import Scripted
+    from emoji_rl.play.evaluation import Scripted
 
 
 def record_ids(records: Sequence[Record], path: str) -> list[str]:

@@ -1,7 +1,7 @@
 import numpy as np
 import pytest
 
-from emoji_rl.game.intervals import Interval, bootstrap_mean, paired_bootstrap, verdict
+from emoji_rl.play.intervals import Interval, bootstrap_mean, paired_bootstrap, verdict
 
 # 🍕 three times, 🎉 and 🎬 once each: 5 uses in 2 messages.
 MESSAGES = [("🍕", "🎉"), ("🍕", "🎬", "🍕")]

@@ -11,8 +11,9 @@ import pytest
 
 from emoji_rl.decode.generate import Decoding
 from emoji_rl.errors import UserError
-from emoji_rl.game import evaluate, registry
-from emoji_rl.game.evaluation import (
+from emoji_rl.lm import models, template
+from emoji_rl.play import evaluate, registry
+from emoji_rl.play.evaluation import (
     EvalConfig,
     EvalOptions,
     EvalPlan,
@@ -21,9 +22,8 @@ from emoji_rl.game.evaluation import (
     Report,
     Scripted,
 )
-from emoji_rl.game.spec import GameConfig, GameContext, GameSpec, stage_config
-from emoji_rl.game.types import Game, GameSetup, StepResult
-from emoji_rl.lm import models, template
+from emoji_rl.play.spec import GameConfig, GameContext, GameSpec, stage_config
+from emoji_rl.play.types import Env, GameSetup, StepResult
 
 # Record -> its secret word; each system's replies to it, turn by turn.
 SECRETS = {"a": "cat", "b": "dog", "c": "sun"}
@@ -32,7 +32,7 @@ BAD = {"a": ["owl", "owl", "owl"], "b": ["owl", "owl", "owl"], "c": ["owl", "owl
 MODES = {"short": 1, "long": 3}
 
 
-class Guess(Game):
+class Guess(Env):
     """Say the secret word: won when a reply is it, lost after `turns` replies."""
 
     def __init__(self, tokenizer, secret: str, turns: int) -> None:

@@ -1,4 +1,4 @@
-from emoji_rl.game.types import Episode, EpisodeGroup, StepResult, Turn
+from emoji_rl.play.types import Episode, EpisodeGroup, StepResult, Turn
 
 
 def _turn(obs, act, reward=0.0, done=False):
