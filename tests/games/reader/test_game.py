@@ -8,13 +8,13 @@ from tests.games.scripted import ScriptedSampler, ScriptedSender
 
 from emoji_rl.emoji.sender_prompts import correction_message, sender_messages
 from emoji_rl.errors import UserError
-from emoji_rl.game.completer import Completion
-from emoji_rl.game.guessing import JudgeInput, judge_messages
-from emoji_rl.game.play import play
-from emoji_rl.game.similarity import GuessScorer, Similarity
 from emoji_rl.games.reader.game import ReaderBuilder, ReaderRules
 from emoji_rl.games.reader.partner import Partner, PartnerConfig, PartnerInput, partner_messages
 from emoji_rl.lm import models, template
+from emoji_rl.play.completer import Completion
+from emoji_rl.play.guessing import JudgeInput, judge_messages
+from emoji_rl.play.loop import play
+from emoji_rl.play.similarity import GuessScorer, Similarity
 
 TARGET = "Let's get pizza and watch a movie tonight"
 RECORD = {"id": "m0", "target": TARGET, "emoji": "🍕 🎬"}
@@ -167,4 +167,5 @@ def test_a_partner_model_that_is_no_spec_or_no_model_is_one_line_naming_it(tmp_p
                 served_name="",
                 min_emoji=2,
                 max_emoji=8,
+                wait_s=1,
             )
