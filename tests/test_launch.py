@@ -603,6 +603,7 @@ def stage_commands(argv):
 def parse_stage(stage, args):
     """The stage's Config from `args`, as `emoji-rl` would build it; unknown args fail the test."""
     module = importlib.import_module(STAGES[stage][0])
+    args = cli.stage_argv(stage, args)
     err = io.StringIO()
     try:
         with contextlib.redirect_stderr(err):

@@ -194,7 +194,10 @@ def test_nodes_that_start_unequal_numbers_of_processes_stop_before_any_model_loa
         **os.environ, "GPUS": "0", "NNODES": "2", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port()),
         "PYTHON": sys.executable, "OMP_NUM_THREADS": "1", "CONFIG": "configs/cpu/grpo.yaml",
     }  # fmt: skip
+    records = tmp_path / "rl_train.jsonl"
+    records.write_text('{"target": "a cat on a mat"}\n')  # every input is there: the world is what fails
     script = ["bash", str(ROOT / "launch" / "train_grpo.sh"), "--output_dir", str(tmp_path / "run")]
+    script += ["--train_data", str(records), "--init_adapter", "none"]
     out = {"stdout": subprocess.PIPE, "stderr": subprocess.STDOUT, "text": True}
     nodes = [
         subprocess.Popen(script, cwd=ROOT, env={**env, "NODE_RANK": str(rank), "NGPUS": str(rank + 1)}, **out)

@@ -116,6 +116,34 @@ def test_a_resume_after_a_kill_continues_the_mlflow_run_with_each_step_once(
     assert mlflow_run.data.params["resume"] == "False"  # mlflow keeps the params the run started with
 
 
+def test_a_kill_inside_the_file_stores_append_leaves_a_run_the_resume_continues(store, tmp_path):
+    """SIGKILL inside mlflow's append to a metric's file: a new metric's file left empty, an old one's
+    last line cut. mlflow then refuses the whole run ("Metric ... is malformed") and would read the cut
+    line as a point; the resume cuts the files back to whole lines and logs again what was cut."""
+    from mlflow import MlflowClient
+
+    run = tmp_path / "run"
+    dead = subprocess.run(
+        [sys.executable, "-c", KILLED, str(run), "after step 3"], cwd=ROOT, env=dict(os.environ)
+    )
+    assert dead.returncode == -9
+    kept = json.loads((run / STATE_FILE).read_text())["mlflow_run_id"]
+    [metrics] = (tmp_path / "mlruns").glob(f"*/{kept}/metrics")
+    loss = metrics / "loss"
+    loss.write_bytes(loss.read_bytes()[:-4])  # step 3's line cut inside its value
+    (metrics / "eval").write_bytes(b"")  # opened for its first point, nothing written
+    with pytest.raises(ValueError, match="Metric 'eval' is malformed"):
+        MlflowClient().get_run(kept)
+
+    with MetricsWriter(run, resume_from_step=2, trackers=Stage(report_to=["mlflow"], resume=True)) as writer:
+        for step in range(3, 5):
+            writer.write(step, {"loss": 1.0 / step})
+            if step == 3:
+                writer.write(step, {"eval": 0.5})
+    assert mlflow_points(kept, "loss") == [(step, 1.0 / step) for step in range(1, 5)]
+    assert mlflow_points(kept, "eval") == [(3, 0.5)]
+
+
 def test_mlflow_added_on_resume_gets_a_new_run_with_every_line(store, tmp_path):
     run = tmp_path / "run"
     with MetricsWriter(run, trackers=TrackerConfig(report_to=["none"])) as writer:

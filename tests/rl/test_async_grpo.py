@@ -69,12 +69,12 @@ def run(tmp_path, server, session, key_env=KEY_ENV, score=message_hash, **overri
     """The toy one-turn game's GRPO (tests/rl/test_train.py) with a vLLM sampler at `server`; the
     final state and the run directory."""
     settings = dict(engine="vllm", max_off_policy_steps=1, max_steps=4, group_size=4, save_steps=1, seed=0)
-    cfg, tokenizer, policy, constraint, _ = _toy_setup(tmp_path, **{**settings, **overrides})
+    cfg, tokenizer, policy, _ = _toy_setup(tmp_path, **{**settings, **overrides})
     endpoint = Endpoint(server.url + "/v1", api_key_env=key_env, backoff_s=0.01, attempts=2)
     decoding = Decoding(max_new_tokens=16, max_emoji=4)
     sampler = VLLMSampler(endpoint, "policy", template.stop_token_id(tokenizer), decoding)
     sync = AdapterSync(sampler, cfg.output_dir, "policy", keep=cfg.vllm_adapter_keep, session=session)
-    setup = favorite_setup(tokenizer, constraint, RECORDS, score)
+    setup = favorite_setup(tokenizer, RECORDS, score)
     return grpo_train.train(cfg, policy, tokenizer, setup, sampler, weight_sync=sync), Path(cfg.output_dir)
 
 

@@ -9,7 +9,7 @@ from emoji_rl.games.wordle.reward import TERMS
 from emoji_rl.io.metrics import read_metrics
 from emoji_rl.lm import models
 from emoji_rl.play import registry
-from emoji_rl.play.spec import game_config
+from emoji_rl.play.spec import game_config, read_game_records
 from emoji_rl.rl import train as grpo_train
 from emoji_rl.rl.checkpoint import latest_checkpoint
 from emoji_rl.rl.policy import build_policy
@@ -44,7 +44,9 @@ def test_grpo_on_wordle_logs_every_reward_term(tmp_path):
     )
     cfg.train_data = str(records)
     spec = registry.load("wordle")
-    setup = spec.setup(game_config(spec, cfg), cfg.game_context(tokenizer, models.pick_runtime("cpu")))
+    rules = game_config(spec, cfg)
+    played = read_game_records(rules, "train_data", cfg.train_data, cfg)
+    setup = spec.setup(rules, cfg.game_context(tokenizer, models.pick_runtime("cpu"), played))
     state = grpo_train.train(cfg, policy, tokenizer, setup, sampler)
     assert state.step == 1
     # The trainer fed the curriculum the step's episodes, and it travels with the checkpoint, so a

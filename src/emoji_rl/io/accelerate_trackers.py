@@ -52,6 +52,7 @@ class AccelerateWriter:
         self._name = name
         self.held = Held()
         if name == "mlflow" and run.mlflow_run_id is not None:
+            mend_mlflow_file_store(run.mlflow_run_id)
             _continue_mlflow_run(self._tracker, run.mlflow_run_id, run_dir)
             # Not the config again: mlflow refuses to change a param once logged, and a resume's
             # differs (resume: true). The run keeps the config it started with.
@@ -77,6 +78,29 @@ class AccelerateWriter:
 
     def close(self, failed: bool = False) -> None:
         self._tracker.finish()
+
+
+def mend_mlflow_file_store(run_id: str) -> None:
+    """A kill inside mlflow's file store's append to a metric's file leaves the file empty or its last
+    line cut, and the store then refuses to read the whole run ("Metric ... is malformed"). Each of the
+    run's metric files is cut back to its last whole line (an empty one goes): the store then holds
+    what it holds whole, `mlflow_held` counts that, and the resume logs the point again."""
+    from urllib.parse import urlparse
+
+    import mlflow
+    from mlflow.utils.file_utils import local_file_uri_to_path
+
+    uri = mlflow.get_tracking_uri()
+    if urlparse(uri).scheme not in ("", "file"):
+        return  # a server or a database writes its own records whole
+    for metrics in Path(local_file_uri_to_path(uri)).glob(f"*/{run_id}/metrics"):
+        for path in [p for p in metrics.rglob("*") if p.is_file()]:
+            data = path.read_bytes()
+            whole = data[: data.rfind(b"\n") + 1]
+            if not whole:
+                path.unlink()
+            elif whole != data:
+                path.write_bytes(whole)
 
 
 def _continue_mlflow_run(tracker, run_id: str, run_dir: str | Path) -> None:

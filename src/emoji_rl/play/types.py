@@ -60,7 +60,8 @@ class StepResult:
 
 
 class Env(ABC):
-    """One episode of a turn-based game against a fixed environment."""
+    """One episode of a game being played (tinker's `Env`): it gives the first prompt and scores each
+    action against the game's fixed environment. A finished one is an `Episode`."""
 
     seat: Seat | None = None
     """The seat whose turn comes next, read before each turn: its observation (from `start` or the

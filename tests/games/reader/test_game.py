@@ -167,4 +167,5 @@ def test_a_partner_model_that_is_no_spec_or_no_model_is_one_line_naming_it(tmp_p
                 served_name="",
                 min_emoji=2,
                 max_emoji=8,
+                wait_s=1,
             )
