@@ -218,17 +218,19 @@ def server_problem(url: str, name: str, wait_s: float, auth: str | None = None) 
     """Why a stage told `url` would not reach a server serving `name` there (waiting up to `wait_s`
     for it to come up, as the stages wait), or None."""
     deadline = time.monotonic() + wait_s
+    headers = {"Authorization": f"Bearer {auth}"} if auth else {}
     while True:
+        # Both requests inside the wait: a node's ranks ask at once, and one was refused between its
+        # /health and its /v1/models (the stages' own clients retry as well).
         try:
             httpx.get(url.rstrip("/") + "/health", timeout=5)
+            models = httpx.get(url.rstrip("/") + "/v1/models", headers=headers, timeout=5).json()
             break
         except httpx.TransportError:
             if time.monotonic() > deadline:
                 up = ", ".join(f"{', '.join(s.names)} on port {port}" for port, s in sorted(SERVED.items()))
                 return f"{url} does not answer (servers up: {up or 'none'})"
             time.sleep(0.2)
-    headers = {"Authorization": f"Bearer {auth}"} if auth else {}
-    models = httpx.get(url.rstrip("/") + "/v1/models", headers=headers, timeout=5).json()
     served = [card["id"] for card in models.get("data", [])]
     return None if name in served else f"{url} serves {served}, not {name!r}"
 
