@@ -131,17 +131,22 @@ def test_the_partner_reads_its_answer_as_an_emoji_message_and_needs_the_grammar(
         PartnerConfig(partner="openai", partner_adapter="runs/sft/adapter")
 
 
+def build_in_process(config: PartnerConfig):
+    """The partner `config` builds in this process on the CPU (no server: url and served name empty)."""
+    return config.build_partner(
+        models.pick_runtime("cpu"),
+        model=models.SMOLLM2,
+        url="",
+        served_name="",
+        min_emoji=2,
+        max_emoji=8,
+        wait_s=1,
+    )
+
+
 def test_a_missing_adapter_is_named_before_the_sender_loads(tmp_path):
     with pytest.raises(UserError, match=r"adapter_config\.json"):
-        PartnerConfig(partner_adapter=str(tmp_path)).build_partner(
-            models.pick_runtime("cpu"),
-            model=models.SMOLLM2,
-            url="",
-            served_name="",
-            min_emoji=2,
-            max_emoji=8,
-            wait_s=1,
-        )
+        build_in_process(PartnerConfig(partner_adapter=str(tmp_path)))
 
 
 def test_a_partner_model_that_is_no_spec_or_no_model_is_one_line_naming_it(tmp_path):
@@ -160,12 +165,4 @@ def test_a_partner_model_that_is_no_spec_or_no_model_is_one_line_naming_it(tmp_p
         with pytest.raises(
             UserError, match=rf"^partner_model: model {spec}: transformers cannot load it: {reason}"
         ):
-            PartnerConfig(partner_model=str(spec)).build_partner(
-                models.pick_runtime("cpu"),
-                model=models.SMOLLM2,
-                url="",
-                served_name="",
-                min_emoji=2,
-                max_emoji=8,
-                wait_s=1,
-            )
+            build_in_process(PartnerConfig(partner_model=str(spec)))
