@@ -7,7 +7,7 @@ from __future__ import annotations
 import asyncio
 
 import pytest
-from tests.game.test_seats import READER, SENDER
+from tests.play.test_seats import READER, SENDER
 
 from emoji_rl.decode.sampler import Sample
 from emoji_rl.io.jsonl import AppendLog, read_jsonl

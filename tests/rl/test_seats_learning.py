@@ -1,7 +1,7 @@
 """Two seats checked by learning (docs/DESIGN.md §14): one LoRA adapter plays a sender seat under the
 emoji grammar and a reader seat in free text, each with a verifiable reward of its own, trained
 together in one update a step by the GRPO loop itself; both rewards rise, measured on fresh episodes
-before and after. The rewards are verifiable so that five steps show it; the both_seats game's own
+before and after. The rewards are verifiable so that two steps show it; the both_seats game's own
 judge and similarity are what tests/games/both_seats checks."""
 
 import asyncio
@@ -55,7 +55,7 @@ class SendAndAnswer(Env):
         return StepResult(True, self.share, seat_rewards=rewards, metrics={"share": self.share, "no": no})
 
 
-def _means(tokenizer, sampler, n=24, seed=123):
+def _means(tokenizer, sampler, n=12, seed=123):
     torch.manual_seed(seed)
     episodes = asyncio.run(play([SendAndAnswer(tokenizer) for _ in range(n)], sampler))
     return tuple(sum(e.rewards[seat] for e in episodes) / n for seat in ("sender", "reader"))
@@ -72,7 +72,7 @@ def test_both_seats_rewards_rise_in_one_adapter(tmp_path):
         beta=0.0,
         lora_r=8,
         lora_alpha=16,
-        max_steps=5,
+        max_steps=2,
         save_steps=100,
         per_device_train_batch_size=16,
         seed=0,
@@ -89,5 +89,5 @@ def test_both_seats_rewards_rise_in_one_adapter(tmp_path):
     print(f"sender's share of {FAVORITE}, reader's 'no': before {before}, after {after}")
     assert after[0] > before[0] + 0.1 and after[1] > before[1] + 0.15
     metrics = read_metrics(cfg.output_dir)
-    assert [m["step"] for m in metrics] == list(range(1, 6))
+    assert [m["step"] for m in metrics] == [1, 2]
     assert {"reward/sender/mean", "reward/reader/mean", "group/sender/kept", "game/no"} <= set(metrics[0])
