@@ -162,3 +162,17 @@ def test_the_records_carry_the_teachers_emoji_read_before_any_model(tmp_path):
     split.write_text('{"target": "pizza"}\n')
     with pytest.raises(UserError, match=f"teacher_data={split}: .*sft_train.jsonl:1"):
         Config(teacher_data=str(split)).read_records(str(records), stage)
+
+
+def test_the_teacher_mode_refuses_held_out_records_the_teacher_has_no_emoji_for():
+    """Their reader would read the system's own emoji, counted in the teacher's row."""
+    from types import SimpleNamespace
+
+    from emoji_rl.errors import UserError
+    from emoji_rl.games.both_seats.evaluation import plan
+
+    cfg = SimpleNamespace(data="held_out.jsonl", teacher_data="sft_train.jsonl")
+    game = SimpleNamespace(games=lambda: {"pair": None, "teacher": None})
+    records = [{"target": "pizza", TEACHER: ["🍕", "🎬"]}, {"target": "rain"}]
+    with pytest.raises(UserError, match=r"mode teacher: 1 of the 2 held-out records in data=held_out\.jsonl"):
+        plan(cfg, game, records, tokenizer=None)

@@ -21,6 +21,8 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from emoji_rl.config import override
+from emoji_rl.errors import UserError
+from emoji_rl.games.both_seats.game import TEACHER
 from emoji_rl.io.jsonl import Record
 from emoji_rl.play.compare import LEVEL, Metric
 from emoji_rl.play.evaluation import EvalConfig, EvalOptions, EvalPlan, Evaluation, Report, game_record
@@ -57,6 +59,14 @@ def plan(
 ) -> EvalPlan:
     """`plain_plan`, its report with the drift and the settings the figures depend on."""
     assert EVALUATION.plan is plan
+    missing = sum(TEACHER not in r for r in records)
+    if "teacher" in game.games() and missing:
+        # Their reader would read the system's own emoji and count in the teacher's row.
+        raise UserError(
+            f"mode teacher: {missing} of the {len(records)} held-out records in data={cfg.data} have no "
+            f"teacher emoji in teacher_data={cfg.teacher_data}: give as teacher_data an SFT split that "
+            "holds every target of data (an SFT test split holds its own), or data whose targets it holds"
+        )
     plain = EVALUATION.plain_plan(cfg, game, records)
     header = {
         **plain.report.header,
