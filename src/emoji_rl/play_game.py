@@ -21,12 +21,12 @@ from emoji_rl.decode.generate import Decoding
 from emoji_rl.decode.sampler import HFSampler, Sample
 from emoji_rl.emoji.alphabet import MAX_EMOJI, MIN_EMOJI, parse_message
 from emoji_rl.games.retrieval.game import RetrievalBuilder, RetrievalConfig, RetrievalRules
-from emoji_rl.games.retrieval.judge import Judge
-from emoji_rl.games.retrieval.judge_config import JudgeConfig
 from emoji_rl.io.jsonl import read_jsonl
 from emoji_rl.lm import models
 from emoji_rl.lm.template import stop_token_id
 from emoji_rl.play.guessing import Guess, JudgeInput, clean_guess, render_turn
+from emoji_rl.play.judge import Judge
+from emoji_rl.play.judge_config import JudgeConfig
 from emoji_rl.play.loop import play
 from emoji_rl.play.similarity import load_similarity
 

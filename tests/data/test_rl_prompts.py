@@ -7,8 +7,8 @@ from emoji_rl.data.prompts import Prompt
 from emoji_rl.data.rl_prompts import Config, RoundTrip, candidates, round_trips, write_outputs
 from emoji_rl.decode.generate import Reply
 from emoji_rl.errors import UserError
-from emoji_rl.games.retrieval.judge import LexiconJudge
 from emoji_rl.io.jsonl import read_jsonl
+from emoji_rl.play.judge import LexiconJudge
 from emoji_rl.play.similarity import Similarity
 
 

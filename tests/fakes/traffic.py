@@ -21,10 +21,10 @@ from tests.fakes.vllm_server import FakeVLLMServer, Payload
 from emoji_rl.decode.generate import Decoding
 from emoji_rl.decode.vllm import VLLMSampler
 from emoji_rl.emoji.sender_prompts import sender_messages
-from emoji_rl.games.retrieval.judge import OpenAIJudge
 from emoji_rl.io.endpoint import Endpoint
 from emoji_rl.lm.template import chat_ids, stop_token_id
 from emoji_rl.play.guessing import JudgeInput
+from emoji_rl.play.judge import OpenAIJudge
 from emoji_rl.rl.rollout.vllm import AdapterSync
 
 

@@ -10,11 +10,12 @@ class ScriptedSampler:
 
     def __init__(self, tokenizer, script, end_turn=True):
         self.tokenizer, self.script, self.end_turn = tokenizer, script, end_turn
-        self.prompts, self.previous, self.samples = [], [], []
+        self.prompts, self.previous, self.samples, self.constraints = [], [], [], []
 
-    async def sample(self, prompts, previous=None):
+    async def sample(self, prompts, previous=None, *, constraint=None):
         self.prompts.append(list(prompts))
         self.previous.append(list(previous))
+        self.constraints.append(constraint)
         text = self.script[len(self.prompts) - 1]
         ids = tuple(self.tokenizer(text, add_special_tokens=False)["input_ids"])
         if self.end_turn:

@@ -9,7 +9,7 @@ import pytest
 import torch
 from peft import LoraConfig, get_peft_model
 from tests.floats import F64, float64, fp32_inside
-from tests.tiny import tiny_qwen3_5
+from tests.tiny import tiny_llama, tiny_qwen3_5
 
 from emoji_rl.decode.shared_prefix import kept_logits
 from emoji_rl.emoji.alphabet import ALPHABET
@@ -111,6 +111,55 @@ def test_logprobs_over_the_support_are_the_full_vocabularys(
     assert len(our_grads) == len(full_grads) > 0
     for ours_grad, full_grad in zip(our_grads, full_grads, strict=True):
         torch.testing.assert_close(ours_grad, full_grad, **F64)
+
+
+@pytest.mark.float_paths
+def test_rows_under_the_grammar_and_of_free_text_in_one_batch_score_as_apart(smollm2_tokenizer) -> None:
+    """A game's two seats train together (docs/DESIGN.md §14): rows sampled under the grammar and rows
+    of free text in one batch, one forward pass, each row's log-probs and the LoRA gradients what a
+    batch of its kind alone gives (the grammar's support for one, the tokenizer's ids for the other)."""
+    tokenizer = smollm2_tokenizer
+    model = float64(tiny_llama(vocab_size=len(tokenizer), eos_token_id=tokenizer.eos_token_id))
+    constraint = compile_emoji_grammar(tokenizer, vocab_size=len(tokenizer))
+    emoji = two_turn_episodes(tokenizer, 2)
+    stop = template.stop_token_id(tokenizer)
+    done = StepResult(done=True, reward=0.0)
+    prompt = tuple(tokenizer.encode("What was the message?"))
+    text = [(*tokenizer.encode(guess), stop) for guess in ("Pizza tonight", "We watch a film at home")]
+    free = [Episode((Turn(prompt, ids, (0.0,) * len(ids), done),)) for ids in text]
+    pad, width = tokenizer.pad_token_id, len(tokenizer)
+    kinds = [True, False, True, False]
+    mixed = collate([emoji[0], free[0], emoji[1], free[1]], torch.zeros(4), pad, constraint, 0, width, kinds)
+    assert mixed.constrained_D.tolist() == kinds and mixed.allowed_N_S[1].shape[0] == 0
+    alone = (
+        collate(emoji, torch.zeros(2), pad, constraint, 0, width),
+        collate(free, torch.zeros(2), pad, None, 0, width),
+    )
+    policy = lora(model, ["q_proj", "v_proj"])
+
+    def rows(batch, picked):
+        logp = token_logprobs(policy, batch, TEMPERATURE)
+        return [logp[d][batch.mask_D_T[d]] for d in picked]
+
+    def together() -> torch.Tensor:
+        return torch.cat(rows(mixed, [0, 2]) + rows(mixed, [1, 3]))
+
+    def apart() -> torch.Tensor:
+        return torch.cat(rows(alone[0], [0, 1]) + rows(alone[1], [0, 1]))
+
+    ours, our_grads = logprobs_and_grads(together, policy)
+    theirs, their_grads = logprobs_and_grads(apart, policy)
+    assert ours.dtype == torch.float64 and len(ours) > 20
+    torch.testing.assert_close(ours, theirs, **F64)
+    for ours_grad, their_grad in zip(our_grads, their_grads, strict=True):
+        torch.testing.assert_close(ours_grad, their_grad, **F64)
+    # A micro-batch of one kind alone, cut from the mixed batch, scores its rows the same.
+    with torch.no_grad():
+        for cut, kind, d in ((mixed.rows(1, 2), alone[1], 0), (mixed.rows(2, 3), alone[0], 1)):
+            got = token_logprobs(policy, cut, TEMPERATURE)[0][cut.mask_D_T[0]]
+            torch.testing.assert_close(
+                got, token_logprobs(policy, kind, TEMPERATURE)[d][kind.mask_D_T[d]], **F64
+            )
 
 
 def test_collate_keeps_masks_over_the_support_only(smollm2_tokenizer) -> None:

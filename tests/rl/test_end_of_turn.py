@@ -15,8 +15,8 @@ import torch
 from emoji_rl.decode.sampler import Sample
 from emoji_rl.emoji.constraint import compile_emoji_grammar, replay_masks
 from emoji_rl.games.retrieval.game import RetrievalBuilder, RetrievalRules
-from emoji_rl.games.retrieval.judge import LexiconJudge
 from emoji_rl.lm import models, template
+from emoji_rl.play.judge import LexiconJudge
 from emoji_rl.play.loop import play
 from emoji_rl.rl.batch import collate, support_columns
 

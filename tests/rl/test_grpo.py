@@ -65,6 +65,57 @@ def test_step_advantages_hand_worked():
     assert grpo.step_advantages([], "group") == []
 
 
+def close(got, want) -> None:
+    torch.testing.assert_close(
+        torch.tensor(got, dtype=torch.float64), torch.tensor(want, dtype=torch.float64)
+    )
+
+
+def test_each_seats_advantages_are_its_own_hand_worked():
+    # Two prompts, each seen by a sender (rewards near 0.2) and a reader (rewards near 4): four groups.
+    # sender: (0.1, 0.3) mean 0.2 -> -0.1 +0.1, (0.2, 0.2) flat; reader: (3, 5) mean 4 -> -1 +1, (4, 6)
+    # mean 5 -> -1 +1. Under `batch` each seat's std is its own kept groups': sender sample std of
+    # 0.1 0.3 = sqrt(0.02), reader's of 3 5 4 6 = sqrt(5/3); one std over all eight would be the
+    # reader's nearly alone and leave the sender's advantages at about 0.07.
+    rewards = [(0.1, 0.3), (3.0, 5.0), (0.2, 0.2), (4.0, 6.0)]
+    seats = ["sender", "reader", "sender", "reader"]
+    none = grpo.seat_advantages(rewards, seats, "none")
+    close(none, [(-0.1, 0.1), (-1.0, 1.0), (0.0, 0.0), (-1.0, 1.0)])
+    batch = grpo.seat_advantages(rewards, seats, "batch")
+    s_sender, s_reader = math.sqrt(0.02), math.sqrt(5 / 3)
+    assert batch[0] == pytest.approx((-0.1 / s_sender, 0.1 / s_sender), rel=1e-5)
+    assert batch[2] == (0.0, 0.0)
+    assert batch[1] == pytest.approx((-1 / s_reader, 1 / s_reader), rel=1e-5)
+    assert batch[3] == pytest.approx((-1 / s_reader, 1 / s_reader), rel=1e-5)
+    # One seat: GRPO's step advantages themselves.
+    one = [(0.0, 1.0, 2.0), (0.5, 0.5, 0.5), (2.0, 2.0, 5.0)]
+    for mode in ("none", "group", "batch"):
+        assert grpo.seat_advantages(one, ["policy"] * 3, mode) == grpo.step_advantages(one, mode)
+
+
+def test_a_moving_baseline_per_seat_hand_worked():
+    # Step 1: no baseline yet, each seat is measured against its step's mean (sender 0.2, reader 4.0),
+    # which starts its average. Step 2, decay 0.9: measured against 0.2 and 4.0, then moved by the
+    # step's means 0.5 and 3.0: 0.9*0.2 + 0.1*0.5 = 0.23, 0.9*4 + 0.1*3 = 3.9.
+    used, after = grpo.ema_baselines({}, {"sender": 0.2, "reader": 4.0}, 0.9)
+    assert used == after == pytest.approx({"sender": 0.2, "reader": 4.0})
+    used, after = grpo.ema_baselines(after, {"sender": 0.5, "reader": 3.0}, 0.9)
+    assert used == pytest.approx({"sender": 0.2, "reader": 4.0})
+    assert after == pytest.approx({"sender": 0.23, "reader": 3.9})
+    # A seat that did not play this step keeps its average.
+    assert grpo.ema_baselines({"sender": 0.2, "reader": 4.0}, {"sender": 0.5}, 0.9)[1] == pytest.approx(
+        {"sender": 0.23, "reader": 4.0}
+    )
+    rewards = [(0.5, 0.5), (2.0, 4.0)]  # a flat sender group still carries signal: 0.3 above average
+    seats = ["sender", "reader"]
+    close(grpo.ema_advantages(rewards, seats, used, "none"), [(0.3, 0.3), (-2.0, 0.0)])
+    # batch: each seat's step std (the reader's sqrt(2)); the sender's step is flat, std 0: unscaled.
+    batch = grpo.ema_advantages(rewards, seats, used, "batch", eps=0.0)
+    close(batch, [(0.3, 0.3), (-2.0 / math.sqrt(2), 0.0)])
+    with pytest.raises(ValueError, match="batch or none"):
+        grpo.ema_advantages(rewards, seats, used, "group")
+
+
 def test_group_of_one_is_rejected():
     with pytest.raises(ValueError, match="group >= 2"):
         grpo.group_advantages(torch.tensor([[1.0], [2.0]]))

@@ -13,7 +13,7 @@ from emoji_rl.decode.sampler import Sample
 from emoji_rl.io.jsonl import AppendLog
 from emoji_rl.play.types import Env, GameSetup, StepResult
 from emoji_rl.rl.checkpoint import TrainState
-from emoji_rl.rl.rollout.collect import PromptStream, collect
+from emoji_rl.rl.rollout.collect import Baselines, PromptStream, collect
 from emoji_rl.rl.rollout.metrics import log_rollouts, rollout_metrics
 
 
@@ -51,7 +51,7 @@ def test_each_rollout_record_names_its_target_and_debug_rollout_prints_it(tmp_pa
     records = [{"id": "p0", "target": "let's get pizza tonight"}, {"id": "p1", "answer": "crane"}]
     stream = PromptStream(records, seed=0, state=TrainState(), gather_counts=lambda n: [n])
     sampler = ListSampler([0, 1, 0, 1])
-    rollouts = run_collect(stream, sampler, batch_size=2, group_size=2, scale_rewards="group")
+    rollouts = run_collect(stream, sampler, batch_size=2, group_size=2, baselines=Baselines("group"))
     assert {g.prompt_id: g.target for g in rollouts.played} == {
         "p0": "let's get pizza tonight",
         "p1": "crane",
@@ -86,8 +86,8 @@ def test_step_metrics_count_the_emoji_sent():
     records = [{"id": "p0", "target": "let's get pizza tonight"}]
     stream = PromptStream(records, seed=0, state=TrainState(), gather_counts=lambda n: [n])
     sampler = ListSampler([0, 1, 0])  # rewards 0, 1, 0
-    rollouts = run_collect(stream, sampler, batch_size=1, group_size=3, scale_rewards="group")
-    metrics = rollout_metrics(rollouts.played, len(rollouts.kept))
+    rollouts = run_collect(stream, sampler, batch_size=1, group_size=3, baselines=Baselines("group"))
+    metrics = rollout_metrics(rollouts.played, rollouts.kept)
     # three messages of 🍕 🌙: 2 distinct emoji, used equally (1 bit), 2 a message
     assert (metrics["emoji/distinct"], metrics["emoji/entropy_bits"], metrics["emoji/per_message"]) == (
         2,
@@ -101,8 +101,8 @@ def test_step_metrics_average_each_groups_best_reward():
     records = [{"id": "p0", "target": "pizza"}, {"id": "p1", "target": "moon"}]
     stream = PromptStream(records, seed=0, state=TrainState(), gather_counts=lambda n: [n])
     sampler = ListSampler([0, 1, 0, 2, 3, 2])  # rewards: group 0, 1, 0 and group 2, 3, 2
-    rollouts = run_collect(stream, sampler, batch_size=2, group_size=3, scale_rewards="group")
-    metrics = rollout_metrics(rollouts.played, len(rollouts.kept))
+    rollouts = run_collect(stream, sampler, batch_size=2, group_size=3, baselines=Baselines("group"))
+    metrics = rollout_metrics(rollouts.played, rollouts.kept)
     # mean 8/6; the groups' best 1 and 3 average 2 (the best of all episodes would be 3)
     assert metrics["reward/mean"] == pytest.approx(8 / 6)
     assert metrics["reward/group_best"] == pytest.approx(2.0)

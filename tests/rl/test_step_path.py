@@ -142,7 +142,7 @@ def test_one_grpo_step_never_calls_up_a_layer(tmp_path, capsys):
     # The step ran whole: the sender sampled, the hf judge guessed, the update took its gradient.
     assert {
         "emoji_rl.decode.sampler.sample",
-        "emoji_rl.games.retrieval.judge.guess",
+        "emoji_rl.play.judge.guess",
         "emoji_rl.rl.update.update",
     } <= called
     _check(trace, "hf")
@@ -165,7 +165,7 @@ def test_steps_one_version_behind_the_server_never_call_up_a_layer_in_the_rollou
     # profiler; the loop's thread updated and published the next version.
     assert {
         ("rollouts-ahead", "emoji_rl.decode.vllm.sample"),
-        ("rollouts-ahead", "emoji_rl.games.retrieval.judge.guess"),
+        ("rollouts-ahead", "emoji_rl.play.judge.guess"),
         ("MainThread", "emoji_rl.rl.update.update"),
         ("MainThread", "emoji_rl.rl.rollout.vllm.publish"),
     } <= trace.called

@@ -6,7 +6,7 @@ import pytest
 
 from emoji_rl import cli
 from emoji_rl.errors import UserError
-from emoji_rl.games.retrieval.judge import LexiconJudge
+from emoji_rl.play.judge import LexiconJudge
 from emoji_rl.sft.data import ChatRecord
 from emoji_rl.sft.evaluate import Config, base_model_of, judge_similarity, targets_of
 

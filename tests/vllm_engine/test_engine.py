@@ -19,10 +19,10 @@ from emoji_rl.decode.vllm import VLLMSampler
 from emoji_rl.emoji.constraint import compile_emoji_grammar, replay_masks, safe_max_new_tokens
 from emoji_rl.emoji.sender_prompts import sender_messages
 from emoji_rl.errors import UserError
-from emoji_rl.games.retrieval.judge import HFJudge, OpenAIJudge
 from emoji_rl.io.endpoint import Endpoint
 from emoji_rl.lm import template
 from emoji_rl.play.guessing import JudgeInput
+from emoji_rl.play.judge import HFJudge, OpenAIJudge
 from emoji_rl.rl import grpo
 from emoji_rl.rl.rollout.vllm import AdapterSync
 

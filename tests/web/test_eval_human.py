@@ -7,7 +7,7 @@ import json
 import pytest
 
 from emoji_rl.errors import UserError
-from emoji_rl.eval.human import ALL_PEOPLE, Config, main, pearson, rounds_by_mode
+from emoji_rl.eval.human import ALL_PEOPLE, Config, main, pearson, rounds_by_mode, sender_comparisons
 from emoji_rl.web.store import Store
 
 
@@ -27,6 +27,38 @@ def test_rounds_by_mode_takes_first_and_last_turns():
     modes = rounds_by_mode(rows)
     assert sorted(r["similarity"] for r in modes["single"]) == [0.3, 0.5]
     assert sorted(r["similarity"] for r in modes["multi"]) == [0.5, 0.9]
+
+
+def test_two_senders_are_compared_target_by_target():
+    """The sender trained in both seats beside the one trained alone (issue #61): only targets people
+    were shown both senders' emoji for count, each once, its rounds of a sender averaged."""
+
+    def answer(round_id, sender, target, similarity, turn=1):
+        return {
+            "round_id": round_id,
+            "sender": sender,
+            "target_id": target,
+            "turn": turn,
+            "similarity": similarity,
+        }
+
+    answers = [
+        answer("1", "both", "t1", 0.6),
+        answer("2", "both", "t1", 0.4),  # t1: both 0.5 on average
+        answer("3", "alone", "t1", 0.3),
+        answer("4", "both", "t2", 0.7),
+        answer("5", "alone", "t2", 0.6),
+        answer("6", "both", "t3", 0.9),  # t3: no round of `alone`, left out
+        answer("5", "alone", "t2", 0.8, turn=2),  # round 5's second turn: `multi` only
+    ]
+    [single, multi] = sender_comparisons(answers, ["both:alone"], 200, 0)
+    assert (single["mode"], single["targets"]) == ("single", 2)
+    assert single["mean"] == pytest.approx(((0.5 - 0.3) + (0.7 - 0.6)) / 2)
+    assert single["low"] <= single["mean"] <= single["high"] and single["verdict"] == "above 0"
+    assert multi["mean"] == pytest.approx(((0.5 - 0.3) + (0.7 - 0.8)) / 2)
+    assert sender_comparisons(answers, ["both:nobody"], 200, 0)[0]["targets"] == 0
+    with pytest.raises(ValueError, match="A:B"):
+        Config(compare=["both"])
 
 
 def play_send(client, player: str) -> None:

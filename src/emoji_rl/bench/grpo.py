@@ -33,7 +33,7 @@ from emoji_rl.rl import grpo
 from emoji_rl.rl.batch import collate
 from emoji_rl.rl.checkpoint import TrainState
 from emoji_rl.rl.policy import build_policy
-from emoji_rl.rl.rollout.collect import PromptStream, collect
+from emoji_rl.rl.rollout.collect import Baselines, PromptStream, collect
 from emoji_rl.rl.train_config import grpo_config
 from emoji_rl.rl.update import update
 
@@ -89,7 +89,7 @@ def bench_rollout_throughput(
     instead of reading the episode again: 4.19-4.62x in four runs on a quiet machine, once both
     paths are warmed up."""
     from emoji_rl.games.retrieval.game import RetrievalBuilder, RetrievalRules
-    from emoji_rl.games.retrieval.judge import LexiconJudge
+    from emoji_rl.play.judge import LexiconJudge
     from emoji_rl.play.similarity import load_similarity
 
     tokenizer = models.load_tokenizer(models.SMOLLM2)
@@ -114,7 +114,7 @@ def bench_rollout_throughput(
                 batched,
                 prompts,
                 group_size,
-                "group",
+                Baselines("group"),
             )
         )
         return rollouts.seconds, sum(len(e.turns) for g in rollouts.played for e in g.episodes)

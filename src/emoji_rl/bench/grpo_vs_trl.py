@@ -35,7 +35,7 @@ from emoji_rl.lm import models, template
 from emoji_rl.play.types import Env, GameSetup, StepResult
 from emoji_rl.rl.batch import collate_groups
 from emoji_rl.rl.checkpoint import TrainState
-from emoji_rl.rl.rollout.collect import PromptStream, collect
+from emoji_rl.rl.rollout.collect import Baselines, PromptStream, collect
 from emoji_rl.rl.train_config import grpo_config
 from emoji_rl.rl.update import update
 
@@ -115,7 +115,7 @@ class _OurStep:
                 self.sampler,
                 self.cfg.batch_size,
                 self.cfg.group_size,
-                self.cfg.scale_rewards,
+                Baselines(self.cfg.scale_rewards),
             )
         )
         if rollouts.kept:

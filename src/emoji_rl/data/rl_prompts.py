@@ -36,15 +36,15 @@ from emoji_rl.data.prompts import Prompt, held_out, read_prompts
 from emoji_rl.decode.generate import SamplingConfig
 from emoji_rl.emoji.alphabet import SEPARATOR, parse_message
 from emoji_rl.errors import UserError
-from emoji_rl.games.retrieval.judge_config import JudgeConfig
 from emoji_rl.io.jsonl import Record, read_jsonl, write_json, write_jsonl
 from emoji_rl.lm import models
 from emoji_rl.play.guessing import JudgeInput
+from emoji_rl.play.judge_config import JudgeConfig
 from emoji_rl.play.similarity import SimilarityConfig
 
 if TYPE_CHECKING:
     from emoji_rl.decode.generate import Reply
-    from emoji_rl.games.retrieval.judge import Judge
+    from emoji_rl.play.judge import Judge
     from emoji_rl.play.similarity import Similarity
 
 log = logging.getLogger(__name__)

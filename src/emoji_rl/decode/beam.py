@@ -1,5 +1,5 @@
 """The sender's best emoji message rather than its likeliest next token: beam search under the emoji
-grammar, and classifier-free guidance, both at temperature 0 (a way to read the sender; training
+grammar, and classifier-free guidance, each at temperature 0 (a way to read the sender; training
 samples as before). docs/DESIGN.md §2 has what each measured.
 
 A byte-level vocabulary writes most emoji as three or more tokens: SmolLM2 spells 👉 as the bytes

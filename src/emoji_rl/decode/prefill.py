@@ -82,7 +82,7 @@ def plan_prefixes(prompts: Sequence[Sequence[int]], min_saving: float = MIN_SAVI
 
     Sorted, rows with a common prefix are neighbours, and a cluster shares the shortest common prefix
     between its neighbours. Splitting the sorted rows wherever neighbours share fewer than t tokens,
-    for every t that occurs, covers both a batch of G-row groups (large t) and a batch of chats that
+    for every t that occurs, covers a batch of G-row groups (large t) and a batch of chats that
     share only a system prompt (small t). A row keeps at least its last token out of the prefix:
     decoding must read one token to give the first logits.
     """

@@ -6,11 +6,11 @@ reads only what the game wrote since the last one."""
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any, Protocol
 
 from emoji_rl.decode.beam import beam_search
-from emoji_rl.decode.generate import Decoding, generate_from_ids
+from emoji_rl.decode.generate import Constraint, Decoding, generate_from_ids
 
 if TYPE_CHECKING:
     from transformers import PreTrainedModel, PreTrainedTokenizerBase
@@ -33,10 +33,16 @@ class Sample:
 
 class Sampler(Protocol):
     async def sample(
-        self, prompts: Sequence[tuple[int, ...]], previous: Sequence[Sample | None] | None = None
+        self,
+        prompts: Sequence[tuple[int, ...]],
+        previous: Sequence[Sample | None] | None = None,
+        *,
+        constraint: Constraint | None = None,
     ) -> list[Sample]:
         """One sample per prompt (a whole episode so far, as token ids), in order. `previous` is, per
-        prompt, the episode's sample of the turn before (None on its first turn)."""
+        prompt, the episode's sample of the turn before (None on its first turn). `constraint`: how
+        these prompts' turns are sampled (a seat's, when a game seats the policy in several chats);
+        None: as the sampler is set."""
         ...
 
 
@@ -57,16 +63,21 @@ class HFSampler:
         self.unconditional = unconditional
 
     async def sample(
-        self, prompts: Sequence[tuple[int, ...]], previous: Sequence[Sample | None] | None = None
+        self,
+        prompts: Sequence[tuple[int, ...]],
+        previous: Sequence[Sample | None] | None = None,
+        *,
+        constraint: Constraint | None = None,
     ) -> list[Sample]:
-        if self.decoding.searches:  # no cache goes on to the next turn: it reads its prompt again
-            replies = beam_search(self.model, self.tokenizer, prompts, self.decoding, self.unconditional)
+        decoding = self.decoding if constraint is None else replace(self.decoding, constraint=constraint)
+        if decoding.searches:  # no cache goes on to the next turn: it reads its prompt again
+            replies = beam_search(self.model, self.tokenizer, prompts, decoding, self.unconditional)
             return [Sample(r.token_ids, r.logprobs, r.cache) for r in replies]
         replies = generate_from_ids(
             self.model,
             self.tokenizer,
             prompts,
-            self.decoding,
+            decoding,
             caches=[p.resume if p is not None else None for p in previous] if previous is not None else None,
             keep_caches=True,
         )

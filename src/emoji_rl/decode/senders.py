@@ -74,6 +74,12 @@ def eval_systems(specs: Sequence[str]) -> dict[str, System]:
 def teacher_answers(path: str, targets: Sequence[str]) -> list[str | None]:
     """Per target, the teacher's answer from SFT split records (`target`, and `messages` whose last
     assistant turn holds the emoji), or None where the file has no record of that target."""
+    answers = teacher_answer_map(path)
+    return [answers.get(t) for t in targets]
+
+
+def teacher_answer_map(path: str) -> dict[str, str]:
+    """Every target's teacher answer in an SFT split (`teacher_answers`), by target."""
     answers: dict[str, str] = {}
     for number, record in enumerate(read_jsonl(path, hint="the teacher's SFT split (`emoji-rl teacher`)"), 1):
         said = [m.get("content") for m in record.get("messages") or [] if m.get("role") == "assistant"]
@@ -82,7 +88,7 @@ def teacher_answers(path: str, targets: Sequence[str]) -> list[str | None]:
                 path, number, "record needs a string `target` and an assistant turn in `messages`"
             )
         answers[record["target"]] = said[-1]
-    return [answers.get(t) for t in targets]
+    return answers
 
 
 class FixedSender:

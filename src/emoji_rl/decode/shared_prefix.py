@@ -106,6 +106,15 @@ def kept_logits(
     return logits if narrowed is not None else logits[:, vocabulary.to(logits.device)]
 
 
+def head_columns(head: torch.nn.Module, vocabulary: torch.Tensor) -> Callable[[torch.Tensor], torch.Tensor]:
+    """`head` (as `kept_hidden` returns it) onto `vocabulary`'s ids only: [N, H] -> [N, S], multiplying
+    by S rows of its weight where it is a plain linear head, else the whole head's columns picked."""
+    narrowed = _columns(vocabulary)(head)
+    if narrowed is not None:
+        return narrowed
+    return lambda hidden: head(hidden)[..., vocabulary.to(hidden.device)]
+
+
 def kept_hidden(
     model: PreTrainedModel,
     input_ids: torch.Tensor,

@@ -35,7 +35,7 @@ from typing import Any
 
 import httpx
 
-from emoji_rl.decode.generate import Decoding
+from emoji_rl.decode.generate import Constraint, Decoding
 from emoji_rl.decode.sampler import Sample
 from emoji_rl.emoji.constraint import vllm_structured_outputs
 from emoji_rl.errors import UserError
@@ -110,12 +110,10 @@ class VLLMSampler:
         self.seed = seed
         self.version: int | None = None
         self.max_concurrent_requests = max_concurrent_requests
-        grammar = decoding.constraint == "grammar"
-        self._structured_outputs = (
-            vllm_structured_outputs(decoding.min_emoji, decoding.max_emoji) if grammar else None
-        )
+        self.constraint = decoding.constraint
+        self._structured_outputs = vllm_structured_outputs(decoding.min_emoji, decoding.max_emoji)
         # `padding`: the ids the model's logits have past its tokenizer's (`template.padding_ids`).
-        self._logit_bias = None if grammar or not padding else {str(i): PADDING_BIAS for i in padding}
+        self._logit_bias = {str(i): PADDING_BIAS for i in padding} if padding else None
         self._calls = 0  # sample() calls so far: the `call` of the next one's request seeds
 
     def at(self, version: int, model: str, seed: int) -> VLLMSampler:
@@ -126,8 +124,11 @@ class VLLMSampler:
         bound.model, bound.version, bound.seed, bound._calls = model, version, seed, 0
         return bound
 
-    def request_body(self, prompt: Sequence[int], seed: int) -> dict[str, object]:
-        """The `/v1/completions` body for one token-id prompt, sampled with `seed`."""
+    def request_body(
+        self, prompt: Sequence[int], seed: int, constraint: Constraint | None = None
+    ) -> dict[str, object]:
+        """The `/v1/completions` body for one token-id prompt, sampled with `seed` under `constraint`
+        (None: the sampler's)."""
         body: dict[str, object] = {
             "model": self.model,
             "prompt": list(prompt),
@@ -144,9 +145,12 @@ class VLLMSampler:
             "stop_token_ids": [self.stop_token_id],
             "seed": seed,
         }
-        if self._structured_outputs is not None:
+        constraint = constraint or self.constraint
+        if constraint == "static":
+            raise UserError("the vLLM sampler samples under the emoji grammar or none, not the static mask")
+        if constraint == "grammar":
             body["structured_outputs"] = self._structured_outputs
-        if self._logit_bias is not None:
+        elif self._logit_bias is not None:
             body["logit_bias"] = self._logit_bias
         return body
 
@@ -155,11 +159,15 @@ class VLLMSampler:
         return httpx.AsyncClient(timeout=self.endpoint.timeout_s, limits=limits)
 
     async def sample(
-        self, prompts: Sequence[tuple[int, ...]], previous: Sequence[Sample | None] | None = None
+        self,
+        prompts: Sequence[tuple[int, ...]],
+        previous: Sequence[Sample | None] | None = None,
+        *,
+        constraint: Constraint | None = None,
     ) -> list[Sample]:
         """One request per prompt, all sent concurrently (at most `max_concurrent_requests` open),
-        prompt i of this call seeded with `request_seed(self.seed, call, i)`; answers in prompt order,
-        each stamped with `self.version`.
+        prompt i of this call seeded with `request_seed(self.seed, call, i)`, under `constraint` (None:
+        the sampler's); answers in prompt order, each stamped with `self.version`.
 
         Every call counts, an empty one too (it sends nothing): the seeds of a call depend only on how
         many calls came before, never on what they held. The count is taken before the first await, so
@@ -172,20 +180,22 @@ class VLLMSampler:
             return list(
                 await asyncio.gather(
                     *(
-                        self._sample_one(client, gate, prompt, request_seed(self.seed, call, i))
+                        self._sample_one(
+                            client,
+                            gate,
+                            self.request_body(prompt, request_seed(self.seed, call, i), constraint),
+                        )
                         for i, prompt in enumerate(prompts)
                     )
                 )
             )
 
     async def _sample_one(
-        self, client: httpx.AsyncClient, gate: asyncio.Semaphore, prompt: Sequence[int], seed: int
+        self, client: httpx.AsyncClient, gate: asyncio.Semaphore, body: dict[str, object]
     ) -> Sample:
         async with gate:
             try:
-                response = await request(
-                    client, self.endpoint, "POST", "/v1/completions", self.request_body(prompt, seed)
-                )
+                response = await request(client, self.endpoint, "POST", "/v1/completions", body)
             except ServerError as err:
                 hint = self._hint(err)
                 if hint is None:

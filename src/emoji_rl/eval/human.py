@@ -7,12 +7,19 @@ beside them, the model judge's similarity on the same emoji and the agreement be
 (Pearson r over rounds): how far the judge-based figures of `eval-retrieval` stand for people.
 `single` is every round's first turn, `multi` its last answered turn, as in `eval-retrieval`'s table.
 
+`--compare A:B` sets two senders side by side (the sender trained in both seats against the one
+trained alone: issue #61): per mode, over the targets people were shown both senders' emoji for, the
+mean of each target's similarity under A less under B, with a paired bootstrap interval over those
+targets (blind and balanced assignment gives each sender each target in turn, so the pairs fill in
+as people play).
+
 Send mode swaps the roles: people write the emoji and the model judge guesses. Its table is the
 leaderboard's: the judge's similarity on first turns, each person's and all people's beside each
 model sender's (on the rounds people answered in guess mode), with the same intervals.
 Writes both tables, `human.json`, `human.png` and `human_send.png` to `output_dir`.
 
     emoji-rl eval-human --db runs/play-web/answers.db
+    emoji-rl eval-human --db runs/play-web/answers.db --compare both:alone
 """
 
 from __future__ import annotations
@@ -26,7 +33,7 @@ import numpy as np
 from emoji_rl.errors import UserError
 from emoji_rl.io.jsonl import Record, write_json
 from emoji_rl.io.report import bar_figure, format_table
-from emoji_rl.play.intervals import bootstrap_mean
+from emoji_rl.play.intervals import bootstrap_mean, paired_bootstrap, verdict
 from emoji_rl.web.store import Store, judge_scores_by_sender
 
 THRESHOLDS = (0.5, 0.7)
@@ -44,10 +51,21 @@ class Config:
     output_dir: str = field(default="reports/human", metadata={"help": "where the JSON and PNG go"})
     resamples: int = field(default=2000, metadata={"help": "bootstrap resamples per interval"})
     seed: int = field(default=0, metadata={"help": "seed of the bootstrap"})
+    compare: list[str] = field(
+        default_factory=list,
+        metadata={
+            "help": "sender pairs A:B (play-web's system names): people's similarity under A less under B, "
+            "paired by target, with its interval; none: no comparison"
+        },
+    )
 
     def __post_init__(self) -> None:
         if self.resamples < 100:
             raise ValueError(f"resamples={self.resamples}: use at least 100 for a 95% interval")
+        for pair in self.compare:
+            a, sep, b = pair.partition(":")
+            if not (sep and a and b and a != b):
+                raise ValueError(f"compare {pair!r}: write two different senders as A:B (e.g. both:alone)")
 
 
 def pearson(xs: Sequence[float], ys: Sequence[float]) -> float | None:
@@ -119,6 +137,29 @@ def guess_rows(answers: Sequence[Record], resamples: int, seed: int) -> list[Rec
     return rows
 
 
+def sender_comparisons(
+    answers: Sequence[Record], pairs: Sequence[str], resamples: int, seed: int
+) -> list[Record]:
+    """Per pair A:B and mode, people's similarity under A less under B, paired by target: each target
+    both senders were played on counts once, its rounds of each sender averaged."""
+    comparisons = []
+    for mode, rounds in rounds_by_mode(answers).items():
+        by_target: dict[tuple[str, str], list[float]] = {}
+        for r in rounds:
+            by_target.setdefault((r["sender"], r["target_id"]), []).append(r["similarity"])
+        for pair in pairs:
+            a, _, b = pair.partition(":")
+            targets = sorted({t for s, t in by_target if s == a} & {t for s, t in by_target if s == b})
+            row: Record = {"a": a, "b": b, "mode": mode, "metric": "similarity", "targets": len(targets)}
+            if targets:
+                means = [[float(np.mean(by_target[sender, t])) for t in targets] for sender in (a, b)]
+                interval = paired_bootstrap(*means, resamples, seed, LEVEL)
+                row |= {"mean": interval.mean, "low": interval.low, "high": interval.high}
+                row["verdict"] = verdict(interval.low, interval.high)
+            comparisons.append(row)
+    return comparisons
+
+
 def main(cfg: Config) -> None:
     if not Path(cfg.db).is_file():
         raise UserError(f"db {cfg.db} does not exist: people play with `emoji-rl play-web` (make play-web)")
@@ -129,6 +170,7 @@ def main(cfg: Config) -> None:
     sent = [a for a in answers if a["mode"] == "send"]
     rows = guess_rows(guessed, cfg.resamples, cfg.seed)
     board = send_rows(answers, cfg.resamples, cfg.seed)
+    comparisons = sender_comparisons(guessed, cfg.compare, cfg.resamples, cfg.seed)
     everyone = [r for rows_ in rounds_by_mode(guessed).values() for r in rows_]
     overall_r = pearson([r["judge_similarity"] for r in everyone], [r["similarity"] for r in everyone])
     out = Path(cfg.output_dir)
@@ -140,6 +182,7 @@ def main(cfg: Config) -> None:
             "interval": f"{LEVEL:.0%} percentile bootstrap over rounds, {cfg.resamples} resamples",
             "agreement_r_all": overall_r,
             "rows": rows,
+            "comparisons": comparisons,
             "send_rows": board,
         },
     )
@@ -161,6 +204,9 @@ def main(cfg: Config) -> None:
             )
         )
         print(f"plot: {figure}")
+    if comparisons:
+        print("\npeople's similarity, A - B over the targets both were played on (paired by target):")
+        print(format_table(comparisons, ["a", "b", "mode", "targets", "mean", "low", "high", "verdict"]))
     if sent:
         figure = bar_figure(
             [r for r in board if r["kind"] != "person"],

@@ -24,10 +24,10 @@ from emoji_rl import config
 from emoji_rl.data.offline_teacher import OfflineTeacher
 from emoji_rl.emoji.alphabet import parse_message, random_answers
 from emoji_rl.errors import DataError, UserError
-from emoji_rl.games.retrieval.judge_config import JudgeConfig
 from emoji_rl.io.jsonl import read_jsonl, write_json
 from emoji_rl.lm import models
 from emoji_rl.play.guessing import NAMES_CAVEAT, UNKNOWN, Guess, JudgeInput
+from emoji_rl.play.judge_config import JudgeConfig
 from emoji_rl.play.similarity import SimilarityConfig
 
 log = logging.getLogger(__name__)

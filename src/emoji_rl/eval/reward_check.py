@@ -35,9 +35,9 @@ from emoji_rl.data.rl_prompts import round_trips
 from emoji_rl.decode.generate import SamplingConfig, generate_replies
 from emoji_rl.emoji.sender_prompts import sender_messages
 from emoji_rl.errors import UserError
-from emoji_rl.games.retrieval.judge_config import JudgeConfig
 from emoji_rl.io.jsonl import read_jsonl, write_json
 from emoji_rl.lm import models
+from emoji_rl.play.judge_config import JudgeConfig
 from emoji_rl.play.similarity import SimilarityConfig
 
 log = logging.getLogger(__name__)

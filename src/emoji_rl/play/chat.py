@@ -1,7 +1,8 @@
 """A game played in chat turns on token ids: the policy writes the assistant's turns, the game the
 user's. The episode stays one token sequence: the game's next message is appended as ids after the
 policy's sampled ones (`template.continuation_ids`), never re-tokenized, so what the trainer scores is
-what the sampler saw. The retrieval game, Wordle and the reader are chat games.
+what the sampler saw. The retrieval game, Wordle and the reader are chat games; a game that seats the
+policy twice holds a `Chat` per seat.
 """
 
 from __future__ import annotations
@@ -17,16 +18,17 @@ if TYPE_CHECKING:
 Message = dict[str, str]
 
 
-class ChatEnv(Env):
-    """The opening chat, the policy's turns read as text, and the game's replies as token ids. A
-    subclass decides what each turn means in `step`."""
+class Chat:
+    """One chat on token ids: its opening, the policy's turns read as text, and the next messages
+    as the ids that extend it. A game holds one (`ChatEnv`), or one per seat it gives the policy."""
 
     def __init__(self, tokenizer: PreTrainedTokenizerBase, opening: list[Message]) -> None:
         self.tokenizer = tokenizer
         self.history = list(opening)
         self._turn_ends = frozenset(end_of_turn_ids(tokenizer))
 
-    async def start(self) -> tuple[int, ...]:
+    def opening_ids(self) -> tuple[int, ...]:
+        """The chat so far with the generation prompt: a seat's first observation."""
         return tuple(chat_ids(self.tokenizer, self.history))
 
     def read(self, action_ids: tuple[int, ...]) -> tuple[str, bool]:
@@ -43,3 +45,11 @@ class ChatEnv(Env):
         observation = continuation_ids(self.tokenizer, self.history, message, action_ids)
         self.history = [*self.history, {"role": "assistant", "content": text}, message]
         return tuple(observation)
+
+
+class ChatEnv(Chat, Env):
+    """The opening chat, the policy's turns read as text, and the game's replies as token ids. A
+    subclass decides what each turn means in `step`."""
+
+    async def start(self) -> tuple[int, ...]:
+        return self.opening_ids()

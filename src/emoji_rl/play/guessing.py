@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Literal
 
 import emoji as emoji_pkg
@@ -62,6 +62,19 @@ NAMES_CAVEAT = (
 # CLDR names spell skin tones inside the name ("man medium skin tone beard"); a tone says nothing
 # about the message and its words would pull every people emoji toward "skin".
 _SKIN_TONE = re.compile(r"\s*\b(?:light|medium-light|medium|medium-dark|dark) skin tone\b")
+
+
+@dataclass
+class ReaderViewConfig:
+    """What a game shows the policy where it sits in the guessing chat (the reader), as a judge's view."""
+
+    reader_view: JudgeView = field(
+        default="gloss",
+        metadata={
+            "help": "what the reader is shown, as the judge's view: raw (the emoji alone) or gloss (each "
+            "emoji with its name; SmolLM2-135M needs it, issue 8)"
+        },
+    )
 
 
 @dataclass(frozen=True)

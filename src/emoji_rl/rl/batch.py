@@ -1,7 +1,9 @@
 """From played episodes to the tensors of one update, and log-probs under the emoji constraint.
 
 Every per-token tensor here is aligned with the *targets*: position t holds the token `ids[:, t+1]`,
-predicted by the logits at t. The loss mask is 1 where that token was sampled by the sender.
+predicted by the logits at t. The loss mask is 1 where that token was sampled by the policy. A row is
+one episode's turns in one seat (`EpisodeGroup.rows`); rows sampled under the grammar and rows of free
+text train together, in one batch and one update (docs/DESIGN.md §14).
 """
 
 from __future__ import annotations
@@ -13,9 +15,9 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from emoji_rl.decode.shared_prefix import kept_hidden, kept_logits
+from emoji_rl.decode.shared_prefix import head_columns, kept_hidden, kept_logits
 from emoji_rl.emoji.constraint import EmojiConstraint, support_masks
-from emoji_rl.play.types import Episode, EpisodeGroup
+from emoji_rl.play.types import Episode, EpisodeGroup, Seat
 from emoji_rl.rl import grpo
 
 if TYPE_CHECKING:
@@ -35,8 +37,8 @@ class Batch:
     """[D, T] the sampler's log-probs of the target tokens (0 off the mask)."""
     advantages_D: torch.Tensor
     allowed_N_S: list[torch.Tensor]
-    """Per row, [n_d, S] bool: what the grammar allowed before each of its sender tokens, in order,
-    over the ids of `support` (empty when unconstrained)."""
+    """Per row, [n_d, S] bool: what the grammar allowed before each of its policy tokens, in order,
+    over the ids of `support` (empty when unconstrained; [0, S] for a row of free text beside them)."""
     support: torch.Tensor | None = None
     """The S vocabulary ids the grammar can ever allow (`EmojiConstraint.support`); None: unconstrained."""
     lag_D_T: torch.Tensor | None = None
@@ -45,6 +47,9 @@ class Batch:
     tokens: int | None = None
     """The tokenizer's length: unconstrained, log-probs are over the ids below it, the LM head's
     padding rows masked as every sampler masks them (`template.padding_ids`); None: the whole head."""
+    constrained_D: torch.Tensor | None = None
+    """[D] bool: the row was sampled under the grammar, where rows of free text sit beside such rows
+    (the seats of one game); None: every row as `support` says."""
 
     def rows(self, start: int, stop: int) -> Batch:
         return Batch(
@@ -57,6 +62,7 @@ class Batch:
             self.support,
             None if self.lag_D_T is None else self.lag_D_T[start:stop],
             self.tokens,
+            None if self.constrained_D is None else self.constrained_D[start:stop],
         )
 
     def to(self, device: torch.device | str) -> Batch:
@@ -70,6 +76,7 @@ class Batch:
             self.support,
             None if self.lag_D_T is None else self.lag_D_T.to(device),
             self.tokens,
+            self.constrained_D,
         )
 
     @property
@@ -84,12 +91,16 @@ def collate(
     constraint: EmojiConstraint | None,
     step: int = 0,
     tokens: int | None = None,
+    constrained: Sequence[bool] | None = None,
 ) -> Batch:
-    """Stack episodes into padded tensors; replay the grammar over each sender turn (if constrained),
+    """Stack episodes into padded tensors; replay the grammar over each policy turn (if constrained),
     keeping its masks over the grammar's support only: at Qwen3.5's real shapes (a step of 128
     five-turn episodes, 24,739 sender tokens) full-width masks took 5.7 GiB of host memory
-    (`make bench-scale`). Each sender token's lag is `step` (the version of the weights it trains)
-    minus the version that sampled its turn."""
+    (`make bench-scale`). Each policy token's lag is `step` (the version of the weights it trains)
+    minus the version that sampled its turn. `constrained`: per row, whether it was sampled under
+    `constraint` (rows of free text beside it); None: every row is, if there is one."""
+    # Rows of the two kinds side by side; rows of one kind alone take that kind's own path.
+    mixed = constraint is not None and constrained is not None and any(constrained) and not all(constrained)
     sequences = [episode.token_ids() for episode in episodes]
     width = max(map(len, sequences))
     ids = torch.full((len(episodes), width), pad_id, dtype=torch.long)
@@ -114,10 +125,19 @@ def collate(
             ],
             dtype=torch.long,
         )
-        if constraint is not None:
+        if constraint is not None and (constrained is None or constrained[d]):
             allowed.append(torch.cat([support_masks(constraint, turn.action_ids) for turn in episode.turns]))
-    support = constraint.support if constraint is not None else None
-    return Batch(ids, attention, mask, sampler_logp, advantages_D.float(), allowed, support, lag, tokens)
+        elif constraint is not None:
+            allowed.append(torch.zeros((0, len(constraint.support)), dtype=torch.bool))
+    support = (
+        constraint.support if constraint is not None and (constrained is None or any(constrained)) else None
+    )
+    kinds = torch.tensor(list(constrained), dtype=torch.bool) if mixed else None
+    if support is None:
+        allowed = []
+    return Batch(
+        ids, attention, mask, sampler_logp, advantages_D.float(), allowed, support, lag, tokens, kinds
+    )
 
 
 def collate_groups(
@@ -126,16 +146,22 @@ def collate_groups(
     constraint: EmojiConstraint | None,
     step: int = 0,
     tokens: int | None = None,
+    seats: Sequence[Seat] = (),
 ) -> Batch:
-    """A step's groups as one batch, each episode with the advantage its group carries (`collect` set
-    them: `grpo.step_advantages`), trained at weights version `step`."""
+    """A step's groups as one batch, each row (an episode's turns in its group's seat) with the
+    advantage its group carries (`collect` set them: `grpo.seat_advantages`), trained at weights
+    version `step`; under `constraint` the rows of the `seats` that sample under the grammar (none
+    given: every row)."""
     missing = [g.prompt_id for g in groups if len(g.advantages) != len(g.episodes)]
     if missing:
         raise ValueError(
             f"groups {missing[:4]} carry no advantages: collect() sets them (grpo.step_advantages)"
         )
     advantages_D = torch.tensor([a for g in groups for a in g.advantages], dtype=torch.float)
-    return collate([e for g in groups for e in g.episodes], advantages_D, pad_id, constraint, step, tokens)
+    rows = [row for g in groups for row in g.rows()]
+    grammar = {seat.name for seat in seats if seat.constraint == "grammar"}
+    constrained = [g.seat in grammar for g in groups for _ in g.episodes] if seats else None
+    return collate(rows, advantages_D, pad_id, constraint, step, tokens, constrained)
 
 
 def token_logprobs(
@@ -157,11 +183,16 @@ def token_logprobs(
     # backward 6.6-6.9 s instead of 7.4-7.7 s on 2 cores.
     inputs = (batch.input_ids_D_T[:, :-1], batch.attention_D_T[:, :-1], batch.mask_D_T, share_prefix)
     targets_N = batch.input_ids_D_T[:, 1:][batch.mask_D_T]
-    if batch.support is None:
+    if batch.support is None or batch.constrained_D is not None:
+        # One forward pass to the hidden states; then each position's head: over the tokenizer's ids
+        # for free text, over the grammar's support for the rows sampled under it.
         hidden_N_H, head = kept_hidden(model, *inputs)
-        if batch.tokens is not None:  # the padding ids' columns dropped: log_softmax as if at -inf
-            head = functools.partial(_narrowed, head, batch.tokens)
-        logp_N = grpo.head_token_logprobs(hidden_N_H, head, targets_N.to(hidden_N_H.device), temperature)
+        targets_N = targets_N.to(hidden_N_H.device)
+        free_head = head if batch.tokens is None else functools.partial(_narrowed, head, batch.tokens)
+        if batch.constrained_D is None:
+            logp_N = grpo.head_token_logprobs(hidden_N_H, free_head, targets_N, temperature)
+        else:
+            logp_N = _mixed_logprobs(batch, hidden_N_H, head, free_head, targets_N, temperature)
     else:
         picked_N_S = kept_logits(model, *inputs, batch.support)
         columns_N = support_columns(batch.support.to(targets_N.device), targets_N)
@@ -172,6 +203,36 @@ def token_logprobs(
     out = torch.zeros(batch.mask_D_T.shape, dtype=logp_N.dtype, device=logp_N.device)
     out[batch.mask_D_T] = logp_N
     return out
+
+
+def _mixed_logprobs(
+    batch: Batch,
+    hidden_N_H: torch.Tensor,
+    head: torch.nn.Module,
+    free_head: Callable[[torch.Tensor], torch.Tensor],
+    targets_N: torch.Tensor,
+    temperature: float,
+) -> torch.Tensor:
+    """[N] log-probs at the kept positions of a batch with rows of each kind: a grammar row's
+    under its replayed masks over the support, a free row's over the tokenizer's ids (`token_logprobs`'
+    two paths, from one forward pass)."""
+    assert batch.support is not None and batch.constrained_D is not None
+    device = hidden_N_H.device
+    grammar_N = batch.constrained_D.to(device)[:, None].expand_as(batch.mask_D_T)[batch.mask_D_T.to(device)]
+    logp_N = torch.zeros(targets_N.shape, dtype=torch.float32, device=device)
+    if (~grammar_N).any():
+        free = grpo.head_token_logprobs(hidden_N_H[~grammar_N], free_head, targets_N[~grammar_N], temperature)
+        logp_N = logp_N.to(free.dtype).index_put((~grammar_N).nonzero(as_tuple=True), free)
+    if grammar_N.any():
+        support = batch.support.to(device)
+        picked_N_S = head_columns(head, support)(hidden_N_H[grammar_N])
+        columns_N = support_columns(support, targets_N[grammar_N])
+        allowed = torch.cat(batch.allowed_N_S).to(device).unsqueeze(0)
+        constrained = grpo.masked_token_logprobs(
+            picked_N_S.unsqueeze(0), allowed, columns_N.unsqueeze(0), temperature
+        ).squeeze(0)
+        logp_N = logp_N.to(constrained.dtype).index_put(grammar_N.nonzero(as_tuple=True), constrained)
+    return logp_N
 
 
 def _narrowed(

@@ -42,6 +42,9 @@ class TrainState:
     epoch: int = 0
     cursor: int = 0
     nan_streak: int = 0
+    baselines: dict[str, float] = field(default_factory=dict)
+    """Each seat's moving-average baseline (`baseline: ema`) after the step's rollouts; a checkpoint
+    written before there were any holds none and resumes with none (the next step's mean starts it)."""
 
 
 def checkpoint_dir(run_dir: Path) -> Path:

@@ -39,8 +39,9 @@ def target_line(record: dict) -> str:
 def format_episode(record: dict, with_target: bool = True) -> str:
     """One episode; `with_target`: its target on its own line (episodes sorted by reward, out of
     their groups, each need theirs)."""
+    seat = f" ({record['seat']})" if "seat" in record else ""  # one seat of a game of several
     lines = [
-        f"prompt {record['prompt_id']} rollout {record['rollout']}: "
+        f"prompt {record['prompt_id']} rollout {record['rollout']}{seat}: "
         f"reward {record['reward']:+.3f}  advantage {record['advantage']:+.3f}"
     ]
     if with_target:

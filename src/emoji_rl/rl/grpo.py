@@ -1,8 +1,10 @@
 """GRPO math as plain functions from tensors to tensors: no model, no I/O, no config.
 
 Shape suffixes (tinker's notation): `_P` prompts (groups), `_G` rollouts of one prompt, `_D` flattened
-rows (one episode each), `_T` token positions, `_V` vocabulary. `mask_D_T` is 1 on tokens the sender
-produced (the loss runs over these only) and 0 on prompts, observations and padding.
+rows (one episode's seat each), `_T` token positions, `_V` vocabulary. `mask_D_T` is 1 on tokens the
+policy produced (the loss runs over these only) and 0 on prompts, observations and padding. Where the
+policy plays several seats of a game, a group is one prompt's G episodes seen from one seat, and every
+baseline is that seat's alone (docs/DESIGN.md §14).
 """
 
 from __future__ import annotations
@@ -18,6 +20,9 @@ from emoji_rl.lm.models import at_least_fp32
 # is the original's loss (docs/SEED_RECIPE.md).
 ScaleRewards = Literal["group", "batch", "none"]
 LossType = Literal["dapo", "grpo", "dr_grpo", "sum"]
+# What a seat's reward is measured against: its group's mean (GRPO) or the seat's moving average over
+# the steps (SPIRAL's role-conditioned baseline).
+Baseline = Literal["group", "ema"]
 
 
 def group_advantages(
@@ -62,6 +67,59 @@ def step_advantages(
     if kept_P.any():
         advantages_P_G[kept_P] = group_advantages(rewards_P_G[kept_P], scale_rewards)
     return [tuple(row) for row in advantages_P_G.tolist()]
+
+
+def seat_advantages(
+    rewards: Sequence[Sequence[float]], seats: Sequence[str], scale_rewards: ScaleRewards
+) -> list[tuple[float, ...]]:
+    """`step_advantages` over each seat's groups apart (`seats[p]`: group p's seat): under `batch` the
+    std is the seat's own, so one seat's reward scale never scales the other's advantages. One seat:
+    `step_advantages` itself."""
+    advantages: list[tuple[float, ...]] = [()] * len(rewards)
+    for seat in dict.fromkeys(seats):
+        rows = [p for p, s in enumerate(seats) if s == seat]
+        for p, row in zip(rows, step_advantages([rewards[p] for p in rows], scale_rewards), strict=True):
+            advantages[p] = row
+    return advantages
+
+
+def ema_baselines(
+    baselines: dict[str, float], means: dict[str, float], decay: float
+) -> tuple[dict[str, float], dict[str, float]]:
+    """(the baseline each seat's rewards of this step are measured against, the baselines after it):
+    a seat's moving average b of its steps' mean rewards m, b <- decay * b + (1 - decay) * m, taken
+    after its step's advantages, so a reward never enters its own baseline. A seat with none yet is
+    measured against its step's mean, which then starts its average."""
+    used = {seat: baselines.get(seat, mean) for seat, mean in means.items()}
+    after = {**baselines, **{seat: decay * used[seat] + (1 - decay) * m for seat, m in means.items()}}
+    return used, after
+
+
+def ema_advantages(
+    rewards: Sequence[Sequence[float]],
+    seats: Sequence[str],
+    baselines: dict[str, float],
+    scale_rewards: ScaleRewards,
+    eps: float = 1e-6,
+) -> list[tuple[float, ...]]:
+    """Each reward minus its seat's baseline (`ema_baselines`), divided under `batch` by the std of
+    that seat's rewards in this step (n-1, as `group_advantages`; none where they are all equal, which
+    would blow the advantages up), under `none` by nothing. A group
+    whose rewards are all equal still carries signal: how far it stands from the seat's average. No
+    `group` scaling: the std of such a group is 0."""
+    if scale_rewards == "group":
+        raise ValueError("a moving baseline takes scale_rewards batch or none: a flat group's std is 0")
+    advantages: list[tuple[float, ...]] = [()] * len(rewards)
+    for seat in dict.fromkeys(seats):
+        rows = [p for p, s in enumerate(seats) if s == seat]
+        rewards_P_G = torch.tensor([rewards[p] for p in rows], dtype=torch.float)
+        centered_P_G = rewards_P_G - baselines[seat]
+        spread = rewards_P_G.std().item() if rewards_P_G.numel() > 1 else 0.0
+        if scale_rewards == "batch" and spread > 1e-8:  # a seat whose whole step was flat: unscaled
+            centered_P_G = centered_P_G / (spread + eps)
+        for p, row in zip(rows, centered_P_G.tolist(), strict=True):
+            advantages[p] = tuple(row)
+    return advantages
 
 
 def masked_token_logprobs(

@@ -1,14 +1,15 @@
 """Held-out evaluation inside GRPO (`eval_steps`, `eval_before_train`): the policy being trained plays
 its game greedily on held-out records, in process, every process its share, and the step's line of
 metrics.jsonl gets the mean over the records of the game's own final metrics as `eval/...`
-(`eval/reward/mean`, `eval/turns`, each key the game's last turn reports) and of what its eval stage
-compares beyond them (`GameSetup.held_out_metrics`: a rank among distractors, a win rate). The eval
+(`eval/reward/mean`, or each seat's `eval/reward/SEAT/mean` where the policy plays several,
+`eval/turns`, each key the game's last turn reports, over the records that report it) and of what
+its eval stage compares beyond them (`GameSetup.held_out_metrics`: a rank among distractors, a win rate). The eval
 stages (play/evaluate.py) add what needs more than the training game: baselines, other systems,
 intervals.
 
 The reward and its terms are named as the training line names them (`reward/mean` beside
 `reward/contrast/mean`): `eval/reward/mean` beside `eval/reward/contrast/mean`. Until #62 they were
-`eval/reward` beside `eval/reward/contrast`, which mlflow's file store cannot keep both of (a metric is
+`eval/reward` beside `eval/reward/contrast`, which mlflow's file store cannot hold together (a metric is
 a file there, and the second needs a folder of the same name); `current_names` reads such a line.
 
 An evaluation belongs to the step after whose update it runs (0: before the first), in that step's
@@ -26,7 +27,7 @@ from emoji_rl.decode.sampler import Sampler
 from emoji_rl.lm.distributed import gather
 from emoji_rl.play.loop import play
 from emoji_rl.play.spec import read_game_records
-from emoji_rl.play.types import GameSetup, Record
+from emoji_rl.play.types import Episode, GameSetup, Record
 
 if TYPE_CHECKING:
     from emoji_rl.rl.train_config import TrainConfig
@@ -73,7 +74,7 @@ class HeldOut:
         episodes = asyncio.run(play([self.setup.make_env(self.records[i]) for i in mine], self.sampler))
         compared = self.setup.held_out_metrics(self.records, mine, episodes)
         scored = [
-            (i, {"reward": e.reward, "turns": float(len(e.turns)), **e.turns[-1].result.metrics, **more})
+            (i, {**self._rewards(e), "turns": float(len(e.turns)), **e.turns[-1].result.metrics, **more})
             for i, e, more in zip(mine, episodes, compared, strict=True)
         ]
         once = dict(pair for part in gather(scored) for pair in part)
@@ -83,6 +84,13 @@ class HeldOut:
                 values[key].append(float(value))
         means = {eval_name(key): sum(v) / len(v) for key, v in sorted(values.items())}
         return {**means, "time/eval_s": time.perf_counter() - start}
+
+    def _rewards(self, episode: Episode) -> dict[str, float]:
+        """`reward`, or where the policy plays several seats each one's, as `reward/SEAT`: logged as
+        `eval/reward/SEAT/mean`, beside the training line's `reward/SEAT/mean`."""
+        if not self.setup.seated:
+            return {"reward": episode.reward}
+        return {f"reward/{seat}": reward for seat, reward in episode.rewards.items()}
 
 
 def eval_name(key: str) -> str:

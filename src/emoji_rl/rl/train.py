@@ -50,6 +50,7 @@ from emoji_rl.rl.rollout.metrics import (
     ROLLOUTS_FILE,
     episode_table,
     log_rollouts,
+    seat_metric,
     step_metrics,
 )
 from emoji_rl.rl.rollout.schedule import RolloutSchedule, rollout_schedule
@@ -99,9 +100,9 @@ def train(
 
 
 def _grammar(cfg: TrainConfig, policy: PeftModel, tokenizer, setup: GameSetup) -> EmojiConstraint | None:
-    """The grammar the game's policy samples under (None: free text), as wide as the policy's LM head,
-    for the update to replay its masks."""
-    if setup.constraint != "grammar":
+    """The grammar the game's policy samples under in any of its seats (None: free text in every one),
+    as wide as the policy's LM head, for the update to replay its masks."""
+    if all(seat.constraint != "grammar" for seat in setup.seats):
         return None
     from emoji_rl.emoji.constraint import compile_emoji_grammar
 
@@ -145,6 +146,7 @@ def _loop(
             taken, dropped = schedule.take(step)
             waited = time.perf_counter() - start
             state.epoch, state.cursor = taken.position
+            state.baselines = dict(taken.baselines)
             everyone, slowest, players = _gather_rollouts(taken.groups, taken.services)
             setup.observe(everyone.played)
             metrics = step_metrics(everyone, slowest)
@@ -157,7 +159,12 @@ def _loop(
             # This process's groups; with none kept, its played ones stand in at weight 0.
             mine = taken.groups
             groups = mine.kept or mine.played
-            batch = collate_groups(groups, pad_id, grammar, step, len(tokenizer)) if everyone.kept else None
+            seats = setup.seats if setup.seated else ()
+            batch = (
+                collate_groups(groups, pad_id, grammar, step, len(tokenizer), seats)
+                if everyone.kept
+                else None
+            )
             metrics.update(trainer.step(batch, bool(mine.kept), state))
             metrics["time/update_s"] = time.perf_counter() - update_start
             # Every step publishes a version, updated or not, so that version v is always step v's.
@@ -172,7 +179,7 @@ def _loop(
                 if cfg.log_completions:
                     rows = episode_table(episodes, cfg.num_completions_to_print)
                     writer.table(state.step, "episodes", EPISODE_COLUMNS, rows)
-            bar.set_postfix(reward=f"{metrics['reward/mean']:.3f}", **_headline(setup, metrics))
+            bar.set_postfix(**_rewards(setup, metrics), **_headline(setup, metrics))
             if state.nan_streak >= cfg.nan_patience:
                 raise UserError(
                     f"{state.nan_streak} steps in a row had a non-finite loss or gradient (nan_patience="
@@ -222,6 +229,13 @@ def _gather_rollouts(
     keys = {key for _, times in parts for key in times}
     slowest = {key: max(times.get(key, 0.0) for _, times in parts) for key in sorted(keys)}
     return StepGroups(kept, played, seconds), slowest, ranks
+
+
+def _rewards(setup: GameSetup, metrics: dict[str, float]) -> dict[str, str]:
+    """The step's mean reward on the progress bar: each seat's, where the policy plays several."""
+    if not setup.seated:
+        return {"reward": f"{metrics['reward/mean']:.3f}"}
+    return {seat.name: f"{metrics[seat_metric('reward/mean', seat.name)]:.3f}" for seat in setup.seats}
 
 
 def _headline(setup: GameSetup, metrics: dict[str, float]) -> dict[str, str]:

@@ -143,6 +143,23 @@ class TrainConfig(SamplingConfig, ProcessConfig, ModelConfig, TrackerConfig, Ser
         default="group",
         metadata={"help": "advantage scaling: group std (GRPO), batch std, none (Dr. GRPO; the original)"},
     )
+    baseline: grpo.Baseline = field(
+        default="group",
+        metadata={
+            "help": "what each seat's reward is measured against (docs/DESIGN.md §14): group = its group's mean "
+            "(GRPO: no state, and a flat group teaches nothing); ema = the seat's moving average over the "
+            "steps (SPIRAL's role-conditioned baseline: a flat group still learns how far it stands from the "
+            "seat's average; takes scale_rewards batch or none). Either way per seat, so that one seat's "
+            "reward scale never moves the other's advantages"
+        },
+    )
+    baseline_decay: float = field(
+        default=0.95,
+        metadata={
+            "help": "baseline ema: b <- decay * b + (1 - decay) * the step's mean reward of the seat, in [0, 1) "
+            "(SPIRAL's 0.95: about 20 steps of memory)"
+        },
+    )
     loss_type: grpo.LossType = field(
         default="dapo",
         metadata={
@@ -248,6 +265,13 @@ class TrainConfig(SamplingConfig, ProcessConfig, ModelConfig, TrackerConfig, Ser
             raise ValueError(
                 f"group_size={self.group_size} must be >= 2: the advantage is reward minus the group mean"
             )
+        if self.baseline == "ema" and self.scale_rewards == "group":
+            raise ValueError(
+                "baseline=ema with scale_rewards=group: a group whose rewards are all equal has std 0, where a "
+                "moving baseline still gives it an advantage; set scale_rewards to batch or none"
+            )
+        if not 0.0 <= self.baseline_decay < 1.0:
+            raise ValueError(f"baseline_decay={self.baseline_decay} must be in [0, 1)")
         if self.loss_type == "dr_grpo" and self.max_new_tokens <= 0:
             raise ValueError(
                 "loss_type=dr_grpo normalizes by max_new_tokens * max_turns: set max_new_tokens > 0"

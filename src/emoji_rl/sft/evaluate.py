@@ -28,12 +28,12 @@ from emoji_rl.config import to_dict
 from emoji_rl.decode.generate import MAX_NEW_TOKENS, Constraint, Decoding, generate_replies
 from emoji_rl.emoji.stats import compliant_emoji, reply_stats
 from emoji_rl.errors import UserError
-from emoji_rl.games.retrieval.judge import Judge, JudgeKind
-from emoji_rl.games.retrieval.judge_config import JudgeConfig
 from emoji_rl.io.jsonl import write_json
 from emoji_rl.io.report import bar_figure, format_table
 from emoji_rl.lm import models
 from emoji_rl.play.guessing import NAMES_CAVEAT, JudgeInput
+from emoji_rl.play.judge import Judge, JudgeKind
+from emoji_rl.play.judge_config import JudgeConfig
 from emoji_rl.sft.data import ChatRecord, load_chat_records
 
 if TYPE_CHECKING:

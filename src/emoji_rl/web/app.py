@@ -19,9 +19,9 @@ from emoji_rl.config import override
 from emoji_rl.decode.generate import MAX_NEW_TOKENS
 from emoji_rl.errors import UserError
 from emoji_rl.games.retrieval.game import RetrievalConfig
-from emoji_rl.games.retrieval.judge_config import JudgeConfig
 from emoji_rl.io.jsonl import read_jsonl
 from emoji_rl.lm import models
+from emoji_rl.play.judge_config import JudgeConfig
 from emoji_rl.play.similarity import SimilarityConfig
 from emoji_rl.web.rounds import TURN_LIMIT, Rounds, target_ids
 from emoji_rl.web.runners import LoadedModels

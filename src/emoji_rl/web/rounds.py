@@ -3,7 +3,7 @@ turns, and the checks on what a person typed (the models run as jobs: `web/jobs.
 
 Guess mode is the human evaluation: a sender (assigned blind, the one with the fewest rounds so far,
 then its least-played target) writes emoji for a hidden target; the person guesses; the guess is
-scored with the training scorer (`game/reward.py`), and the model judge's guess of the same
+scored with the training scorer (`play/reward.py`), and the model judge's guess of the same
 emoji is shown beside it. A guess below tau may ask the sender for another turn: the sender sees the
 person's guess as the correction prompt, as it sees the judge's in the game. Send mode swaps the
 roles: the person writes emoji (checked by the models' parser), the model judge guesses. It shows

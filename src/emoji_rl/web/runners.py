@@ -11,8 +11,8 @@ from typing import Any, Protocol
 
 from emoji_rl.emoji.alphabet import MAX_EMOJI, MIN_EMOJI, parse_message
 from emoji_rl.emoji.sender_prompts import sender_messages
-from emoji_rl.games.retrieval.judge import Judge
 from emoji_rl.play.guessing import Guess, JudgeInput
+from emoji_rl.play.judge import Judge
 
 WARM_UP_TARGET = "See you at the beach tomorrow"
 

@@ -12,8 +12,8 @@ from emoji_rl.errors import DataError, UserError
 from emoji_rl.games.reader.game import ReaderBuilder, ReaderRules
 from emoji_rl.games.reader.partner import Partner
 from emoji_rl.games.reader.records import read_reader_records
-from emoji_rl.games.reader.reward import reader_reward
 from emoji_rl.play.loop import play
+from emoji_rl.play.reward import reader_reward
 from emoji_rl.play.similarity import ContrastConfig, GuessScorer, Similarity
 
 # Unit vectors in the plane: cosine similarities are worked out by hand.

@@ -337,8 +337,8 @@ def test_a_rerun_of_another_config_is_refused_and_a_cut_off_last_line_is_redone(
 def test_the_judge_reads_the_same_emoji_the_same_way_at_temperature_0(smollm2_model, smollm2_tokenizer):
     import asyncio
 
-    from emoji_rl.games.retrieval.judge import HFJudge
     from emoji_rl.play.guessing import JudgeInput
+    from emoji_rl.play.judge import HFJudge
 
     judge = HFJudge(smollm2_model, smollm2_tokenizer, "gloss", "smollm2", temperature=0.0, max_new_tokens=12)
     pizza, train = JudgeInput((("🍕", "🌙"),)), JudgeInput((("🚆", "⏰", "😤"),))

@@ -8,10 +8,10 @@ from tests.games.scripted import ScriptedSampler
 
 from emoji_rl.emoji.sender_prompts import sender_messages
 from emoji_rl.games.retrieval.game import RetrievalBuilder, RetrievalRules
-from emoji_rl.games.retrieval.judge import LexiconJudge
-from emoji_rl.games.retrieval.reward import RewardWeights, terminal_reward
 from emoji_rl.lm import models, template
+from emoji_rl.play.judge import LexiconJudge
 from emoji_rl.play.loop import play
+from emoji_rl.play.reward import RewardWeights, terminal_reward
 from emoji_rl.play.similarity import Background, Similarity
 
 

@@ -15,8 +15,6 @@ import emoji as emoji_pkg
 from emoji_rl.config import build_parser, parse_config
 from emoji_rl.emoji.alphabet import ALPHABET
 from emoji_rl.errors import UserError
-from emoji_rl.games.retrieval.judge import HFJudge, LexiconJudge
-from emoji_rl.games.retrieval.judge_config import JudgeConfig, JudgeFields, make_judge
 from emoji_rl.play.guessing import (
     FEW_SHOT,
     JUDGE_FIRST_TURN,
@@ -29,6 +27,8 @@ from emoji_rl.play.guessing import (
     plain_name,
     render_turn,
 )
+from emoji_rl.play.judge import HFJudge, LexiconJudge
+from emoji_rl.play.judge_config import JudgeConfig, JudgeFields, make_judge
 from emoji_rl.play.similarity import Similarity
 
 

@@ -11,9 +11,9 @@ from tests.fakes.fake_lm import FakeLM
 from tests.fakes.vllm_server import FakeVLLMServer, default_chat_reply
 
 from emoji_rl.errors import UserError
-from emoji_rl.games.retrieval.judge import OpenAIJudge
 from emoji_rl.io.endpoint import Endpoint
 from emoji_rl.play.guessing import JudgeInput, clean_guess, judge_messages
+from emoji_rl.play.judge import OpenAIJudge
 
 KEY_ENV = "EMOJI_RL_TEST_JUDGE_KEY"
 EPISODES = [JudgeInput((("🍕", "🎬"),)), JudgeInput((("🍕", "🎬"), ("🍿",)), ("pizza and a movie",))]

@@ -23,9 +23,9 @@ from emoji_rl.emoji.constraint import compile_emoji_grammar, grammar_ebnf, repla
 from emoji_rl.emoji.sender_prompts import sender_messages
 from emoji_rl.errors import UserError
 from emoji_rl.games.retrieval.game import RetrievalBuilder, RetrievalRules
-from emoji_rl.games.retrieval.judge import LexiconJudge
 from emoji_rl.io.endpoint import Endpoint, wait_for_server
 from emoji_rl.lm import template
+from emoji_rl.play.judge import LexiconJudge
 from emoji_rl.play.loop import play
 from emoji_rl.rl import grpo
 from emoji_rl.rl.rollout.vllm import AdapterSync
@@ -109,6 +109,23 @@ def test_a_free_text_game_sends_no_grammar(server, smollm2_tokenizer):
     assert body == {k: v for k, v in emoji.request_body((1, 2, 3), 5).items() if k != "structured_outputs"}
     [sample] = asyncio.run(free.sample([(1, 2, 3)]))
     assert "structured_outputs" not in server.requests[-1].body and sample.token_ids
+
+
+def test_a_seat_samples_under_its_own_constraint_with_the_same_seeds(server, smollm2_tokenizer):
+    """A game that seats the policy twice (docs/DESIGN.md §14) asks one sampler for its sender's turns
+    under the grammar and its reader's in free text: each request is what a sampler set to that
+    constraint sends, and the calls count on, so the two seats never share seeds."""
+    emoji, free = (
+        sampler_for(server, smollm2_tokenizer),
+        sampler_for(server, smollm2_tokenizer, "none"),
+    )
+    assert emoji.request_body((1, 2, 3), 5, "none") == free.request_body((1, 2, 3), 5)
+    assert free.request_body((1, 2, 3), 5, "grammar") == emoji.request_body((1, 2, 3), 5)
+    asyncio.run(emoji.sample([(1, 2, 3)], constraint="none"))
+    asyncio.run(emoji.sample([(1, 2, 3)]))
+    first, second = server.bodies("/v1/completions")[-2:]
+    assert "structured_outputs" not in first and "structured_outputs" in second
+    assert first["seed"] != second["seed"]
 
 
 FIRST = 10  # prompt i of the reversed server's call is (1, FIRST + i)

@@ -2,7 +2,7 @@
 in words. Turn 1 shows the teacher's emoji for the message; from turn 2 on a frozen sender
 (`partner.py`) sees the message and the reader's last guess and adds emoji, and the reader guesses
 again. The game ends when a guess reaches `tau` or after `max_turns` guesses; the reward is terminal
-(`reward.py`).
+(`play/reward.py`).
 
 The reader is shown the very chat the retrieval game's judge is (`judge_messages`: its system prompt,
 worked examples, each emoji turn as a user turn, its own guesses as its turns) and its guess is
@@ -19,10 +19,18 @@ from typing import TYPE_CHECKING
 from emoji_rl.config import override
 from emoji_rl.emoji.alphabet import SEPARATOR
 from emoji_rl.games.reader.partner import Partner, PartnerInput
-from emoji_rl.games.reader.reward import reader_reward
 from emoji_rl.play.batching import MicroBatcher
 from emoji_rl.play.chat import ChatEnv
-from emoji_rl.play.guessing import UNKNOWN, Guess, JudgeInput, JudgeView, clean_guess, judge_messages
+from emoji_rl.play.guessing import (
+    UNKNOWN,
+    Guess,
+    JudgeInput,
+    JudgeView,
+    ReaderViewConfig,
+    clean_guess,
+    judge_messages,
+)
+from emoji_rl.play.reward import reader_reward
 from emoji_rl.play.similarity import GuessScorer
 from emoji_rl.play.spec import GameConfig
 from emoji_rl.play.types import StepResult
@@ -40,7 +48,7 @@ AddEmoji = Callable[[PartnerInput], Awaitable["tuple[str, ...] | None"]]
 
 
 @dataclass
-class ReaderConfig(GameConfig):
+class ReaderConfig(GameConfig, ReaderViewConfig):
     """The reader game's length, what the reader is shown, and when a guess ends the game."""
 
     max_turns: int = override(GameConfig, "max_turns", MAX_TURNS, help="reader guesses before the game ends")
@@ -51,13 +59,6 @@ class ReaderConfig(GameConfig):
             "similarity, so in [-1, 1]: above 1 no guess ends a game)",
             "min": -1.0,
             "max": 1.0,
-        },
-    )
-    reader_view: JudgeView = field(
-        default="gloss",
-        metadata={
-            "help": "what the reader is shown, as the judge's view: raw (the emoji alone) or gloss (each "
-            "emoji with its name; SmolLM2-135M needs it, issue 8)"
         },
     )
 

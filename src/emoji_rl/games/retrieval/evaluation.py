@@ -47,7 +47,6 @@ from emoji_rl.decode.senders import eval_systems
 from emoji_rl.emoji.stats import reply_stats
 from emoji_rl.errors import UserError
 from emoji_rl.games.retrieval.game import SUCCESS_THRESHOLDS
-from emoji_rl.games.retrieval.judge_config import JudgeFields
 from emoji_rl.io.jsonl import Record
 from emoji_rl.play.compare import LEVEL, Metric
 from emoji_rl.play.evaluation import (
@@ -60,6 +59,7 @@ from emoji_rl.play.evaluation import (
     Scripted,
 )
 from emoji_rl.play.intervals import bootstrap_mean
+from emoji_rl.play.judge_config import greedy_judge_temperature
 
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
@@ -286,13 +286,7 @@ class Options(EvalOptions):
         EvalConfig, "data", "data/rl_eval.jsonl", help="held-out targets, JSONL with `target`"
     )
     output_dir: str = override(EvalConfig, "output_dir", "reports/retrieval")
-    # Greedy: every system's emoji read the same way, so a difference between systems is the senders'.
-    judge_temperature: float = override(
-        JudgeFields,
-        "judge_temperature",
-        0.0,
-        help="the judge's sampling temperature; 0 = greedy, deterministic",
-    )
+    judge_temperature: float = greedy_judge_temperature()
     modes: list[str] = field(
         default_factory=lambda: list(MODES), metadata={"help": "which games: single, multi or both"}
     )

@@ -14,11 +14,11 @@ from typing import TYPE_CHECKING
 from emoji_rl.config import override
 from emoji_rl.emoji.alphabet import MAX_EMOJI, MIN_EMOJI, parse_message
 from emoji_rl.emoji.sender_prompts import correction_message, sender_messages
-from emoji_rl.games.retrieval.judge import Judge
-from emoji_rl.games.retrieval.reward import RewardWeights, terminal_reward
 from emoji_rl.play.batching import MicroBatcher
 from emoji_rl.play.chat import ChatEnv
 from emoji_rl.play.guessing import Guess, JudgeInput
+from emoji_rl.play.judge import Judge
+from emoji_rl.play.reward import RewardWeights, terminal_reward
 from emoji_rl.play.similarity import Background, GuessScorer, Similarity
 from emoji_rl.play.spec import GameConfig
 from emoji_rl.play.types import StepResult

@@ -6,27 +6,21 @@ the training game and for the evaluation's two modes (`single`: one message, one
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 
 from emoji_rl.games.retrieval.evaluation import EVALUATION, held_out_metrics
 from emoji_rl.games.retrieval.game import RetrievalConfig
-from emoji_rl.games.retrieval.judge_config import JudgeFields
 from emoji_rl.io.jsonl import read_records
+from emoji_rl.play.judge_config import JudgeFields
+from emoji_rl.play.reward import SenderRewardConfig
 from emoji_rl.play.similarity import ContrastConfig, SimilarityConfig
 from emoji_rl.play.spec import GameContext, GameSpec, RunSettings
 from emoji_rl.play.types import GameSetup, Record
 
 
 @dataclass
-class Config(RetrievalConfig, JudgeFields, SimilarityConfig, ContrastConfig):
+class Config(RetrievalConfig, JudgeFields, SimilarityConfig, ContrastConfig, SenderRewardConfig):
     """The retrieval game's fields: its records hold `target` (emoji-rl rl-prompts)."""
-
-    success_bonus: float = field(default=0.5, metadata={"help": "reward added when similarity >= tau"})
-    turn_cost: float = field(default=0.1, metadata={"help": "reward subtracted per turn used"})
-    format_penalty: float = field(default=0.5, metadata={"help": "reward subtracted for an invalid turn"})
-    repetition_penalty: float = field(
-        default=0.3, metadata={"help": "times (1 - unique/total emoji); the original: none"}
-    )
 
     def read_records(self, path: str, stage: RunSettings) -> list[Record]:
         return read_records(
@@ -39,14 +33,11 @@ class Config(RetrievalConfig, JudgeFields, SimilarityConfig, ContrastConfig):
 
 def setup(cfg: Config, context: GameContext) -> GameSetup:
     from emoji_rl.games.retrieval.game import RetrievalBuilder, RetrievalRules
-    from emoji_rl.games.retrieval.reward import RewardWeights
 
     records = context.records
     judge = cfg.make_judge(context.runtime, context.server_wait_s)
     similarity = cfg.load_similarity(context.runtime)
-    weights = RewardWeights(
-        cfg.success_bonus, cfg.turn_cost, cfg.format_penalty, cfg.repetition_penalty, cfg.contrast
-    )
+    weights = cfg.reward_weights(cfg.contrast)
     rules = RetrievalRules(cfg.max_turns, cfg.tau, context.min_emoji, context.max_emoji, weights)
     background = cfg.background(similarity, [r["target"] for r in records], context.seed)
     builder = RetrievalBuilder(context.tokenizer, judge, similarity, rules, background)

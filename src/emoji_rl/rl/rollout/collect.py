@@ -2,14 +2,18 @@
 batch), groups with no reward spread set aside, and with dynamic sampling (DAPO) more prompts drawn
 until B groups carry signal. Under `accelerate launch` B is the step's prompts over all processes:
 each process plays its share (`prompts_per_process`), drawn from one order shared by all
-processes, and refills its own share."""
+processes, and refills its own share.
+
+Where the game seats the policy in several chats, a prompt's G episodes make one group per seat
+(`EpisodeGroup.seat`), each with its own rewards, advantages and rows; a prompt carries signal when
+any of its seats' groups does (docs/DESIGN.md §14)."""
 
 from __future__ import annotations
 
 import random
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 
 import torch
 
@@ -17,7 +21,7 @@ from emoji_rl.decode.sampler import Sampler
 from emoji_rl.errors import UserError
 from emoji_rl.lm.distributed import gather
 from emoji_rl.play.loop import play
-from emoji_rl.play.types import EpisodeGroup, GameSetup
+from emoji_rl.play.types import Episode, EpisodeGroup, GameSetup
 from emoji_rl.rl import grpo
 from emoji_rl.rl.checkpoint import TrainState
 
@@ -77,6 +81,47 @@ class PromptStream:
 
 
 @dataclass
+class Baselines:
+    """What each (group, seat)'s rewards are measured against (`baseline`): its group's mean, GRPO's
+    (`grpo.seat_advantages`), or its seat's moving average over the steps (`grpo.ema_advantages`),
+    whose `values` a checkpoint keeps (`TrainState.baselines`). The moving average is of every
+    process's rewards (`gather`, a collective), so every process holds the same one."""
+
+    scale_rewards: grpo.ScaleRewards = "group"
+    baseline: grpo.Baseline = "group"
+    decay: float = 0.95
+    values: dict[str, float] = field(default_factory=dict)
+    """Each seat's moving average, after the last step played (`ema` only)."""
+    gather: Callable[[object], list] = gather
+
+    def keeps(self, group: EpisodeGroup) -> bool:
+        """Whether a group carries signal: rewards that differ, or any against a moving average."""
+        if self.baseline == "ema":
+            return True
+        return not grpo.zero_spread_groups(torch.tensor([group.rewards], dtype=torch.float)).item()
+
+    def advantages(self, groups: Sequence[EpisodeGroup]) -> list[tuple[float, ...]]:
+        """Each group's advantages, over this process's groups (`ema`: a collective, and the moving
+        averages move on by the step's mean reward of each seat over every process's groups)."""
+        rewards, seats = [g.rewards for g in groups], [g.seat for g in groups]
+        if self.baseline == "group":
+            return grpo.seat_advantages(rewards, seats, self.scale_rewards)
+        sums: dict[str, list[float]] = {}
+        for seat, row in zip(seats, rewards, strict=True):
+            total = sums.setdefault(seat, [0.0, 0.0])
+            total[0], total[1] = total[0] + sum(row), total[1] + len(row)
+        parts = self.gather(sums)
+        means = {
+            seat: sum(p[seat][0] for p in parts if seat in p) / sum(p[seat][1] for p in parts if seat in p)
+            for seat in dict.fromkeys(s for p in parts for s in p)
+        }
+        used, after = grpo.ema_baselines(self.values, means, self.decay)
+        self.values.clear()
+        self.values.update(after)
+        return grpo.ema_advantages(rewards, seats, used, self.scale_rewards)
+
+
+@dataclass
 class StepGroups:
     """What one step played: the groups kept for the update, and everything played, for metrics."""
 
@@ -91,32 +136,50 @@ async def collect(
     sampler: Sampler,
     batch_size: int,
     group_size: int,
-    scale_rewards: grpo.ScaleRewards,
+    baselines: Baselines,
     resample_rounds: int = 0,
 ) -> StepGroups:
-    """Play `group_size` games per prompt for `batch_size` prompts; groups whose rewards are all equal
-    carry no signal and are not kept. `resample_rounds` > 0 draws new prompts to replace them.
-    Every round runs on every process, even one already full (it draws 0), as `take` is a collective.
-    Each played group carries its advantages (`grpo.step_advantages`, over this process's kept groups):
-    the update trains on them and the rollout log shows them."""
+    """Play `group_size` games per prompt for `batch_size` prompts; groups that carry no signal (all
+    rewards equal, against their group's mean) are not kept. `resample_rounds` > 0 draws new prompts
+    to replace prompts none of whose seats' groups is kept. Every round runs on every process, even one
+    already full (it draws 0), as `take` is a collective. Each played group carries its advantages
+    (`baselines`, over this process's groups): the update trains on them and the rollout log shows them."""
     start = time.perf_counter()
     played: list[EpisodeGroup] = []
     kept_at: list[int] = []
+    kept_prompts = 0
     for _ in range(1 + resample_rounds):
-        records = stream.take(batch_size - len(kept_at))
+        records = stream.take(batch_size - kept_prompts)
         if not records:
             continue
         games = [setup.make_env(record) for record in records for _ in range(group_size)]
         episodes = await play(games, sampler)
         for p, record in enumerate(records):
-            group = EpisodeGroup(
-                str(record.get("id", p)),
-                tuple(episodes[p * group_size : (p + 1) * group_size]),
-                target=setup.target(record),
-            )
-            if not grpo.zero_spread_groups(torch.tensor([group.rewards], dtype=torch.float)).item():
-                kept_at.append(len(played))
-            played.append(group)
-    advantages = grpo.step_advantages([group.rewards for group in played], scale_rewards)
+            mine = tuple(episodes[p * group_size : (p + 1) * group_size])
+            _check_seats(setup, mine)
+            groups = [
+                EpisodeGroup(str(record.get("id", p)), mine, target=setup.target(record), seat=seat.name)
+                for seat in setup.seats
+            ]
+            signal = [len(played) + k for k, group in enumerate(groups) if baselines.keeps(group)]
+            kept_prompts += bool(signal)
+            kept_at += signal
+            played += groups
+    advantages = baselines.advantages(played)
     played = [replace(group, advantages=a) for group, a in zip(played, advantages, strict=True)]
     return StepGroups([played[i] for i in kept_at], played, time.perf_counter() - start)
+
+
+def _check_seats(setup: GameSetup, episodes: Sequence[Episode]) -> None:
+    """A game of several seats gives each its terminal reward and a turn in every episode: a seat
+    with no turn would be a row with nothing to train."""
+    if not setup.seated:
+        return
+    for episode in episodes:
+        for seat in setup.seats:
+            if seat.name not in episode.rewards or not episode.of(seat.name).turns:
+                raise ValueError(
+                    f"{setup.description}: an episode gave seat {seat.name!r} no terminal reward "
+                    f"(StepResult.seat_rewards: {sorted(episode.rewards)}) or no turn: every seat a game "
+                    "declares plays a turn and is rewarded in every episode"
+                )

@@ -31,7 +31,7 @@ from typing import TYPE_CHECKING
 from emoji_rl.lm.distributed import adapter_state_dict, gather, save_adapter, whole_weights
 from emoji_rl.play.types import EpisodeGroup
 from emoji_rl.rl.checkpoint import TrainState, behaviour_adapters
-from emoji_rl.rl.rollout.collect import PromptStream, StepGroups, collect, prompts_per_process
+from emoji_rl.rl.rollout.collect import Baselines, PromptStream, StepGroups, collect, prompts_per_process
 from emoji_rl.rl.rollout.servers import ServerWatch, watched
 
 if TYPE_CHECKING:
@@ -57,6 +57,8 @@ class StepRollouts:
     """Seconds this step's games spent in each service (the judge, the embedder)."""
     position: tuple[int, int]
     """The prompt stream's (epoch, cursor) after this step's draws: what a checkpoint after it stores."""
+    baselines: dict[str, float] = field(default_factory=dict)
+    """Each seat's moving-average baseline after this step's rollouts (`Baselines.values`): the same."""
     servers: dict[str, float] = field(default_factory=dict)
     """What the servers said of this step (`rl/rollout/servers.py`); on the main process, which logs."""
 
@@ -303,7 +305,18 @@ def rollout_schedule(
     # that they never interleave with the update's.
     group = rollout_group(cfg.collective_timeout_s) if background else None
     stream = PromptStream(
-        setup.records, cfg.seed, replace(state), rank, gather_counts=lambda n: gather(n, group)
+        setup.records,
+        cfg.seed,
+        replace(state, baselines=dict(state.baselines)),
+        rank,
+        gather_counts=lambda n: gather(n, group),
+    )
+    baselines = Baselines(
+        cfg.scale_rewards,
+        cfg.baseline,
+        cfg.baseline_decay,
+        stream.state.baselines,
+        lambda x: gather(x, group),
     )
     rounds = cfg.max_resample_rounds if cfg.dynamic_sampling else 0
     main = trainer.accelerator.is_main_process
@@ -318,12 +331,11 @@ def rollout_schedule(
         bound = sampler if name is None else sampler.at(version, name, request_seed(cfg.seed, rank, step))
         stream.state.step = step  # the stream's own copy of the state: the step it draws for
         before = setup.seconds()
-        games = collect(stream, setup, bound, share, cfg.group_size, cfg.scale_rewards, rounds)
+        games = collect(stream, setup, bound, share, cfg.group_size, baselines, rounds)
         played, servers = await watch.during(games)
         services = {k: v - before.get(k, 0.0) for k, v in setup.seconds().items()}
-        return StepRollouts(
-            step, version, played, services, (stream.state.epoch, stream.state.cursor), servers
-        )
+        position = (stream.state.epoch, stream.state.cursor)
+        return StepRollouts(step, version, played, services, position, servers, dict(baselines.values))
 
     kept = behaviour_adapters(checkpoint) if checkpoint is not None and background else {}
     ahead = RolloutsAhead(

@@ -6,9 +6,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from emoji_rl.config import Checked
+from emoji_rl.config import Checked, override
 from emoji_rl.errors import UserError
-from emoji_rl.games.retrieval.judge import (
+from emoji_rl.io.endpoint import SERVER_WAIT_S, Endpoint, ServerWaitConfig, wait_for_server
+from emoji_rl.lm import models
+from emoji_rl.play.guessing import JudgeView
+from emoji_rl.play.judge import (
     BATCH_SIZE,
     TEMPERATURE,
     HFJudge,
@@ -17,9 +20,6 @@ from emoji_rl.games.retrieval.judge import (
     LexiconJudge,
     OpenAIJudge,
 )
-from emoji_rl.io.endpoint import SERVER_WAIT_S, Endpoint, ServerWaitConfig, wait_for_server
-from emoji_rl.lm import models
-from emoji_rl.play.guessing import JudgeView
 
 JUDGE_URL = "http://127.0.0.1:8001"  # launch/serve_judge.sh's default host and port
 JUDGE_API_KEY_ENV = "JUDGE_API_KEY"
@@ -157,3 +157,14 @@ class JudgeConfig(JudgeFields, ServerWaitConfig):
     def build_judge(self, runtime: models.Runtime | None, batch_size: int = BATCH_SIZE) -> Judge:
         """The judge these fields describe; `runtime` places an hf judge, `batch_size` is its chunk."""
         return self.make_judge(runtime, self.server_wait_s, batch_size)
+
+
+def greedy_judge_temperature() -> float:
+    """`judge_temperature` as an evaluation's Config declares it: greedy by default, so that every
+    system's emoji are read the same way and a difference between systems is theirs."""
+    return override(
+        JudgeFields,
+        "judge_temperature",
+        0.0,
+        help="the judge's sampling temperature; 0 = greedy, deterministic",
+    )
