@@ -72,7 +72,7 @@ def test_both_seats_train_in_process_and_evaluate(data, tmp_path):
         } <= line.keys()
         assert "eval/teacher_similarity" in line and "eval/pair_similarity" in line
     keys = {"reward/sender/mean", "reward/reader/mean", "group/reader/frac_zero_std", "game/judge_similarity"}
-    assert keys <= metrics[1].keys() and "reward/mean" not in metrics[1]
+    assert keys <= metrics[0].keys() and "reward/mean" not in metrics[0]
     assert_mlflow_keeps_every_name(tmp_path / "run")  # each seat's names, the evaluation's beside them
     assert sorted(e["seat"] for e in episodes) == ["reader"] * 2 + ["sender"] * 2
     assert all(len(e["turns"]) == 1 for e in episodes)  # each record its seat's turns

@@ -10,7 +10,7 @@ On a record the teacher has emoji for, drawn into `teacher_share` of the records
 every epoch and on every process), the reader reads the teacher's emoji in round 1 (then the sender's
 corrections): so it keeps reading an outside code. There the sender is paid by the judge alone.
 
-Rewards are terminal, one per seat. The sender's is the retrieval game's (`game/reward.terminal_reward`)
+Rewards are terminal, one per seat. The sender's is the retrieval game's (`play/reward.terminal_reward`)
 on the mix judge_weight x the judge's similarity + (1 - judge_weight) x the reader's, both of the last
 round the message was valid in (their backgrounds mixed alike); the reader's is its final guess's
 similarity less the contrast term (`reader_reward`, the reader game's).

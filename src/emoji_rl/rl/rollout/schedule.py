@@ -335,7 +335,9 @@ def rollout_schedule(
         played, servers = await watch.during(games)
         services = {k: v - before.get(k, 0.0) for k, v in setup.seconds().items()}
         position = (stream.state.epoch, stream.state.cursor)
-        return StepRollouts(step, version, played, services, position, servers, dict(baselines.values))
+        return StepRollouts(
+            step, version, played, services, position, baselines=dict(baselines.values), servers=servers
+        )
 
     kept = behaviour_adapters(checkpoint) if checkpoint is not None and background else {}
     ahead = RolloutsAhead(
