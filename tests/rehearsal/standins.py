@@ -277,7 +277,7 @@ def launcher(box: Box, argv: list[str], env: dict, cwd: Path, pid: int, reply: R
     if not (args.module and args.training_script == "emoji_rl.cli"):
         box.violate(f"{module} starts {args.training_script}, not emoji_rl.cli")
         return 1
-    workers = rendezvous(address, int(port), nnodes, node_rank, local) if nnodes > 1 else None
+    store, workers = rendezvous(address, int(port), nnodes, node_rank, local) if nnodes > 1 else (None, None)
     if workers is None and nnodes > 1:
         box.violate(f"{how}: the nodes never met at {address}:{port} within {RENDEZVOUS_S} s")
         return 1
@@ -295,12 +295,17 @@ def launcher(box: Box, argv: list[str], env: dict, cwd: Path, pid: int, reply: R
         box.violate(f"{how} starts {local} processes on {len(gpus)} GPUs (CUDA_VISIBLE_DEVICES={visible})")
         return 1
     ranks = [stages.Rank(rank, world, gpus[i]) for i, rank in enumerate(ids)]
-    return stages.run(box, script[0], script[1:], env, cwd, pid, ranks, reply)
+    try:
+        return stages.run(box, script[0], script[1:], env, cwd, pid, ranks, reply)
+    finally:
+        if store is not None:
+            finish_together(store, node_rank, nnodes)
 
 
 def rendezvous(address: str, port: int, nnodes: int, node_rank: int, local: int):
-    """This node's workers as torch's elastic agent assigns their ranks, over a TCPStore at `address`
-    that node 0 holds (as a launcher's rendezvous does); None when the nodes do not all come."""
+    """(the store, this node's workers as torch's elastic agent assigns their ranks), over a TCPStore at
+    `address` that node 0 holds (as a launcher's rendezvous does); (None, None) when the nodes do not
+    all come."""
     from torch.distributed import TCPStore
     from torch.distributed.elastic.agent.server.api import SimpleElasticAgent
 
@@ -319,8 +324,19 @@ def rendezvous(address: str, port: int, nnodes: int, node_rank: int, local: int)
         while node_rank == 0 and store.add("rehearsal/done", 0) < nnodes and time.monotonic() < deadline:
             time.sleep(0.05)  # node 0 holds the store until every node has read its ranks
     except (RuntimeError, OSError, TimeoutError):
-        return None
-    return workers
+        return None, None
+    return store, workers
+
+
+def finish_together(store, node_rank: int, nnodes: int) -> None:
+    """Node 0's processes end only once every node's have: a real job's last collective holds them, and
+    so node 0's servers (with_servers.sh stops them when its trainer ends) outlive node 1's use of them.
+    Node 0 holds the store, so it is the one that waits."""
+    with contextlib.suppress(RuntimeError, OSError, TimeoutError):
+        store.add("rehearsal/finished", 1)
+        deadline = time.monotonic() + RENDEZVOUS_S
+        while node_rank == 0 and store.add("rehearsal/finished", 0) < nnodes and time.monotonic() < deadline:
+            time.sleep(0.05)
 
 
 def stop_servers() -> None:
