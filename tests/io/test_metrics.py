@@ -3,6 +3,8 @@ line of the checkpoint's own step."""
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
 from emoji_rl.io.metrics import MetricsWriter, folder_clashes, read_metrics
@@ -64,3 +66,24 @@ def test_tensorboard_holds_each_point_once_when_a_line_of_the_checkpoints_step_i
     assert [(e.step, e.value) for e in events.Scalars("train/loss")] == [(1, 1.0), (2, 0.5)]
     assert [(e.step, e.value) for e in events.Scalars("eval/loss")] == [(2, pytest.approx(0.7))]
     assert [row["step"] for row in read_metrics(tmp_path)] == [1, 2, 2]
+
+
+def test_tensorboard_gets_a_kept_line_the_killed_run_wrote_to_metrics_jsonl_only(tmp_path):
+    """A kill between a line reaching metrics.jsonl and reaching TensorBoard (the file is written
+    first): sft's closing summary after its last checkpoint, which the resume keeps and does not log
+    again. TensorBoard gets it from the kept lines, once."""
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    with MetricsWriter(tmp_path) as writer:
+        writer.write(1, {"train/loss": 1.0})
+        writer.write(2, {"train/loss": 0.5})
+    with (tmp_path / "metrics.jsonl").open("a") as killed:
+        killed.write(json.dumps({"step": 2, "train/train_runtime": 9.0}) + "\n")
+    with MetricsWriter(tmp_path, resume_from_step=2, keep_lines=3) as writer:
+        writer.write(2, {"eval/loss": 0.7})
+
+    events = EventAccumulator(str(tmp_path / "tensorboard"))
+    events.Reload()
+    assert [(e.step, e.value) for e in events.Scalars("train/train_runtime")] == [(2, 9.0)]
+    assert [(e.step, e.value) for e in events.Scalars("train/loss")] == [(1, 1.0), (2, 0.5)]
+    assert [(e.step, e.value) for e in events.Scalars("eval/loss")] == [(2, pytest.approx(0.7))]

@@ -16,7 +16,7 @@ from types import TracebackType
 
 from emoji_rl.config import to_dict
 from emoji_rl.io.accelerate_trackers import AccelerateWriter
-from emoji_rl.io.jsonl import drop_steps_after, keep_first_lines, logged_steps, rewrite_records
+from emoji_rl.io.jsonl import drop_steps_after, keep_first_lines, rewrite_records
 from emoji_rl.io.trackers import (
     TrackerConfig,
     TrackerRun,
@@ -32,9 +32,10 @@ class MetricsWriter:
     """Appends `{"step": n, **metrics}` lines; a resumed run keeps the lines of earlier steps only.
 
     Every tracker ends with each metric of each step once, at metrics.jsonl's step numbers, whatever
-    killed the run before and wherever. TensorBoard forgets the redone steps (`purge_step`), from the
-    checkpoint's own when a line logged there is redone (sft's closing summary after its last
-    checkpoint), and is sent again the lines kept there. wandb's, trackio's and mlflow's histories only
+    killed the run before and wherever. TensorBoard forgets the steps from the checkpoint's on
+    (`purge_step`) and is sent again the lines kept there: a line of that step may be redone (sft's
+    final evaluation after its last checkpoint), or kept yet never flushed to TensorBoard by the
+    killed run. wandb's, trackio's and mlflow's histories only
     go forward, and a kill -9 can drop what they held in memory: each says what it holds (`Held`: the
     last step, and what of it), and what metrics.jsonl keeps beyond that is sent again before the run
     goes on; what a tracker holds past the checkpoint keeps the value the dead run gave it, and is not
@@ -59,7 +60,6 @@ class MetricsWriter:
         names = resolve(trackers.report_to)
         self.path = Path(run_dir) / "metrics.jsonl"
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        logged_there = logged_steps(self.path).count(resume_from_step)
         # Steps after the checkpoint were logged by a run that then died: they are redone, so drop them.
         if keep_lines is None:
             drop_steps_after(self.path, resume_from_step)
@@ -73,14 +73,14 @@ class MetricsWriter:
         if "tensorboard" in names:
             from torch.utils.tensorboard import SummaryWriter
 
-            there = [row for row in kept if row["step"] == resume_from_step]
-            # TensorBoard forgets whole steps: the checkpoint's too when a line of it is redone, and
-            # then it is sent the lines kept there again.
-            redone_there = len(there) < logged_there
-            purge = resume_from_step if redone_there else resume_from_step + 1
-            self._tb = SummaryWriter(str(Path(run_dir) / "tensorboard"), purge_step=purge)
-            for row in there if redone_there else []:
-                self._scalars_to_tensorboard(row["step"], _scalars(row))
+            # TensorBoard forgets whole steps, from the checkpoint's on, and is sent the lines kept
+            # there again: one of them may be redone (sft's final evaluation after its last
+            # checkpoint), and the last kept line may never have reached TensorBoard (a line goes to
+            # metrics.jsonl first, and the kill can fall between the two).
+            self._tb = SummaryWriter(str(Path(run_dir) / "tensorboard"), purge_step=resume_from_step)
+            for row in kept:
+                if row["step"] == resume_from_step:
+                    self._scalars_to_tensorboard(row["step"], _scalars(row))
         forwarded = [name for name in names if name != "tensorboard"]
         self._forward: list[WandbWriter | TrackioWriter | AccelerateWriter] = []
         if forwarded:
