@@ -4,6 +4,7 @@ line of the checkpoint's own step."""
 from __future__ import annotations
 
 import json
+import time
 
 import pytest
 
@@ -47,6 +48,13 @@ def test_a_resumed_writer_checks_new_names_against_the_kept_lines(tmp_path):
         resumed.write(2, {"game/similarity/best": 0.5})
 
 
+def _next_second() -> None:
+    """TensorBoard reads a run's event files in name order. A name begins with the second the writer
+    was made in and ends with a counter of the process (which sorts 10 before 9): a resumed writer made
+    in the killed one's second could be read first, which a resume in its own process, later, never is."""
+    time.sleep(1.01 - time.time() % 1)
+
+
 def test_tensorboard_holds_each_point_once_when_a_line_of_the_checkpoints_step_is_redone(tmp_path):
     """sft's last checkpoint at its last step: the killed run logged the step's training line, then a
     line the checkpoint does not know (an evaluation after it). The resume keeps the first line only
@@ -58,6 +66,7 @@ def test_tensorboard_holds_each_point_once_when_a_line_of_the_checkpoints_step_i
         writer.write(1, {"train/loss": 1.0})
         writer.write(2, {"train/loss": 0.5})
         writer.write(2, {"eval/loss": 0.75})
+    _next_second()
     with MetricsWriter(tmp_path, resume_from_step=2, keep_lines=2) as writer:
         writer.write(2, {"eval/loss": 0.7})
 
@@ -79,6 +88,7 @@ def test_tensorboard_gets_a_kept_line_the_killed_run_wrote_to_metrics_jsonl_only
         writer.write(2, {"train/loss": 0.5})
     with (tmp_path / "metrics.jsonl").open("a") as killed:
         killed.write(json.dumps({"step": 2, "train/train_runtime": 9.0}) + "\n")
+    _next_second()
     with MetricsWriter(tmp_path, resume_from_step=2, keep_lines=3) as writer:
         writer.write(2, {"eval/loss": 0.7})
 
