@@ -319,10 +319,7 @@ def rendezvous(address: str, port: int, nnodes: int, node_rank: int, local: int)
         )
         spec = SimpleNamespace(role="default", local_world_size=local)
         workers = SimpleElasticAgent._assign_worker_ranks(None, store, node_rank, nnodes, spec)
-        store.add("rehearsal/done", 1)
-        deadline = time.monotonic() + RENDEZVOUS_S
-        while node_rank == 0 and store.add("rehearsal/done", 0) < nnodes and time.monotonic() < deadline:
-            time.sleep(0.05)  # node 0 holds the store until every node has read its ranks
+        node_0_waits(store, "rehearsal/done", node_rank, nnodes)  # until every node has read its ranks
     except (RuntimeError, OSError, TimeoutError):
         return None, None
     return store, workers
@@ -333,10 +330,16 @@ def finish_together(store, node_rank: int, nnodes: int) -> None:
     so node 0's servers (with_servers.sh stops them when its trainer ends) outlive node 1's use of them.
     Node 0 holds the store, so it is the one that waits."""
     with contextlib.suppress(RuntimeError, OSError, TimeoutError):
-        store.add("rehearsal/finished", 1)
-        deadline = time.monotonic() + RENDEZVOUS_S
-        while node_rank == 0 and store.add("rehearsal/finished", 0) < nnodes and time.monotonic() < deadline:
-            time.sleep(0.05)
+        node_0_waits(store, "rehearsal/finished", node_rank, nnodes)
+
+
+def node_0_waits(store, key: str, node_rank: int, nnodes: int) -> None:
+    """This node counts itself at `key`; node 0, which holds the store, then waits (up to RENDEZVOUS_S)
+    until every node has."""
+    store.add(key, 1)
+    deadline = time.monotonic() + RENDEZVOUS_S
+    while node_rank == 0 and store.add(key, 0) < nnodes and time.monotonic() < deadline:
+        time.sleep(0.05)
 
 
 def stop_servers() -> None:
