@@ -60,6 +60,12 @@ def _record(system, i):
     }
 
 
+def table_under(lines, header):
+    """The rows of the markdown table whose header line is `header`, to the blank line after it."""
+    start = lines.index(header) + 2  # the header, then its --- line
+    return lines[start : lines.index("", start)]
+
+
 @pytest.fixture
 def run_dir(tmp_path):
     run = tmp_path / "experiment"
@@ -143,10 +149,8 @@ def test_report_shows_the_table_paired_differences_curves_examples_and_timings(r
     assert not any("teacher guess" in line for line in examples)
 
     # What the senders learned: repeats, the most sent emoji and the most given guess with their shares.
-    habits = lines.index(
-        "| system | repeats an emoji | most sent emoji (share) | most given guess (share) | turns |"
-    )
-    assert lines[habits + 2 : habits + 6] == [
+    habits = "| system | repeats an emoji | most sent emoji (share) | most given guess (share) | turns |"
+    assert table_under(lines, habits) == [
         "| base | 1.000 | 😀 😀 (1.000) | base guess 0 (0.250) | 1.00 |",
         "| sft | 0.000 | 🍕 🌙 (1.000) | sft guess 0 (0.250) | 1.00 |",
         "| rl | 1.000 | 🍕 🍕 🌙 (1.000) | I'm a student (0.750) | 1.00 |",
@@ -154,8 +158,7 @@ def test_report_shows_the_table_paired_differences_curves_examples_and_timings(r
     ]
 
     # Stage timings in the order they finished, with the total.
-    timings = lines.index("| stage | minutes | finished |")
-    assert lines[timings + 2 : timings + 5] == [
+    assert table_under(lines, "| stage | minutes | finished |") == [
         "| prompts | 0.5 | 2026-11-25T02:00:00 |",
         "| sft | 10.0 | 2026-11-25T02:10:00 |",
         "| total | 10.5 |  |",
@@ -288,3 +291,105 @@ def test_the_senders_decoding_is_read_from_the_evaluation():
     assert sender_decoding({"sender_temperature": 0.7, "sender_num_beams": 1}) == "senders sampled at T 0.7"
     guided = {"sender_temperature": 0.0, "sender_num_beams": 1, "sender_guidance_scale": 3.0}
     assert sender_decoding(guided) == "senders greedy, guidance scale 3"
+
+
+# Both seats' evaluation, per system: the judge's similarity on its own emoji (mode pair) and its reading
+# of the teacher's emoji (mode teacher) on four messages. Against the sender alone, `both` costs the judge
+# 0.005 on every message and `both-w0.5` 0.05; as readers of the teacher, `both` beats the base by 0.1.
+SEATS_JUDGE = {"alone": 0.3, "both": 0.295, "both-w0.5": 0.25, "base": 0.1}
+SEATS_TEACHER = {"alone": 0.2, "both": 0.3, "both-w0.5": 0.3, "base": 0.2}
+# The evaluation's own drift row (mean, low, high): the reader less the judge on the same emoji.
+SEATS_DRIFT = {"alone": (-0.1, -0.2, 0.0), "both": (0.02, 0.01, 0.03), "both-w0.5": (0.1, 0.05, 0.15),
+               "base": (-0.05, -0.1, 0.0)}  # fmt: skip
+
+
+def _seats_run(run, judge_weights):
+    """reports/both/both_seats.json in `run`, its systems' adapters beside the config.yaml of the run that
+    trained them (both seats at each of `judge_weights`; the sender alone on the retrieval game)."""
+    systems = {"base": "base"}
+    trained = {"alone": {"game": "retrieval"}}
+    trained |= {name: {"game": "both_seats", "judge_weight": w} for name, w in judge_weights.items()}
+    for name, config in trained.items():
+        adapter = run / name / "adapter"
+        adapter.mkdir(parents=True)
+        (run / name / "config.yaml").write_text("".join(f"{k}: {v}\n" for k, v in config.items()))
+        systems[name] = str(adapter)
+    records, rows = [], []
+    for system in systems:
+        for mode, reader in (
+            ("pair", SEATS_JUDGE[system] + SEATS_DRIFT[system][0]),
+            ("teacher", SEATS_TEACHER[system]),
+        ):
+            metrics = {"judge_similarity": SEATS_JUDGE[system], "reader_similarity": reader}
+            if mode == "pair":
+                metrics["drift"] = SEATS_DRIFT[system][0]
+            records += [{"system": system, "mode": mode, "id": f"m{i}", "metrics": metrics} for i in range(4)]
+            row = {"system": system, "mode": mode, "n": 4, **metrics, "turns": 1.0}
+            if mode == "pair":
+                row |= dict(zip(("drift", "drift_lo", "drift_hi"), SEATS_DRIFT[system], strict=True))
+            rows.append(row)
+    both = {"data": "runs/experiment/data/sft_test.jsonl", "examples": 4, "judge": "hf(embedded)",
+            "reader_view": "gloss", "systems": systems, "rows": rows, "comparisons": [], "records": records}  # fmt: skip
+    (run / "reports" / "both").mkdir(parents=True)
+    (run / "reports" / "both" / "both_seats.json").write_text(json.dumps(both))
+
+
+def test_both_seats_answers_the_three_questions_and_draws_the_drift_curve(run_dir, monkeypatch):
+    from emoji_rl.eval import experiment_report
+
+    _seats_run(run_dir, {"both": 0.75, "both-w0.5": 0.5})
+    drawn, draw = {}, experiment_report.interval_figure
+
+    def spy(panels, title, path, **kwargs):
+        drawn.update(panels)
+        return draw(panels, title, path, **kwargs)
+
+    monkeypatch.setattr(experiment_report, "interval_figure", spy)
+    assert cli.main(["experiment-report", "--run_dir", str(run_dir)]) == 0
+    lines = (run_dir / "report.md").read_text().splitlines()
+    assert "| both | pair | 4 | 0.295 | 0.315 | +0.020 [+0.010, +0.030] | 1.00 |" in lines
+    assert "| both | teacher | 4 | 0.295 | 0.300 | n/a | 1.00 |" in lines
+    # (a) -0.005 on every message: its interval is a point, above -0.01; (b) the row's own interval;
+    # (c) +0.1 on every message.
+    assert table_under(lines, "| question | measure | messages | mean | 95% CI | answer |") == [
+        "| (a) the judge reads both seats' emoji no worse than alone's | both − alone, pair, judge similarity "
+        "| 4 | -0.005 | [-0.005, -0.005] | yes (low end above -0.01) |",
+        "| (b) the pair reads its own emoji better than the judge | both, pair, drift (reader − judge) "
+        "| 4 | +0.020 | [+0.010, +0.030] | yes (low end above +0.00) |",
+        "| (c) it reads the teacher's emoji better than the base model | both − base, teacher, reader similarity "
+        "| 4 | +0.100 | [+0.100, +0.100] | yes (low end above +0.00) |",
+    ]
+    # The drift curve: the runs in both seats by the reader's weight (1 - judge_weight), not the sender
+    # alone (trained on the retrieval game) nor the base model (no adapter).
+    curve = "| reader's weight | system | judge similarity | − alone [95% CI] | drift [95% CI] |"
+    assert table_under(lines, curve) == [
+        "| 0.25 | both | 0.295 | -0.005 [-0.005, -0.005] | +0.020 [+0.010, +0.030] |",
+        "| 0.5 | both-w0.5 | 0.250 | -0.050 [-0.050, -0.050] | +0.100 [+0.050, +0.150] |",
+    ]
+    assert drawn["drift (reader − judge)"] == [(0.25, 0.02, 0.01, 0.03), (0.5, 0.1, 0.05, 0.15)]
+    assert [point[0] for point in drawn["judge similarity − alone"]] == [0.25, 0.5]
+    assert "![the drift curve](report/drift_curve.png)" in lines
+    assert (run_dir / "report" / "drift_curve.png").stat().st_size > 0
+    # The retrieval experiment's page is still there, before it.
+    assert lines.index("## Systems on the held-out split") < lines.index("## Both seats")
+
+
+def test_both_seats_alone_with_one_run_and_no_base_is_reported_without_the_curve(tmp_path):
+    """A run directory with the both-seats evaluation only (no eval-retrieval): its section, the
+    question the evaluation cannot answer said so, and no curve for one run in both seats."""
+    run = tmp_path / "experiment"
+    _seats_run(run, {"both": 0.75})
+    both = run / "reports" / "both" / "both_seats.json"
+    evaluated = json.loads(both.read_text())
+    evaluated["records"] = [r for r in evaluated["records"] if r["system"] != "base"]
+    both.write_text(json.dumps(evaluated))
+    assert cli.main(["experiment-report", "--run_dir", str(run)]) == 0
+    report = (run / "report.md").read_text()
+    lines = report.splitlines()
+    assert "## Both seats" in lines and "## Systems on the held-out split" not in lines
+    assert any(
+        line.startswith("| (c) ") and line.endswith("| 0 | n/a | n/a | n/a: not evaluated |")
+        for line in lines
+    )
+    assert "### The drift curve" not in lines and not (run / "report" / "drift_curve.png").exists()
+    assert "No GRPO metrics" in report

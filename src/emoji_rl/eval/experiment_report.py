@@ -13,8 +13,13 @@ Reads what the stages of `make experiment` wrote into the run directory:
 - `sft/metrics.jsonl`: the SFT loss curves;
 - `reports/*/eval_sft.json` (`eval-sft`, greedy and sampled): the SFT sender's emoji diversity beside
   its data's, where a collapse to generic emoji shows;
+- `reports/both/both_seats.json` (`eval --game both_seats`, configs/cpu/experiment.both.yaml, optional):
+  both seats against the sender trained alone, the three questions of docs/DESIGN.md §15 with their
+  paired intervals, and the drift curve over the both-seats runs, each placed by the reader's weight in
+  its sender's reward, read from the `config.yaml` its `grpo` run wrote beside its adapter;
 - `stages/*.done` (the pipeline runner's markers, optional): how long each stage took.
-Writes `report.md` beside PNGs in `DIR/report/`; every number on the page comes from those files.
+Either evaluation may be missing, not both. Writes `report.md` beside PNGs in `DIR/report/`; every
+number on the page comes from those files.
 
     emoji-rl experiment-report --run_dir runs/experiment
 """
@@ -26,17 +31,22 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from emoji_rl.config import read_yaml
 from emoji_rl.emoji.stats import compliant_emoji, most_common_share, repeat_share
 from emoji_rl.errors import UserError
+from emoji_rl.games.both_seats.evaluation import COMPARED as SEATS_COMPARED
 from emoji_rl.games.retrieval.evaluation import COMPARED, final_guess, sent_texts
 from emoji_rl.io.jsonl import Record, read_jsonl, write_text
-from emoji_rl.io.report import line_figure
+from emoji_rl.io.report import interval_figure, line_figure
 from emoji_rl.pipeline import read_marker
 from emoji_rl.play.compare import comparisons
 from emoji_rl.play.intervals import verdict
 from emoji_rl.rl.held_out import current_names
 
 RETRIEVAL = "reports/retrieval/retrieval.json"
+BOTH_SEATS = "reports/both/both_seats.json"
+# Question (a)'s margin: both seats may cost the judge's reading this much and still count as no worse.
+NO_WORSE = -0.01
 GRPO_METRICS = "grpo/metrics.jsonl"
 SFT_METRICS = "sft/metrics.jsonl"
 # Learning curves: a panel per metric the GRPO run logged, in this order, under these titles; a
@@ -87,6 +97,15 @@ class Config:
         metadata={
             "help": "senders whose emoji on the held-out split are set beside the teacher's (those present)"
         },
+    )
+    both_system: str = field(
+        default="both", metadata={"help": "both seats' evaluation: the system trained in both seats"}
+    )
+    alone_system: str = field(
+        default="alone", metadata={"help": "both seats' evaluation: the sender trained alone"}
+    )
+    base_system: str = field(
+        default="base", metadata={"help": "both seats' evaluation: the base model, as a reader"}
     )
     resamples: int = field(default=2000, metadata={"help": "bootstrap resamples per interval"})
     seed: int = field(default=0, metadata={"help": "seed of the bootstrap"})
@@ -260,6 +279,130 @@ def _stats(row: Record, data: Record) -> list[str]:
     ]
 
 
+def _interval(mean: float, low: float | None, high: float | None) -> str:
+    return f"{mean:+.3f}" if low is None or high is None else f"{mean:+.3f} [{low:+.3f}, {high:+.3f}]"
+
+
+def seats_table(both: Record) -> str:
+    """Per system and mode: the judge's and the reader's similarity, and the drift with its interval."""
+    header = ["system", "mode", "n", "judge similarity", "reader similarity", "drift [95% CI]", "turns"]
+    rows = []
+    for r in both["rows"]:
+        drift = "n/a" if r.get("drift") is None else _interval(r["drift"], r["drift_lo"], r["drift_hi"])
+        cells = [_number(r.get(key)) for key in ("judge_similarity", "reader_similarity")]
+        rows.append([r["system"], r["mode"], str(r["n"]), *cells, drift, _number(r.get("turns"), 2)])
+    return markdown_table(header, rows)
+
+
+def drift_row(both: Record, system: str) -> Record | None:
+    """`system`'s row in mode pair, where the reader read the system's own emoji (the drift's mode)."""
+    rows = (r for r in both["rows"] if (r["system"], r["mode"]) == (system, "pair") and "drift" in r)
+    return next(rows, None)
+
+
+def seats_differences(both: Record, pairs: Sequence[tuple[str, str]], cfg: Config) -> dict[tuple, Record]:
+    """mean(A - B) with its paired interval, by (A, B, mode, metric), for the pairs both played."""
+    found = comparisons(both["records"], pairs, SEATS_COMPARED, cfg.resamples, cfg.seed)
+    return {(d["a"], d["b"], d["mode"], d["metric"]): d for d in found}
+
+
+def questions_table(both: Record, cfg: Config) -> str:
+    """docs/DESIGN.md §15's three questions: the measure each reads, its interval, and the answer."""
+    one, alone, base = cfg.both_system, cfg.alone_system, cfg.base_system
+    diffs = seats_differences(both, [(one, alone), (one, base)], cfg)
+    row = drift_row(both, one)
+    drift = row and {"mean": row["drift"], "low": row["drift_lo"], "high": row["drift_hi"], "n": row["n"]}
+    asked = [
+        ("(a) the judge reads both seats' emoji no worse than alone's", f"{one} − {alone}, pair, judge similarity",
+         diffs.get((one, alone, "pair", "judge_similarity")), NO_WORSE),
+        ("(b) the pair reads its own emoji better than the judge", f"{one}, pair, drift (reader − judge)",
+         drift, 0.0),
+        ("(c) it reads the teacher's emoji better than the base model", f"{one} − {base}, teacher, reader similarity",
+         diffs.get((one, base, "teacher", "reader_similarity")), 0.0),
+    ]  # fmt: skip
+    rows = []
+    for question, measure, found, bound in asked:
+        if not found:
+            rows.append([question, measure, "0", "n/a", "n/a", "n/a: not evaluated"])
+            continue
+        answer = "yes" if found["low"] is not None and found["low"] > bound else "no"
+        interval = "n/a" if found["low"] is None else f"[{found['low']:+.3f}, {found['high']:+.3f}]"
+        rows.append([question, measure, str(found["n"]), f"{found['mean']:+.3f}", interval,
+                     f"{answer} (low end above {bound:+.2f})"])  # fmt: skip
+    return markdown_table(["question", "measure", "messages", "mean", "95% CI", "answer"], rows)
+
+
+def reader_weights(both: Record) -> dict[str, float]:
+    """Per system played from an adapter that `grpo --game both_seats` trained, the reader's weight in
+    its sender's reward (1 - judge_weight), from the config.yaml the run wrote beside the adapter."""
+    weights = {}
+    for name, path in both.get("systems", {}).items():
+        config = Path(path).parent / "config.yaml"
+        if not Path(path).is_dir() or not config.is_file():
+            continue
+        trained = read_yaml(config) or {}
+        if trained.get("game") == "both_seats" and "judge_weight" in trained:
+            weights[name] = 1.0 - float(trained["judge_weight"])
+    return weights
+
+
+def drift_curve(both: Record, cfg: Config, path: Path) -> tuple[str, Path] | None:
+    """The both-seats runs by the reader's weight: question (a)'s difference against the sender alone,
+    and the drift, with their intervals; a table and a figure (None: fewer than two such runs)."""
+    weights = reader_weights(both)
+    systems = sorted((s for s in weights if drift_row(both, s)), key=lambda s: weights[s])
+    if len(systems) < 2:
+        return None
+    diffs = seats_differences(both, [(s, cfg.alone_system) for s in systems], cfg)
+    judged, drifted, rows = [], [], []
+    for system in systems:
+        x, row = weights[system], drift_row(both, system)
+        assert row is not None
+        drifted.append((x, row["drift"], row["drift_lo"], row["drift_hi"]))
+        diff = diffs.get((system, cfg.alone_system, "pair", "judge_similarity"))
+        if diff is not None:
+            judged.append((x, diff["mean"], diff["low"], diff["high"]))
+        against = "n/a" if diff is None else _interval(diff["mean"], diff["low"], diff["high"])
+        drift = _interval(row["drift"], row["drift_lo"], row["drift_hi"])
+        rows.append([f"{x:g}", system, _number(row["judge_similarity"]), against, drift])
+    header = ["reader's weight", "system", "judge similarity", f"− {cfg.alone_system} [95% CI]"]
+    header.append("drift [95% CI]")
+    panels = {f"judge similarity − {cfg.alone_system}": judged, "drift (reader − judge)": drifted}
+    figure = interval_figure(
+        {title: points for title, points in panels.items() if points},
+        "both seats by the reader's weight in the sender's reward (mode pair)",
+        path,
+        xlabel="reader's weight (1 − judge_weight)",
+    )
+    return markdown_table(header, rows), figure
+
+
+def seats_sections(both: Record, cfg: Config, run_dir: Path) -> list[str]:
+    sections = [
+        "## Both seats",
+        f"{both['examples']} held-out messages from `{both['data']}`; judge `{both['judge']}`; the reader "
+        f"shown `{both['reader_view']}`. Mode `pair`: each system reads its own emoji beside the frozen "
+        "judge; mode `teacher`: it reads the teacher's. The drift is the reader's similarity less the "
+        "judge's on the same emoji.",
+        seats_table(both),
+        "### The questions",
+        f"Paired 95% percentile-bootstrap intervals over messages ({cfg.resamples} resamples); the drift's "
+        "is the evaluation's own, over the system's messages.",
+        questions_table(both, cfg),
+    ]
+    curve = drift_curve(both, cfg, run_dir / "report" / "drift_curve.png")
+    if curve is not None:
+        table, figure = curve
+        sections += [
+            "### The drift curve",
+            "Each run trained in both seats, placed by the reader's weight in its sender's reward (from "
+            "the config.yaml beside its adapter).",
+            f"![the drift curve]({figure.relative_to(run_dir)})",
+            table,
+        ]
+    return sections
+
+
 def logged_keys(metrics: Sequence[Record], wanted: dict[str, str]) -> dict[str, str]:
     """`wanted` with each key ending in `*` replaced by the logged keys it begins, in the order logged."""
     logged = dict.fromkeys(key for m in metrics for key in m)
@@ -334,17 +477,8 @@ def sender_decoding(retrieval: dict) -> str:
     return decoding + (f", guidance scale {scale:g}" if scale != 1.0 else "")
 
 
-def main(cfg: Config) -> None:
-    run_dir = Path(cfg.run_dir)
-    source = run_dir / RETRIEVAL
-    if not source.is_file():
-        raise UserError(
-            f"{source} does not exist: run `emoji-rl eval-retrieval --output_dir {source.parent}` first"
-        )
-    retrieval = read_json(source, "eval-retrieval's JSON")
-    figures = run_dir / "report"
-    sections = [
-        f"# Experiment report: {run_dir}",
+def retrieval_sections(retrieval: Record, cfg: Config) -> list[str]:
+    return [
         f"Held-out split: {retrieval['examples']} messages from `{retrieval['data']}`; judge "
         f"`{retrieval['judge']}`; protocol `{retrieval.get('protocol', 'ours')}`; {sender_decoding(retrieval)}. "
         "Two systems that played a message played it against the same distractors and the same judge; a "
@@ -356,6 +490,22 @@ def main(cfg: Config) -> None:
         f"({cfg.resamples} resamples over messages).",
         differences_table(differences(retrieval, cfg)),
     ]
+
+
+def main(cfg: Config) -> None:
+    run_dir = Path(cfg.run_dir)
+    source, seats = run_dir / RETRIEVAL, run_dir / BOTH_SEATS
+    if not source.is_file() and not seats.is_file():
+        raise UserError(
+            f"{source} does not exist: run `emoji-rl eval-retrieval --output_dir {source.parent}` first "
+            f"(or, for the both-seats experiment alone, `emoji-rl eval --game both_seats --output_dir "
+            f"{seats.parent}`)"
+        )
+    retrieval = read_json(source, "eval-retrieval's JSON") if source.is_file() else None
+    figures = run_dir / "report"
+    sections = [f"# Experiment report: {run_dir}"]
+    if retrieval is not None:
+        sections += retrieval_sections(retrieval, cfg)
     grpo = curves(read_metrics(run_dir / GRPO_METRICS), GRPO_CURVES)
     sft = curves(read_metrics(run_dir / SFT_METRICS), SFT_CURVES)
     sections.append("## Learning curves")
@@ -368,28 +518,31 @@ def main(cfg: Config) -> None:
         figure = line_figure(points, f"{name} by step", figures / f"{name.lower()}_curves.png")
         sections += [f"![{name} by step]({figure.relative_to(run_dir)})", curve_summary(points)]
     evaluations = [read_json(path, "eval-sft's JSON") for path in sorted(run_dir.glob(EVAL_SFT))]
-    if evaluations or retrieval.get("teacher_emoji"):
+    if evaluations or (retrieval or {}).get("teacher_emoji"):
         sections += [
             "## SFT against its data",
             "The first chats of the SFT test split (eval-sft), then the whole held-out split "
             "(eval-retrieval). A collapse to generic emoji shows as fewer distinct emoji and a lower "
             "entropy than the data's: greedy decoding (T 0) sends each message's likeliest emoji, "
             "sampling at T 1 shows the distribution the sender learned.",
-            diversity_table(evaluations, retrieval, cfg.diversity_systems),
+            diversity_table(evaluations, retrieval or {}, cfg.diversity_systems),
         ]
-    sections += [
-        "## What the senders learned",
-        "On the held-out split, single-turn. A sender that games the judge shows here: one emoji message"
-        " for many targets, or one guess the judge gives whatever it is sent.",
-        habits_table(retrieval),
-        "## Held-out messages, side by side",
-        "Single-turn: each sender's emoji and what the judge guessed from them.",
-        examples_table(retrieval, cfg),
-    ]
+    if retrieval is not None:
+        sections += [
+            "## What the senders learned",
+            "On the held-out split, single-turn. A sender that games the judge shows here: one emoji "
+            "message for many targets, or one guess the judge gives whatever it is sent.",
+            habits_table(retrieval),
+            "## Held-out messages, side by side",
+            "Single-turn: each sender's emoji and what the judge guessed from them.",
+            examples_table(retrieval, cfg),
+        ]
+    if seats.is_file():
+        sections += seats_sections(read_json(seats, "eval --game both_seats' JSON"), cfg, run_dir)
     markers = stage_timings(run_dir)
     if markers:
         sections += ["## Stage timings", timings_table(markers)]
-    if retrieval.get("caveat"):
+    if retrieval is not None and retrieval.get("caveat"):
         sections += ["## Caveat", retrieval["caveat"]]
     report = run_dir / "report.md"
     write_text(report, "\n\n".join(sections) + "\n")

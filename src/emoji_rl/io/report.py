@@ -1,5 +1,6 @@
-"""Evaluation output shared by the eval stages: a plain-text table, a grouped bar figure and line
-figures of metrics by step; figures are written atomically (a reader never sees half a PNG).
+"""Evaluation output shared by the eval stages: a plain-text table, a grouped bar figure, line
+figures of metrics by step and figures of means with their intervals; figures are written atomically
+(a reader never sees half a PNG).
 
 Rows are flat dicts of one model x setting (`{"system": "sft", "decoding": "none", "compliance": 0.9}`),
 the same dicts that go into the stage's JSON file, so the table, the JSON and the figure never disagree.
@@ -109,6 +110,34 @@ def line_figure(
         ax.set_xlabel(xlabel, fontsize=9)
     for ax in panels[len(curves) :]:  # the last row's empty places
         ax.set_visible(False)
+    fig.suptitle(title, fontsize=11)
+    fig.tight_layout()
+    return _save(fig, path)
+
+
+def interval_figure(
+    panels: Mapping[str, Sequence[tuple[float, float, float | None, float | None]]],
+    title: str,
+    path: str | Path,
+    xlabel: str,
+) -> Path:
+    """One panel per measure: its (x, mean, low, high) points joined in order of x, each interval an
+    error bar, and a dashed line at 0, where a difference changes sign."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, len(panels), figsize=(4.2 * len(panels), 3.6), squeeze=False)
+    for ax, (name, points) in zip(axes.flat, panels.items(), strict=True):
+        points = sorted(points)
+        xs, means = [p[0] for p in points], [p[1] for p in points]
+        below = [m - lo if lo is not None else 0.0 for _, m, lo, _ in points]
+        above = [hi - m if hi is not None else 0.0 for _, m, _, hi in points]
+        ax.errorbar(xs, means, yerr=[below, above], marker="o", capsize=4)
+        ax.axhline(0.0, color="grey", linestyle="--", linewidth=0.8)
+        ax.set_title(name, fontsize=10)
+        ax.set_xlabel(xlabel, fontsize=9)
     fig.suptitle(title, fontsize=11)
     fig.tight_layout()
     return _save(fig, path)

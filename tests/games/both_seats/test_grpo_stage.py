@@ -11,6 +11,7 @@ from tests.trackers import assert_mlflow_keeps_every_name
 
 from emoji_rl import cli
 from emoji_rl.emoji.sender_prompts import sender_messages
+from emoji_rl.eval import experiment_report
 from emoji_rl.io.metrics import read_metrics
 from emoji_rl.lm import models
 
@@ -79,7 +80,7 @@ def test_both_seats_train_in_process_and_evaluate(data, tmp_path):
     adapter = tmp_path / "run" / "adapter"
     assert (adapter / "adapter_model.safetensors").is_file()
 
-    report = tmp_path / "report"
+    report = tmp_path / "run" / "reports" / "both"
     args = ["eval", "--game", "both_seats", "--data", data[0], "--teacher_data", data[1]]
     args += ["--judge", "lexicon", "--max_turns", "1"]
     args += ["--systems", "base", f"both={adapter}", "--max_new_tokens", "32", "--max_emoji", "3"]
@@ -93,6 +94,14 @@ def test_both_seats_train_in_process_and_evaluate(data, tmp_path):
         ("both", "base", "judge_similarity"),
         ("both", "base", "reader_similarity"),
     }
+    # experiment-report on it: the questions this evaluation can answer (no sender alone here), and the
+    # system trained in both seats found by the config.yaml beside its adapter (judge_weight 0.75).
+    assert evaluated["systems"] == {"base": "base", "both": str(adapter)}
+    assert experiment_report.reader_weights(evaluated) == {"both": 0.25}
+    assert cli.main(["experiment-report", "--run_dir", str(tmp_path / "run")]) == 0
+    lines = (tmp_path / "run" / "report.md").read_text().splitlines()
+    assert any(line.startswith("| (a) ") and line.endswith("n/a: not evaluated |") for line in lines)
+    assert any(line.startswith("| (c) ") and "| 2 |" in line for line in lines)
 
 
 def test_one_adapter_on_the_server_plays_both_seats_one_version_behind(data, tmp_path, monkeypatch):

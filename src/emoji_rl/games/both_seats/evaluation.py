@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from emoji_rl.config import override
+from emoji_rl.decode.senders import parse_systems
 from emoji_rl.errors import UserError
 from emoji_rl.games.both_seats.game import TEACHER
 from emoji_rl.io.jsonl import Record
@@ -74,6 +75,8 @@ def plan(
         "reader_view": cfg.reader_view,
         "judge_weight": cfg.judge_weight,
         "teacher_data": cfg.teacher_data,
+        # Each system's adapter: experiment-report finds the config of the run that trained it beside it.
+        "systems": {name: path or "base" for name, path in parse_systems(cfg.systems).items()},
         "interval": f"{LEVEL:.0%} percentile bootstrap over messages, {cfg.resamples} resamples; "
         "comparisons paired (the same messages resampled for both systems)",
     }
