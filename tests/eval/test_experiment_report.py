@@ -324,7 +324,7 @@ def _seats_run(run, judge_weights):
             if mode == "pair":
                 metrics["drift"] = SEATS_DRIFT[system][0]
             records += [{"system": system, "mode": mode, "id": f"m{i}", "metrics": metrics} for i in range(4)]
-            row = {"system": system, "mode": mode, "n": 4, **metrics, "turns": 1.0}
+            row = {"system": system, "mode": mode, "n": 4, **metrics, "turns": 1.0, "reader_unknown": 0.25}
             if mode == "pair":
                 row |= dict(zip(("drift", "drift_lo", "drift_hi"), SEATS_DRIFT[system], strict=True))
             rows.append(row)
@@ -347,8 +347,8 @@ def test_both_seats_answers_the_three_questions_and_draws_the_drift_curve(run_di
     monkeypatch.setattr(experiment_report, "interval_figure", spy)
     assert cli.main(["experiment-report", "--run_dir", str(run_dir)]) == 0
     lines = (run_dir / "report.md").read_text().splitlines()
-    assert "| both | pair | 4 | 0.295 | 0.315 | +0.020 [+0.010, +0.030] | 1.00 |" in lines
-    assert "| both | teacher | 4 | 0.295 | 0.300 | n/a | 1.00 |" in lines
+    assert "| both | pair | 4 | 0.295 | 0.315 | +0.020 [+0.010, +0.030] | 1.00 | 0.250 |" in lines
+    assert "| both | teacher | 4 | 0.295 | 0.300 | n/a | 1.00 | 0.250 |" in lines
     # (a) -0.005 on every message: its interval is a point, above -0.01; (b) the row's own interval;
     # (c) +0.1 on every message.
     assert table_under(lines, "| question | measure | messages | mean | 95% CI | answer |") == [

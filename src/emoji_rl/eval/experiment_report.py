@@ -284,13 +284,16 @@ def _interval(mean: float, low: float | None, high: float | None) -> str:
 
 
 def seats_table(both: Record) -> str:
-    """Per system and mode: the judge's and the reader's similarity, and the drift with its interval."""
+    """Per system and mode: the judge's and the reader's similarity, the drift with its interval, and
+    the share of games whose reader ended on `[unknown]` (it wrote no words: nothing to read or learn)."""
     header = ["system", "mode", "n", "judge similarity", "reader similarity", "drift [95% CI]", "turns"]
+    header.append("reader [unknown]")
     rows = []
     for r in both["rows"]:
         drift = "n/a" if r.get("drift") is None else _interval(r["drift"], r["drift_lo"], r["drift_hi"])
         cells = [_number(r.get(key)) for key in ("judge_similarity", "reader_similarity")]
-        rows.append([r["system"], r["mode"], str(r["n"]), *cells, drift, _number(r.get("turns"), 2)])
+        shares = [_number(r.get("turns"), 2), _number(r.get("reader_unknown"))]
+        rows.append([r["system"], r["mode"], str(r["n"]), *cells, drift, *shares])
     return markdown_table(header, rows)
 
 

@@ -13,6 +13,7 @@ from tests.games.scripted import ScriptedSampler
 from emoji_rl.emoji.sender_prompts import correction_message, sender_messages
 from emoji_rl.games.both_seats.game import TEACHER, BothSeatsBuilder, BothSeatsRules, reads_teacher
 from emoji_rl.lm import template
+from emoji_rl.play.evaluation import EvalConfig
 from emoji_rl.play.guessing import Guess, JudgeInput, judge_messages
 from emoji_rl.play.judge import Judge
 from emoji_rl.play.loop import play
@@ -27,6 +28,7 @@ SCORES = {
     "A movie.": (0.4, 0.1),
     "Pizza and a movie tonight": (0.9, 0.2),
     "Film at home": (0.6, 0.3),
+    "[unknown]": (0.05, 0.05),  # a guess with no words left once its emoji are stripped
 }
 
 
@@ -87,7 +89,24 @@ def test_the_sender_writes_the_reader_reads_and_the_judges_guess_decides(smollm2
     metrics = result.metrics
     assert metrics["judge_similarity"] == 0.9 and metrics["pair_similarity"] == 0.6
     assert metrics["drift"] == pytest.approx(0.6 - 0.9) and "teacher_similarity" not in metrics
-    assert metrics["turns"] == 2.0 and metrics["success@0.85"] == 1.0
+    assert metrics["turns"] == 2.0 and metrics["success@0.85"] == 1.0 and metrics["reader_unknown"] == 0.0
+
+
+def test_a_reader_that_answers_in_emoji_says_nothing_and_is_counted(smollm2_tokenizer):
+    """What an emoji SFT adapter does in the reader's seat: its guess is emoji only, [unknown] once
+    they are stripped, whatever it read; the game's `reader_unknown` and the evaluation's row say so."""
+    from emoji_rl.games.both_seats.evaluation import summarize
+
+    builder = build(smollm2_tokenizer, ["Pizza."], max_turns=1)
+    policy = ScriptedSampler(smollm2_tokenizer, ["🍕 🍕", "🍕 🎬"])
+    [episode] = asyncio.run(play([builder(RECORD)], policy))
+    result = episode.turns[-1].result
+    assert result.log["guess"] == "[unknown]" and result.metrics["reader_unknown"] == 1.0
+    assert result.metrics["reader_similarity"] == 0.05 and result.metrics["reader_emoji_stripped"] == 1.0
+    spoke = {"turns": [{"judge_guess": "[unknown]"}, {"guess": "Pizza."}], "metrics": result.metrics}
+    silent = {"turns": [{"judge_guess": "Pizza."}, {"guess": "[unknown]"}], "metrics": result.metrics}
+    # The row's share is read from the logged guesses: the reader's, not the judge's.
+    assert summarize([spoke, silent, silent], EvalConfig())["reader_unknown"] == pytest.approx(2 / 3)
 
 
 def test_on_a_teacher_record_the_reader_reads_the_teachers_emoji_and_the_judge_alone_pays_the_sender(

@@ -27,6 +27,7 @@ from emoji_rl.games.both_seats.game import TEACHER
 from emoji_rl.io.jsonl import Record
 from emoji_rl.play.compare import LEVEL, Metric
 from emoji_rl.play.evaluation import EvalConfig, EvalOptions, EvalPlan, Evaluation, Report, game_record
+from emoji_rl.play.guessing import UNKNOWN
 from emoji_rl.play.intervals import bootstrap_mean
 from emoji_rl.play.judge_config import greedy_judge_temperature
 
@@ -52,6 +53,10 @@ def summarize(records: Sequence[Record], cfg: EvalConfig) -> Record:
         row |= {"drift": drift.mean, "drift_lo": drift.low, "drift_hi": drift.high}
     for key in ("turns", "format_violation", "reader_cut_off"):
         row[key] = sum(r["metrics"][key] for r in records) / n
+    # From the reader's last guess as logged (a reader's turn logs `guess`; the judge's, `judge_guess`),
+    # which records kept before the game's own `reader_unknown` metric hold too.
+    last = [next(t["guess"] for t in reversed(r["turns"]) if "guess" in t) for r in records]
+    row["reader_unknown"] = sum(guess == UNKNOWN for guess in last) / n
     return row
 
 
@@ -81,6 +86,7 @@ def plan(
         "comparisons paired (the same messages resampled for both systems)",
     }
     columns = [*plain.report.columns, "drift", "drift_lo", "drift_hi", "turns", "format_violation"]
+    columns.append("reader_unknown")
     plain.report = Report(
         header,
         columns,

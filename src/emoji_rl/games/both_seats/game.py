@@ -29,7 +29,7 @@ from emoji_rl.emoji.alphabet import SEPARATOR, parse_message
 from emoji_rl.emoji.sender_prompts import correction_message, sender_messages
 from emoji_rl.play.batching import MicroBatcher
 from emoji_rl.play.chat import Chat
-from emoji_rl.play.guessing import Guess, JudgeInput, JudgeView, clean_guess, judge_messages
+from emoji_rl.play.guessing import UNKNOWN, Guess, JudgeInput, JudgeView, clean_guess, judge_messages
 from emoji_rl.play.judge import Judge
 from emoji_rl.play.reward import RewardWeights, reader_reward, terminal_reward
 from emoji_rl.play.similarity import GuessScorer
@@ -233,6 +233,9 @@ class BothSeatsEnv(Env):
             "turns": float(len(self.sent)),
             "format_violation": float(bool(self.violation)),
             "reader_cut_off": self.cut_off / len(self.read_back),
+            # A reader that answers in emoji only (what an emoji SFT teaches a small model) says nothing:
+            # its guess is [unknown] whatever it read, and its seat has no reward spread to learn from.
+            "reader_unknown": float(final.guess.text == UNKNOWN),
             "judge_emoji_stripped": float(any(r.guess.stripped_emoji for r in self.judged)),
             "reader_emoji_stripped": float(any(r.guess.stripped_emoji for r in self.read_back)),
             **{f"success@{t}": float(_similarity(judge) >= t) for t in SUCCESS_THRESHOLDS},
