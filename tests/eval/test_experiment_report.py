@@ -353,11 +353,11 @@ def test_both_seats_answers_the_three_questions_and_draws_the_drift_curve(run_di
     # (c) +0.1 on every message.
     assert table_under(lines, "| question | measure | messages | mean | 95% CI | answer |") == [
         "| (a) the judge reads both seats' emoji no worse than alone's | both − alone, pair, judge similarity "
-        "| 4 | -0.005 | [-0.005, -0.005] | yes (low end above -0.01) |",
+        "| 4 | -0.005 | [-0.005, -0.005] | yes: low end -0.0050, bound -0.01 |",
         "| (b) the pair reads its own emoji better than the judge | both, pair, drift (reader − judge) "
-        "| 4 | +0.020 | [+0.010, +0.030] | yes (low end above +0.00) |",
+        "| 4 | +0.020 | [+0.010, +0.030] | yes: low end +0.0100, bound +0.00 |",
         "| (c) it reads the teacher's emoji better than the base model | both − base, teacher, reader similarity "
-        "| 4 | +0.100 | [+0.100, +0.100] | yes (low end above +0.00) |",
+        "| 4 | +0.100 | [+0.100, +0.100] | yes: low end +0.1000, bound +0.00 |",
     ]
     # The drift curve: the runs in both seats by the reader's weight (1 - judge_weight), not the sender
     # alone (trained on the retrieval game) nor the base model (no adapter).
@@ -382,14 +382,18 @@ def test_both_seats_alone_with_one_run_and_no_base_is_reported_without_the_curve
     both = run / "reports" / "both" / "both_seats.json"
     evaluated = json.loads(both.read_text())
     evaluated["records"] = [r for r in evaluated["records"] if r["system"] != "base"]
+    drift = next(r for r in evaluated["rows"] if (r["system"], r["mode"]) == ("both", "pair"))
+    drift["drift_lo"] = -0.00004  # below 0 by less than three places show
     both.write_text(json.dumps(evaluated))
     assert cli.main(["experiment-report", "--run_dir", str(run)]) == 0
     report = (run / "report.md").read_text()
     lines = report.splitlines()
     assert "## Both seats" in lines and "## Systems on the held-out split" not in lines
-    assert any(
-        line.startswith("| (c) ") and line.endswith("| 0 | n/a | n/a | n/a: not evaluated |")
-        for line in lines
-    )
+    answers = {line[:6]: line.rsplit(" | ", 1)[1] for line in lines if line.startswith("| (")}
+    assert answers == {
+        "| (a) ": "yes: low end -0.0050, bound -0.01 |",
+        "| (b) ": "no: low end -0.0000, bound +0.00 |",
+        "| (c) ": "n/a: not evaluated |",
+    }
     assert "### The drift curve" not in lines and not (run / "report" / "drift_curve.png").exists()
     assert "No GRPO metrics" in report

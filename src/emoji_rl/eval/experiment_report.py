@@ -328,10 +328,13 @@ def questions_table(both: Record, cfg: Config) -> str:
         if not found:
             rows.append([question, measure, "0", "n/a", "n/a", "n/a: not evaluated"])
             continue
-        answer = "yes" if found["low"] is not None and found["low"] > bound else "no"
-        interval = "n/a" if found["low"] is None else f"[{found['low']:+.3f}, {found['high']:+.3f}]"
-        rows.append([question, measure, str(found["n"]), f"{found['mean']:+.3f}", interval,
-                     f"{answer} (low end above {bound:+.2f})"])  # fmt: skip
+        low = found["low"]
+        interval = "n/a" if low is None else f"[{low:+.3f}, {found['high']:+.3f}]"
+        if low is None:
+            answer = "n/a: no interval"
+        else:  # the low end to four places: at three it may print as the bound itself
+            answer = f"{'yes' if low > bound else 'no'}: low end {low:+.4f}, bound {bound:+.2f}"
+        rows.append([question, measure, str(found["n"]), f"{found['mean']:+.3f}", interval, answer])
     return markdown_table(["question", "measure", "messages", "mean", "95% CI", "answer"], rows)
 
 
