@@ -53,6 +53,12 @@ def require_adapter(name: str, path: str) -> None:
         raise UserError(f"system {name}: {path} has no adapter_config.json (is it a PEFT adapter directory?)")
 
 
+def peft_name(system: str) -> str:
+    """A system's PEFT adapter name: PEFT keeps each adapter as a torch submodule, whose name may not
+    hold a "." (as a system named for its judge weight, both-w0.5, does)."""
+    return system.replace(".", "_dot_")
+
+
 def load_systems(base: torch.nn.Module, systems: dict[str, str | None]) -> PeftModel | torch.nn.Module:
     """All adapters on one copy of the base weights, one PEFT adapter per system."""
     from peft import PeftModel
@@ -63,9 +69,9 @@ def load_systems(base: torch.nn.Module, systems: dict[str, str | None]) -> PeftM
     model: torch.nn.Module = base
     for name, path in adapters.items():
         if isinstance(model, PeftModel):
-            model.load_adapter(path, adapter_name=name)
+            model.load_adapter(path, adapter_name=peft_name(name))
         else:
-            model = PeftModel.from_pretrained(base, path, adapter_name=name)
+            model = PeftModel.from_pretrained(base, path, adapter_name=peft_name(name))
     model.eval()
     return model
 
@@ -79,5 +85,5 @@ def active_system(model: torch.nn.Module, name: str, adapter: str | None) -> Ite
             yield
         return
     if adapter is not None:
-        model.set_adapter(name)
+        model.set_adapter(peft_name(name))
     yield
