@@ -335,16 +335,16 @@ def _seats_run(run, judge_weights):
 
 
 def test_both_seats_answers_the_three_questions_and_draws_the_drift_curve(run_dir, monkeypatch):
-    from emoji_rl.eval import experiment_report
+    from emoji_rl.eval import seats_report
 
     _seats_run(run_dir, {"both": 0.75, "both-w0.5": 0.5})
-    drawn, draw = {}, experiment_report.interval_figure
+    drawn, draw = {}, seats_report.interval_figure
 
     def spy(panels, title, path, **kwargs):
         drawn.update(panels)
         return draw(panels, title, path, **kwargs)
 
-    monkeypatch.setattr(experiment_report, "interval_figure", spy)
+    monkeypatch.setattr(seats_report, "interval_figure", spy)
     assert cli.main(["experiment-report", "--run_dir", str(run_dir)]) == 0
     lines = (run_dir / "report.md").read_text().splitlines()
     assert "| both | pair | 4 | 0.295 | 0.315 | +0.020 [+0.010, +0.030] | 1.00 | 0.250 |" in lines

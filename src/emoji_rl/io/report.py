@@ -1,6 +1,6 @@
-"""Evaluation output shared by the eval stages: a plain-text table, a grouped bar figure, line
-figures of metrics by step and figures of means with their intervals; figures are written atomically
-(a reader never sees half a PNG).
+"""Evaluation output shared by the eval stages: a plain-text table, a markdown one, a grouped bar
+figure, line figures of metrics by step and figures of means with their intervals; figures are written
+atomically (a reader never sees half a PNG).
 
 Rows are flat dicts of one model x setting (`{"system": "sft", "decoding": "none", "compliance": 0.9}`),
 the same dicts that go into the stage's JSON file, so the table, the JSON and the figure never disagree.
@@ -36,6 +36,21 @@ def format_table(rows: Sequence[Row], columns: Sequence[str]) -> str:
         )
 
     return "\n".join([line(columns), line(["-" * w for w in widths]), *(line(r) for r in cells)]).rstrip()
+
+
+def number_cell(value: object, digits: int = 3) -> str:
+    if value is None:
+        return "n/a"
+    if isinstance(value, float):
+        return f"{value:.{digits}f}"
+    return str(value)
+
+
+def markdown_table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
+    def line(cells: Sequence[str]) -> str:
+        return "| " + " | ".join(c.replace("|", "\\|").replace("\n", " ") for c in cells) + " |"
+
+    return "\n".join([line(header), line(["---"] * len(header)), *(line(r) for r in rows)])
 
 
 def bar_figure(

@@ -1,6 +1,6 @@
 """Paired comparisons between an evaluation's systems: which pairs are compared, mean(A - B) per pair,
 mode and metric over the records both systems played with its paired bootstrap interval, and how a
-line of them reads.
+line of them reads, in the terminal and in a markdown report.
 
 Apart from the evaluation path (`play/evaluate.py`) because experiment-report compares the records
 of a finished evaluation the same way: it imports these, not the path that plays the games."""
@@ -11,6 +11,7 @@ from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import asdict
 
 from emoji_rl.io.jsonl import Record
+from emoji_rl.io.report import markdown_table
 from emoji_rl.play.intervals import paired_bootstrap, verdict
 
 LEVEL = 0.95
@@ -73,3 +74,23 @@ def format_comparisons(rows: Sequence[Record], unit: str = "message") -> str:
         if r["low"] is not None
     ]
     return "\n".join(lines)
+
+
+def differences_table(rows: Sequence[Record]) -> str:
+    """`comparisons`' rows as a markdown table (experiment-report's), each with what its interval says."""
+    lines = []
+    for r in rows:
+        interval = "n/a" if r["low"] is None else f"[{r['low']:+.3f}, {r['high']:+.3f}]"
+        lines.append(
+            [
+                f"{r['a']} − {r['b']}",
+                r["mode"],
+                str(r["n"]),
+                r["metric"],
+                f"{r['mean']:+.3f}",
+                interval,
+                verdict(r["low"], r["high"]),
+            ]
+        )
+    header = ["difference", "mode", "messages", "metric", "mean", "95% paired CI", ""]
+    return markdown_table(header, lines)

@@ -11,7 +11,7 @@ from tests.trackers import assert_mlflow_keeps_every_name
 
 from emoji_rl import cli
 from emoji_rl.emoji.sender_prompts import sender_messages
-from emoji_rl.eval import experiment_report
+from emoji_rl.eval import seats_report
 from emoji_rl.io.metrics import read_metrics
 from emoji_rl.lm import models
 
@@ -97,7 +97,7 @@ def test_both_seats_train_in_process_and_evaluate(data, tmp_path):
     # experiment-report on it: the questions this evaluation can answer (no sender alone here), and the
     # system trained in both seats found by the config.yaml beside its adapter (judge_weight 0.75).
     assert evaluated["systems"] == {"base": "base", "both": str(adapter)}
-    assert experiment_report.reader_weights(evaluated) == {"both": 0.25}
+    assert seats_report.reader_weights(evaluated) == {"both": 0.25}
     assert cli.main(["experiment-report", "--run_dir", str(tmp_path / "run")]) == 0
     lines = (tmp_path / "run" / "report.md").read_text().splitlines()
     assert any(line.startswith("| (a) ") and line.endswith("n/a: not evaluated |") for line in lines)
