@@ -1,8 +1,8 @@
-"""experiment-report's both-seats section (docs/DESIGN.md §15, issue #61), from `eval --game both_seats`'
-JSON in the run directory: each system's row, the three questions with their paired intervals and
-answers, and the drift curve over the runs trained in both seats, each placed by the reader's weight in
-its sender's reward (1 - judge_weight), read from the `config.yaml` its `grpo` run wrote beside its
-adapter (the evaluation's JSON names each system's adapter, `systems`).
+"""experiment-report's both-seats section (docs/DESIGN.md §15, issue #61), from the JSON that
+`eval --game both_seats` wrote in the run directory: each system's row, the three questions with
+their paired intervals and answers, and the drift curve over the runs trained in both seats, each
+placed by the reader's weight in its sender's reward (1 - judge_weight), read from the `config.yaml`
+its `grpo` run wrote beside its adapter (the evaluation's JSON names each system's adapter, `systems`).
 """
 
 from __future__ import annotations

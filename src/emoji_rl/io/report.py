@@ -39,6 +39,7 @@ def format_table(rows: Sequence[Row], columns: Sequence[str]) -> str:
 
 
 def number_cell(value: object, digits: int = 3) -> str:
+    """A markdown table's cell: a float to `digits` places, a missing value as n/a."""
     if value is None:
         return "n/a"
     if isinstance(value, float):
@@ -47,6 +48,8 @@ def number_cell(value: object, digits: int = 3) -> str:
 
 
 def markdown_table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
+    """A markdown table of text cells (a `|` in a cell escaped, a line break made a space)."""
+
     def line(cells: Sequence[str]) -> str:
         return "| " + " | ".join(c.replace("|", "\\|").replace("\n", " ") for c in cells) + " |"
 
