@@ -19,15 +19,18 @@ its earlier replies token for token.
 from __future__ import annotations
 
 import logging
+import random
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Literal
 
+from emoji_rl.emoji.alphabet import parse_message
 from emoji_rl.emoji.sender_prompts import SENDER_FIRST_TURN
 from emoji_rl.errors import UserError
 from emoji_rl.io.jsonl import read_jsonl
 from emoji_rl.lm.template import chat_ids, continuation_ids, stop_token_id
+from emoji_rl.play.guessing import JudgeInput, JudgeView, judge_messages
 
 if TYPE_CHECKING:
     from datasets import Dataset
@@ -98,6 +101,26 @@ def _target_from_prompt(messages: list[dict[str, str]]) -> str | None:
 def load_chat_records(path: str | Path) -> list[ChatRecord]:
     """Every record of an SFT JSONL file, validated up front; a bad line is a DataError naming it."""
     return read_jsonl(path, ChatRecord.from_record, hint="the data stage writes it")
+
+
+def reader_chats(records: Sequence[ChatRecord], share: float, view: JudgeView, seed: int) -> list[ChatRecord]:
+    """The reader's seat taught from the sender's data: for a `share` of the records (a draw of each
+    record's own, by seed and target), the pair reversed, the guessing chat a reader is shown
+    (`judge_messages` of the record's emoji, in `view`) answered by the message.
+
+    An adapter trained on the sender's chats alone answers every chat in emoji, the reader's too, and
+    a guess stripped of its emoji is `[unknown]` (docs/DESIGN.md §15): a policy that plays both seats
+    must start able to read. Records without a target, game turns and answers that are no emoji
+    message under the grammar give none."""
+    chats = []
+    for record in records:
+        if record.target is None or record.episode:
+            continue
+        parsed = parse_message(record.answer.strip())
+        if parsed.ok and random.Random(f"{seed}:reader:{record.target}").random() < share:
+            chat = judge_messages(JudgeInput((parsed.emoji,)), view)
+            chats.append(ChatRecord((*chat, {"role": "assistant", "content": record.target}), record.target))
+    return chats
 
 
 @dataclass(frozen=True)
@@ -177,13 +200,25 @@ def encode_file(
     tokenizer: PreTrainedTokenizerBase, path: str | Path, max_length: int, overlong: Overlong
 ) -> list[Encoded]:
     """Load, validate, encode and fit one file; over-long examples are counted in a warning."""
-    encoded = [encode_record(tokenizer, r) for r in load_chat_records(path)]
+    return encode_records(tokenizer, load_chat_records(path), max_length, overlong, str(path))
+
+
+def encode_records(
+    tokenizer: PreTrainedTokenizerBase,
+    records: Sequence[ChatRecord],
+    max_length: int,
+    overlong: Overlong,
+    source: str,
+) -> list[Encoded]:
+    """Encode and fit `records` (from `source`, as messages name it); over-long examples are counted in
+    a warning, and none left is an error."""
+    encoded = [encode_record(tokenizer, r) for r in records]
     kept, report = fit_to_length(encoded, max_length, overlong)
     if report.overlong:
         logger.warning(
             "%s: %d of %d examples are longer than max_length=%d tokens (longest %d): %d truncated, %d dropped "
             "(overlong=%s; raise max_length to keep them whole)",
-            path,
+            source,
             report.overlong,
             report.total,
             max_length,
@@ -194,7 +229,8 @@ def encode_file(
         )
     if not kept:
         raise UserError(
-            f"{path}: every example is longer than max_length={max_length} tokens; raise max_length"
+            f"{source}: every example is longer than max_length={max_length} tokens "
+            f"(the shortest {min(len(ex.input_ids) for ex in encoded)}); raise max_length"
         )
     return kept
 

@@ -27,13 +27,14 @@ import time
 from pathlib import Path
 
 from emoji_rl.config import save_config
+from emoji_rl.errors import UserError
 from emoji_rl.io.jsonl import training_log
 from emoji_rl.io.metrics import MetricsWriter
 from emoji_rl.lm import models
 from emoji_rl.lm.distributed import warn_if_fsdp_ignored
 from emoji_rl.lm.processes import check_shared_dir, join_processes, peers_named
 from emoji_rl.sft.callbacks import metrics_callback, scheduled_lr_callback
-from emoji_rl.sft.data import encode_file, to_dataset
+from emoji_rl.sft.data import encode_file, encode_records, load_chat_records, reader_chats, to_dataset
 from emoji_rl.sft.loss import answer_loss_trainer, own_loss_blocker
 from emoji_rl.sft.resume import (
     checkpoint_to_resume,
@@ -81,7 +82,7 @@ def main(cfg: Config) -> None:
     )
     # --- data: validated and tokenized up front, so a bad line fails before the model loads
     tokenizer = models.load_tokenizer(cfg.model)
-    train_set = to_dataset(encode_file(tokenizer, cfg.train_data, cfg.max_length, cfg.overlong))
+    train_set = to_dataset(training_examples(cfg, tokenizer))
     eval_set = (
         to_dataset(encode_file(tokenizer, cfg.eval_data, cfg.max_length, cfg.overlong))
         if cfg.eval_data
@@ -158,6 +159,29 @@ def main(cfg: Config) -> None:
                 eval_loss,
                 adapter_dir,
             )
+
+
+def training_examples(cfg: Config, tokenizer) -> list:
+    """train_data's chats, encoded, and the reader's chats made from a `reader_share` of them."""
+    records = load_chat_records(cfg.train_data)
+    examples = encode_records(tokenizer, records, cfg.max_length, cfg.overlong, cfg.train_data)
+    if cfg.reader_share == 0:
+        return examples
+    readers = reader_chats(records, cfg.reader_share, cfg.reader_view, cfg.seed)
+    if not readers:
+        raise UserError(
+            f"reader_share={cfg.reader_share} made no reader chat from {cfg.train_data}: it takes records "
+            "with a target whose answer is an emoji message"
+        )
+    source = f"{cfg.train_data} (reader chats, reader_share={cfg.reader_share})"
+    reading = encode_records(tokenizer, readers, cfg.max_length, cfg.overlong, source)
+    logger.info(
+        "reader's seat: %d chats of %d records, reversed (%s view)",
+        len(reading),
+        len(records),
+        cfg.reader_view,
+    )
+    return examples + reading
 
 
 def final_eval_loss(trainer) -> float:

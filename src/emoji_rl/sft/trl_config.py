@@ -18,6 +18,7 @@ from emoji_rl.errors import UserError
 from emoji_rl.io.trackers import TrackerConfig, check_trackers
 from emoji_rl.lm import lora, models
 from emoji_rl.lm.processes import ProcessConfig
+from emoji_rl.play.guessing import ReaderViewConfig
 from emoji_rl.sft.data import Overlong
 
 if TYPE_CHECKING:
@@ -27,7 +28,7 @@ if TYPE_CHECKING:
 
 
 @dataclass
-class Config(ProcessConfig, models.ModelConfig, TrackerConfig):
+class Config(ProcessConfig, models.ModelConfig, TrackerConfig, ReaderViewConfig):
     """LoRA SFT of the sender with TRL's SFTTrainer; field names follow TRL's SFTConfig."""
 
     # --- core ---
@@ -128,6 +129,15 @@ class Config(ProcessConfig, models.ModelConfig, TrackerConfig):
     save_total_limit: int | None = field(
         default=2, metadata={"help": "checkpoints kept (oldest deleted first); none keeps all"}
     )
+    reader_share: float = field(
+        default=0.0,
+        metadata={
+            "help": "share of train_data's (message, emoji) records also taught reversed, as the reader's "
+            "guessing chat (shown reader_view) answered by the message, for a policy that plays both "
+            "seats (game both_seats): trained on the sender's chats alone, it answers the reader's in "
+            "emoji. 0: the sender's chats only"
+        },
+    )
     sft_overrides: list[str] | None = field(
         default=None,
         metadata={
@@ -146,6 +156,8 @@ class Config(ProcessConfig, models.ModelConfig, TrackerConfig):
                 f"effective_batch_size={self.effective_batch_size} and gradient_accumulation_steps="
                 f"{self.gradient_accumulation_steps} both set the batch: set one, the other to none"
             )
+        if not 0.0 <= self.reader_share <= 1.0:
+            raise ValueError(f"reader_share={self.reader_share} must be in [0, 1]")
         if not 0.0 <= self.lora_dropout < 1.0:
             raise ValueError(f"lora_dropout={self.lora_dropout} must be in [0, 1)")
         if self.max_steps <= 0 and self.num_train_epochs <= 0:
