@@ -153,7 +153,11 @@ def test_rows_under_the_grammar_and_of_free_text_in_one_batch_score_as_apart(smo
     torch.testing.assert_close(ours, theirs, **F64)
     for ours_grad, their_grad in zip(our_grads, their_grads, strict=True):
         torch.testing.assert_close(ours_grad, their_grad, **F64)
-    # A micro-batch of one kind alone, cut from the mixed batch, scores its rows the same.
+    # A micro-batch of one kind alone, cut from the mixed batch to its own longest row, scores its rows
+    # the same.
+    short = mixed.rows(1, 2)
+    assert short.input_ids_D_T.shape[1] == len(free[0].token_ids()) < mixed.input_ids_D_T.shape[1]
+    assert short.mask_D_T.shape == short.sampler_logp_D_T.shape == (1, len(free[0].token_ids()) - 1)
     with torch.no_grad():
         for cut, kind, d in ((mixed.rows(1, 2), alone[1], 0), (mixed.rows(2, 3), alone[0], 1)):
             got = token_logprobs(policy, cut, TEMPERATURE)[0][cut.mask_D_T[0]]

@@ -6,6 +6,8 @@ import pytest
 from emoji_rl.emoji.sender_prompts import sender_messages
 from emoji_rl.errors import DataError, UserError
 from emoji_rl.lm import template
+from emoji_rl.play.guessing import JudgeInput, judge_messages
+from emoji_rl.sft import train
 from emoji_rl.sft.data import (
     ChatRecord,
     Encoded,
@@ -13,6 +15,7 @@ from emoji_rl.sft.data import (
     encode_record,
     fit_to_length,
     load_chat_records,
+    reader_chats,
     to_dataset,
 )
 
@@ -109,3 +112,59 @@ def test_all_examples_overlong_is_an_error(tmp_path, smollm2_tokenizer):
     path = write_chats(tmp_path / "train.jsonl", PAIRS[:2])
     with pytest.raises(UserError, match="every example is longer than max_length=20"):
         encode_file(smollm2_tokenizer, path, max_length=20, overlong="truncate")
+
+
+def test_a_reader_chat_is_the_guessing_chat_of_the_records_emoji_answered_by_its_message(tmp_path):
+    records = load_chat_records(write_chats(tmp_path / "train.jsonl", PAIRS[:3]))
+    chats = reader_chats(records, share=1.0, view="gloss", seed=0)
+    assert [c.target for c in chats] == [t for t, _ in PAIRS[:3]]
+    pizza = chats[0]
+    assert list(pizza.prompt) == judge_messages(JudgeInput((("🍕", "🎬", "🌙"),)), "gloss")
+    assert pizza.prompt[-1]["content"].startswith("Emoji: 🍕 (pizza) 🎬 (clapper board) 🌙 (crescent moon)")
+    assert pizza.answer == PAIRS[0][0] and not pizza.episode
+    # Shown raw, the reader sees the emoji alone.
+    raw = reader_chats(records, share=1.0, view="raw", seed=0)[0]
+    assert raw.prompt[-1]["content"].startswith("Emoji: 🍕 🎬 🌙\n")
+
+
+def test_the_reader_share_is_a_draw_per_record_by_seed_and_nested_as_it_grows(tmp_path):
+    records = load_chat_records(write_chats(tmp_path / "train.jsonl", PAIRS))
+    assert reader_chats(records, share=0.0, view="gloss", seed=0) == []
+    half = {c.target for c in reader_chats(records, share=0.5, view="gloss", seed=0)}
+    assert 10 <= len(half) <= 30  # 40 draws at one half
+    assert half == {c.target for c in reader_chats(list(reversed(records)), 0.5, "gloss", 0)}
+    assert half <= {c.target for c in reader_chats(records, share=0.8, view="gloss", seed=0)}
+    assert half != {c.target for c in reader_chats(records, share=0.5, view="gloss", seed=1)}
+
+
+def test_records_without_a_target_or_an_emoji_message_give_no_reader_chat():
+    no_target = ChatRecord(
+        ({"role": "user", "content": "hi"}, {"role": "assistant", "content": "🍕 🌙"}), None
+    )
+    words = ChatRecord.from_record({**_record(answer="pizza tonight"), "target": "pizza tonight"})
+    turn = ChatRecord.from_record({**_record(), "turn": 1})
+    assert reader_chats([no_target, words, turn], share=1.0, view="gloss", seed=0) == []
+
+
+def test_training_examples_add_the_reader_chats_and_say_when_none_can_be_made(tmp_path, smollm2_tokenizer):
+    path = write_chats(tmp_path / "train.jsonl", PAIRS[:4])
+    cfg = train.Config(train_data=str(path), output_dir=str(tmp_path / "run"), max_length=512)
+    senders = train.training_examples(cfg, smollm2_tokenizer)
+    cfg.reader_share = 1.0
+    both = train.training_examples(cfg, smollm2_tokenizer)
+    assert both[:4] == senders and len(both) == 8
+    answer = smollm2_tokenizer.decode(both[4].input_ids[both[4].completion_start :])
+    assert answer == PAIRS[0][0] + "<|im_end|>\n"
+    cfg.max_length = 128  # the reader's chat, with its worked examples, is far longer than the sender's
+    with pytest.raises(
+        UserError, match=r"reader chats, reader_share=1.0\): every example is longer than max_length=128"
+    ):
+        train.training_examples(cfg, smollm2_tokenizer)
+    words = _write_lines(tmp_path / "words.jsonl", [{**_record(answer="pizza tonight"), "target": "pizza"}])
+    with pytest.raises(UserError, match=r"reader_share=1.0 made no reader chat from .*words\.jsonl"):
+        train.training_examples(train.Config(train_data=str(words), reader_share=1.0), smollm2_tokenizer)
+
+
+def test_reader_share_outside_0_1_is_an_error():
+    with pytest.raises(ValueError, match=r"reader_share=1.5 must be in \[0, 1\]"):
+        train.Config(reader_share=1.5)

@@ -16,25 +16,27 @@ from emoji_rl.sft import evaluate, train
 pytestmark = pytest.mark.slow
 
 
+def _four_steps(train_path: Path, run: Path, **fields) -> train.Config:
+    """Four steps of 8 chats at a rate high enough to show learning in them."""
+    return train.Config(
+        train_data=str(train_path),
+        output_dir=str(run),
+        max_steps=4,
+        per_device_train_batch_size=8,
+        effective_batch_size=8,
+        learning_rate=2e-3,
+        lora_r=8,
+        lora_alpha=16,
+        save_steps=4,
+        **fields,
+    )
+
+
 def test_short_sft_lowers_held_out_loss_and_raises_compliance(chats, tmp_path):
     train_path, test_path = chats
     run = tmp_path / "run"
     train.main(
-        train.Config(
-            train_data=str(train_path),
-            eval_data=str(test_path),
-            output_dir=str(run),
-            max_steps=4,
-            per_device_train_batch_size=8,
-            effective_batch_size=8,
-            learning_rate=2e-3,
-            lora_r=8,
-            lora_alpha=16,
-            max_length=96,
-            logging_steps=1,
-            save_steps=4,
-            eval_steps=2,
-        )
+        _four_steps(train_path, run, eval_data=str(test_path), max_length=96, logging_steps=1, eval_steps=2)
     )
     metrics = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
     # Before training, at step 2, and once at the last step: the Trainer's own evaluation there, not
@@ -64,6 +66,51 @@ def test_short_sft_lowers_held_out_loss_and_raises_compliance(chats, tmp_path):
     compliance = {r["system"]: r["compliance"] for r in rows}
     assert compliance["sft"] > compliance["base"], compliance
     assert (run / "eval-sft" / "eval_sft.png").is_file()
+
+
+def _answer_nll(model, tokenizer, chats) -> float:
+    """The mean negative log-likelihood of the answers' tokens, each after its chat's prompt."""
+    from emoji_rl.sft.data import encode_record
+
+    total, count = 0.0, 0
+    for chat in chats:
+        encoded = encode_record(tokenizer, chat)
+        ids = torch.tensor([encoded.input_ids])
+        with torch.no_grad():
+            logp = model(input_ids=ids).logits[0, :-1].float().log_softmax(-1)
+        answer = slice(encoded.completion_start - 1, len(encoded.input_ids) - 1)
+        total -= logp[answer].gather(1, ids[0, answer.start + 1 : answer.stop + 1, None]).sum().item()
+        count += answer.stop - answer.start
+    return total / count
+
+
+def test_reader_share_teaches_the_reader_seat_to_answer_with_the_message(chats, tmp_path):
+    """The reader's chats in the mix make held-out messages likelier as the answer to their emoji."""
+    from peft import PeftModel
+
+    from emoji_rl.lm import models
+    from emoji_rl.sft.data import load_chat_records, reader_chats
+
+    train_path, test_path = chats
+    cfg = _four_steps(
+        train_path,
+        tmp_path / "run",
+        eval_data=None,
+        max_length=512,
+        reader_share=1.0,
+        sft_overrides=["train_sampling_strategy=group_by_length"],
+    )
+    train.main(cfg)
+    held_out = reader_chats(load_chat_records(test_path), 1.0, "gloss", 0)
+    assert len(held_out) == 8
+    tokenizer = models.load_tokenizer(cfg.model)
+    model = PeftModel.from_pretrained(
+        models.load_base_model(cfg.model, models.pick_runtime()), str(tmp_path / "run" / "adapter")
+    ).eval()
+    with model.disable_adapter():
+        before = _answer_nll(model, tokenizer, held_out)
+    after = _answer_nll(model, tokenizer, held_out)
+    assert after < before - 1.0, (before, after)
 
 
 class Interrupted(Exception):
