@@ -52,15 +52,20 @@ class Batch:
     (the seats of one game); None: every row as `support` says."""
 
     def rows(self, start: int, stop: int) -> Batch:
-        """Rows `start:stop`, their padding cut to their own longest row: the batch is padded to its
-        longest, and beside the reader's chats (~390 SmolLM2 tokens) a micro-batch of the sender's (~80)
-        would otherwise run five times its length in padding."""
-        attention = self.attention_D_T[start:stop]
-        width = max(int(attention.sum(dim=1).max()), 2) if len(attention) else attention.shape[1]
+        """Rows `start:stop`, their padding cut to their own longest row (never a position the loss
+        counts): the batch is padded to its longest, and a micro-batch of short rows beside long ones
+        (one seat's chat five times another's: docs/DESIGN.md §5) would otherwise run mostly padding."""
+        attention, mask = self.attention_D_T[start:stop], self.mask_D_T[start:stop]
+        counted = mask.any(dim=0).nonzero()
+        width = max(
+            int(attention.sum(dim=1).max()) if len(attention) else 0,
+            int(counted[-1]) + 2 if len(counted) else 0,
+            2,
+        )
         return Batch(
             self.input_ids_D_T[start:stop, :width],
             attention[:, :width],
-            self.mask_D_T[start:stop, : width - 1],
+            mask[:, : width - 1],
             self.sampler_logp_D_T[start:stop, : width - 1],
             self.advantages_D[start:stop],
             self.allowed_N_S[start:stop],
